@@ -1,0 +1,35 @@
+"""The shared scheduling core: requests, the paged KV block manager, the scheduler and policies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policies import (  # noqa: F401  (importing registers each policy)
+    adaptive,
+    chunked_prefill,
+    cp1,
+    cp2,
+    cp_promote,
+    multi_step,
+    single_step,
+)
+from policies.base import POLICIES, Policy, make_policy
+from policies.batch import Batch, ScheduledSeq
+from policies.block_manager import BlockManager
+from policies.model_spec import ModelSpec
+from policies.request import Request, RequestState
+from policies.scheduler import Scheduler, SchedulerConfig, SchedulerStats
+
+
+def make_scheduler(policy_name: str, policy_params: dict[str, Any] | None,
+                   config: SchedulerConfig, num_blocks: int, max_model_len: int) -> Scheduler:
+    """A scheduler running the named policy over a KV cache of ``num_blocks`` blocks."""
+    policy = make_policy(policy_name, **(policy_params or {}))
+    return Scheduler(policy, config, num_blocks, max_model_len)
+
+
+__all__ = [
+    "POLICIES", "Batch", "BlockManager", "ModelSpec", "Policy", "Request", "RequestState",
+    "ScheduledSeq", "Scheduler", "SchedulerConfig", "SchedulerStats", "make_policy",
+    "make_scheduler",
+]

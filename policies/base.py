@@ -1,0 +1,80 @@
+"""The policy interface and the registry that picks a policy by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from policies.scheduler import Scheduler
+
+POLICIES: dict[str, type[Policy]] = {}
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    POLICIES[cls.name] = cls
+    return cls
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What distinguishes one scheduling policy from another; the Scheduler does the rest.
+
+    ``mixed_batches``: decodes and prefills share a batch (the chunked-prefill family); else a
+    batch is prefill-only (one step) or decode-only (a window of ``num_steps`` steps).
+    ``chunk_prefills``: a prompt may be split over several batches.
+    """
+
+    name: ClassVar[str] = ""
+    mixed_batches: ClassVar[bool] = False
+    chunk_prefills: ClassVar[bool] = False
+
+    @property
+    def max_steps(self) -> int:
+        """The longest window this policy runs: decodes reserve that many slots (lookahead)."""
+        return 1
+
+    def window_steps(self, sched: Scheduler, has_prefill: bool) -> int:
+        """k for the window being formed."""
+        return 1
+
+    def prefill_steps(self, k: int) -> int:
+        """Steps of a k-step window that a request whose prefill completes in it takes part in."""
+        return 1
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, **{f.name: getattr(self, f.name) for f in fields(self)}}
+
+
+@dataclass(frozen=True)
+class KStepPolicy(Policy):
+    """A policy with a window length ``num_steps`` (k)."""
+
+    num_steps: int = 8
+
+    def __post_init__(self) -> None:
+        check_steps("num_steps", self.num_steps)
+
+    @property
+    def max_steps(self) -> int:
+        return self.num_steps
+
+
+def check_steps(setting: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"policy.{setting} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def make_policy(name: str, **params: Any) -> Policy:
+    """Build a policy by registry name; unknown names and settings are one-line errors."""
+    cls = POLICIES.get(name)
+    if cls is None:
+        raise ValueError(f"unknown policy {name!r} (policy.name); choose one of: "
+                         + ", ".join(sorted(POLICIES)))
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ValueError(f"policy {name} has no setting {unknown[0]!r}; its settings: "
+                         + (", ".join(sorted(known)) or "none"))
+    return cls(**params)

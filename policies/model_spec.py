@@ -1,0 +1,76 @@
+"""The model shape both backends read from conf/model/*.yaml: sizes, parameter count, KV bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A Llama-architecture decoder (RMSNorm, RoPE, GQA attention, SwiGLU MLP)."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_model_len: int
+    head_dim: int = 0  # 0: hidden_size // num_heads
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None  # {"rope_type": "llama3", "factor": ..., ...}
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    tokenizer: str | None = None  # name quicktok knows; None: the workload must give lengths
+    dtype_bytes: int = 2  # bf16 weights and KV cache on the GPU
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
+                     "intermediate_size", "vocab_size", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model.num_heads ({self.num_heads}) must be a multiple of "
+                f"model.num_kv_heads ({self.num_kv_heads})")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in known and k != "extra"}
+        extra = {k: v for k, v in d.items() if k not in known}
+        return cls(**kwargs, extra=extra)
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def params_per_layer(self) -> int:
+        attn = self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        return attn + mlp + 2 * self.hidden_size  # two RMSNorm weights
+
+    @property
+    def num_params(self) -> int:
+        embed = self.vocab_size * self.hidden_size
+        lm_head = 0 if self.tie_word_embeddings else embed
+        return self.num_layers * self.params_per_layer + embed + lm_head + self.hidden_size
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.num_params * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token over all layers."""
+        return 2 * self.num_layers * self.kv_size * self.dtype_bytes

@@ -1,0 +1,73 @@
+"""A request's lifecycle: its prompt, state, computed tokens, output tokens and timestamps."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # back in the waiting queue; its KV is recomputed on re-admission
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One generation request as the scheduler sees it.
+
+    ``num_computed_tokens`` counts tokens whose KV is in the cache. The sequence is the prompt
+    followed by the output tokens; after a preemption (recompute) the whole sequence is
+    prefilled again, so a prefill may cover output tokens too.
+    """
+
+    request_id: int
+    arrival_time: float
+    prompt_len: int
+    max_tokens: int
+    prompt_token_ids: list[int] | None = None
+    eos_token_id: int | None = None  # None: generate exactly max_tokens (benchmark_serving)
+    state: RequestState = RequestState.WAITING
+    num_computed_tokens: int = 0
+    num_output_tokens: int = 0
+    output_token_ids: list[int] = field(default_factory=list)  # filled when the backend samples
+    token_times: list[float] = field(default_factory=list)  # delivery time of each output token
+    first_scheduled_time: float | None = None
+    finish_time: float | None = None
+    block_table: list[int] = field(default_factory=list)
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_token_ids is not None:
+            self.prompt_len = len(self.prompt_token_ids)
+        if self.prompt_len < 1:
+            raise ValueError(f"request {self.request_id}: prompt_len must be >= 1, got {self.prompt_len}")
+        if self.max_tokens < 1:
+            raise ValueError(f"request {self.request_id}: max_tokens must be >= 1, got {self.max_tokens}")
+        if self.arrival_time < 0:
+            raise ValueError(f"request {self.request_id}: arrival_time must be >= 0, got {self.arrival_time}")
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens known so far: prompt plus generated."""
+        return self.prompt_len + self.num_output_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state is RequestState.FINISHED
+
+    @property
+    def in_prefill(self) -> bool:
+        """Tokens other than the newest one still lack KV (a prompt, or a recompute)."""
+        return self.num_computed_tokens < self.seq_len - 1 or self.num_output_tokens == 0
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Token ids at sequence positions [start, end) (needs prompt_token_ids)."""
+        if self.prompt_token_ids is None:
+            raise ValueError(f"request {self.request_id} carries no prompt token ids")
+        p = self.prompt_len
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        head = self.prompt_token_ids[start:p] if start < p else []
+        return head + self.output_token_ids[max(start - p, 0):end - p]

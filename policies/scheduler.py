@@ -1,0 +1,252 @@
+"""The scheduler both backends call: FCFS queues, admission, lookahead reservation, preemption."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from policies.base import Policy
+from policies.batch import Batch, ScheduledSeq
+from policies.block_manager import BlockManager
+from policies.request import Request, RequestState
+
+_RUNNING = RequestState.RUNNING
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Limits of the vLLM V0 scheduler; ``max_num_batched_tokens=None`` takes vLLM's default."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+    watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"scheduler.max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError("scheduler.max_num_batched_tokens must be >= 1, "
+                             f"got {self.max_num_batched_tokens}")
+        if self.block_size < 1:
+            raise ValueError(f"scheduler.block_size must be >= 1, got {self.block_size}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"scheduler.watermark must be in [0, 1), got {self.watermark}")
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_invocations: int = 0  # schedule() calls that returned a window
+    num_windows: int = 0
+    num_steps: int = 0  # GPU steps over all windows
+    num_preemptions: int = 0
+    num_wasted_steps: int = 0  # decode slots run after a request had all its tokens
+
+
+class Scheduler:
+    """Forms windows for one engine; knows nothing about clocks, devices or simpy."""
+
+    def __init__(self, policy: Policy, config: SchedulerConfig, num_blocks: int,
+                 max_model_len: int) -> None:
+        self.policy = policy
+        self.config = config
+        self.max_model_len = max_model_len
+        default_budget = 2048 if policy.mixed_batches else max(max_model_len, 2048)
+        self.max_num_batched_tokens = config.max_num_batched_tokens or default_budget
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.watermark)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order: the tail is preempted first
+        self.stats = SchedulerStats()
+        self._window_id = 0
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, req: Request) -> None:
+        total = req.prompt_len + req.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(f"request {req.request_id}: prompt_len + max_tokens = {total} exceeds "
+                             f"model.max_model_len {self.max_model_len}")
+        if not self.policy.chunk_prefills and total > self.max_num_batched_tokens:
+            # A recomputed request is prefilled whole, so its longest prefill must fit the budget.
+            raise ValueError(
+                f"request {req.request_id}: prompt_len + max_tokens = {total} exceeds "
+                f"scheduler.max_num_batched_tokens {self.max_num_batched_tokens} and policy "
+                f"{self.policy.name} does not chunk prefills")
+        bm = self.block_manager
+        need = bm.blocks_for(total + self.policy.max_steps)
+        if need > bm.num_blocks - bm.watermark_blocks:
+            raise ValueError(
+                f"request {req.request_id} needs {need} KV blocks but the cache has "
+                f"{bm.num_blocks} (minus {bm.watermark_blocks} watermark); give the KV cache more "
+                "memory (gpu_memory_utilization) or use shorter requests")
+        req.state = RequestState.WAITING
+        self.waiting.append(req)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting) or bool(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self, now: float) -> Batch | None:
+        """Form the next window, or None when nothing can run."""
+        preempted: list[Request] = []
+        if self.policy.mixed_batches:
+            seqs, k = self._schedule_mixed(preempted)
+        else:
+            seqs, k = self._schedule_separate(preempted)
+        if not seqs:
+            return None
+        for s in seqs:
+            if s.request.first_scheduled_time is None:
+                s.request.first_scheduled_time = now
+        self._window_id += 1
+        st = self.stats
+        st.num_invocations += 1
+        st.num_windows += 1
+        st.num_steps += k
+        return Batch(seqs, k, self._window_id, preempted)
+
+    def _schedule_separate(self, preempted: list[Request]) -> tuple[list[ScheduledSeq], int]:
+        """vLLM V0 default: a prefill-only batch (one step) when prompts fit, else a decode window."""
+        if self.waiting:
+            prefills = self._admit(self.max_num_batched_tokens, chunk=False, steps=1)
+            if prefills:
+                return prefills, 1
+        k = self.policy.window_steps(self, False)
+        return self._reserve_decodes(k, len(self.running), preempted), k
+
+    def _schedule_mixed(self, preempted: list[Request]) -> tuple[list[ScheduledSeq], int]:
+        """Chunked-prefill family: decodes first, then prefill chunks up to the token budget."""
+        policy = self.policy
+        budget = self.max_num_batched_tokens
+        seqs = self._reserve_decodes(policy.max_steps, budget, preempted)
+        budget -= len(seqs)
+        prefills: list[ScheduledSeq] = []
+        for req in self.running:  # prefills started in an earlier window continue first
+            if budget <= 0:
+                break
+            if req.num_output_tokens > 0 and req.num_computed_tokens >= req.seq_len - 1:
+                continue
+            chunk = min(req.seq_len - req.num_computed_tokens, budget)
+            prefills.append(ScheduledSeq(req, chunk, req.num_computed_tokens, 1, True))
+            budget -= chunk
+        if self.waiting and budget > 0:
+            lookahead = policy.prefill_steps(policy.max_steps) - 1
+            prefills += self._admit(budget, chunk=policy.chunk_prefills,
+                                    steps=lookahead + 1)
+        k = policy.window_steps(self, bool(prefills))
+        for s in seqs:
+            s.num_steps = k
+        if prefills:
+            steps = policy.prefill_steps(k)
+            for s in prefills:
+                if s.samples:
+                    s.num_steps = steps
+        return seqs + prefills, k
+
+    def _admit(self, budget: int, *, chunk: bool, steps: int) -> list[ScheduledSeq]:
+        """Admit waiting requests FCFS while tokens, seats and blocks allow."""
+        out: list[ScheduledSeq] = []
+        bm = self.block_manager
+        waiting, running = self.waiting, self.running
+        max_seqs = self.config.max_num_seqs
+        while waiting and budget > 0 and len(running) < max_seqs:
+            req = waiting[0]
+            num_new = req.seq_len  # a preempted request recomputes its outputs too
+            if chunk:
+                q = min(num_new, budget)
+            elif num_new > budget:
+                break
+            else:
+                q = num_new
+            reserve = num_new + (steps - 1 if q == num_new else 0)
+            if not bm.can_allocate(reserve):
+                break
+            bm.ensure_slots(req, reserve)
+            waiting.popleft()
+            req.state = _RUNNING
+            req.num_computed_tokens = 0
+            running.append(req)
+            out.append(ScheduledSeq(req, q, 0, steps if q == num_new else 1, True))
+            budget -= q
+        return out
+
+    def _reserve_decodes(self, k: int, budget: int,
+                         preempted: list[Request]) -> list[ScheduledSeq]:
+        """Reserve k slots (k-1 lookahead) per decoding request, preempting from the tail."""
+        out: list[ScheduledSeq] = []
+        ensure = self.block_manager.ensure_slots
+        running = self.running
+        i = 0
+        while i < len(running) and len(out) < budget:
+            req = running[i]
+            i += 1
+            cached = req.num_computed_tokens
+            if req.num_output_tokens == 0 or cached < req.seq_len - 1:
+                continue  # still prefilling
+            while not ensure(req, cached + k):
+                victim = running[-1]
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                out.append(ScheduledSeq(req, 1, cached, k, False))
+        return out
+
+    def _preempt(self, req: Request) -> None:
+        """Recompute-preemption: give the blocks back and return to the head of the queue."""
+        self.running.pop()  # callers only ever preempt the tail
+        self.block_manager.free(req)
+        req.state = RequestState.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    # ------------------------------------------------------------------ update
+    def update(self, batch: Batch, step_times: Sequence[float],
+               sampled: Sequence[Sequence[int]] | None = None) -> list[Request]:
+        """Take each step's sampled tokens and delivery times; finish requests and free blocks."""
+        if len(step_times) != batch.num_steps:
+            raise ValueError(f"update: {len(step_times)} step times for a {batch.num_steps}-step window")
+        finished: list[Request] = []
+        wasted = 0
+        for i, s in enumerate(batch.seqs):
+            req = s.request
+            req.num_computed_tokens = s.num_cached_tokens + s.num_query_tokens + s.num_steps - 1
+            if req.num_computed_tokens < req.seq_len:
+                continue  # a prefill chunk that samples nothing
+            n = s.num_steps
+            useful = min(n, req.max_tokens - req.num_output_tokens)
+            done = useful == req.max_tokens - req.num_output_tokens
+            if sampled is not None:
+                tokens = sampled[i]
+                if len(tokens) < n:
+                    raise ValueError(f"update: request {req.request_id} got {len(tokens)} "
+                                     f"tokens for {n} steps")
+                if req.eos_token_id is not None and req.eos_token_id in tokens[:useful]:
+                    useful = list(tokens[:useful]).index(req.eos_token_id) + 1
+                    done = True
+                req.output_token_ids.extend(tokens[:useful])
+            req.token_times.extend(step_times[:useful])
+            req.num_output_tokens += useful
+            wasted += n - useful
+            if done:
+                req.state = RequestState.FINISHED
+                req.finish_time = step_times[useful - 1]
+                self.block_manager.free(req)
+                finished.append(req)
+        if finished:
+            self.running = [r for r in self.running if r.state is _RUNNING]
+        batch.num_wasted_steps = wasted
+        self.stats.num_wasted_steps += wasted
+        return finished
