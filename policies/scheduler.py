@@ -183,23 +183,28 @@ class Scheduler:
                          preempted: list[Request]) -> list[ScheduledSeq]:
         """Reserve k slots (k-1 lookahead) per decoding request, preempting from the tail."""
         out: list[ScheduledSeq] = []
-        ensure = self.block_manager.ensure_slots
+        bm = self.block_manager
+        ensure, bs = bm.ensure_slots, bm.block_size
         running = self.running
         i = 0
         while i < len(running) and len(out) < budget:
             req = running[i]
             i += 1
             cached = req.num_computed_tokens
-            if req.num_output_tokens == 0 or cached < req.seq_len - 1:
+            if req.num_output_tokens == 0 or cached < req.prompt_len + req.num_output_tokens - 1:
                 continue  # still prefilling
-            while not ensure(req, cached + k):
-                victim = running[-1]
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is req:
-                    break
-            else:
-                out.append(ScheduledSeq(req, 1, cached, k, False))
+            # fast path: the block table already covers the window (the common case)
+            if (cached + k + bs - 1) // bs > len(req.block_table):
+                while not ensure(req, cached + k):
+                    victim = running[-1]
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is req:
+                        break
+                else:
+                    out.append(ScheduledSeq(req, 1, cached, k, False))
+                continue
+            out.append(ScheduledSeq(req, 1, cached, k, False))
         return out
 
     def _preempt(self, req: Request) -> None:
@@ -220,14 +225,17 @@ class Scheduler:
             raise ValueError(f"update: {len(step_times)} step times for a {batch.num_steps}-step window")
         finished: list[Request] = []
         wasted = 0
+        times = [step_times[:u] for u in range(batch.num_steps + 1)]  # shared prefixes
         for i, s in enumerate(batch.seqs):
             req = s.request
-            req.num_computed_tokens = s.num_cached_tokens + s.num_query_tokens + s.num_steps - 1
-            if req.num_computed_tokens < req.seq_len:
-                continue  # a prefill chunk that samples nothing
             n = s.num_steps
-            useful = min(n, req.max_tokens - req.num_output_tokens)
-            done = useful == req.max_tokens - req.num_output_tokens
+            computed = s.num_cached_tokens + s.num_query_tokens + n - 1
+            req.num_computed_tokens = computed
+            owed = req.max_tokens - req.num_output_tokens
+            if computed < req.prompt_len + req.num_output_tokens:
+                continue  # a prefill chunk that samples nothing
+            useful = n if n < owed else owed
+            done = useful == owed
             if sampled is not None:
                 tokens = sampled[i]
                 if len(tokens) < n:
@@ -237,7 +245,7 @@ class Scheduler:
                     useful = list(tokens[:useful]).index(req.eos_token_id) + 1
                     done = True
                 req.output_token_ids.extend(tokens[:useful])
-            req.token_times.extend(step_times[:useful])
+            req.token_times.extend(times[useful])
             req.num_output_tokens += useful
             wasted += n - useful
             if done:
