@@ -1,0 +1,105 @@
+"""One table (CSV and parquet) from a directory tree of result.json files; the multirun callback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from hydra.experimental.callback import Callback
+
+SUMMARY_KEYS = ["completed", "duration", "total_input_tokens", "total_output_tokens",
+                "request_throughput", "output_throughput", "total_token_throughput"]
+LATENCY_KEYS = [f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
+                for stat in ("mean", "median", "std", "p99")]
+SCHEDLAB_KEYS = ["backend", "policy", "k", "model", "hardware", "overhead", "wall_seconds",
+                 "num_invocations", "num_preemptions", "num_wasted_steps", "gpu_busy_fraction",
+                 "simulated_seconds_per_wall_second"]
+
+
+def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The flat table row of one result.json (ours, or a plain vLLM --save-result file)."""
+    row: dict[str, Any] = {k: result.get(k) for k in SUMMARY_KEYS + LATENCY_KEYS}
+    ext = result.get("schedlab")
+    if ext is None:  # a vLLM benchmark_serving file: what it says about itself
+        row.update(backend="vllm", policy=result.get("policy"), k=result.get("num_scheduler_steps"),
+                   model=result.get("model_id"), request_rate=result.get("request_rate"))
+    else:
+        row.update({k: ext.get(k) for k in SCHEDLAB_KEYS})
+        wl = ext.get("workload") or {}
+        row.update(workload=wl.get("kind"), request_rate=wl.get("request_rate"),
+                   burstiness=wl.get("burstiness"), num_prompts=wl.get("num_prompts"),
+                   seed=wl.get("seed"))
+    rate = row.get("request_rate")
+    if rate is None or (isinstance(rate, str) and rate.lower() in ("inf", ".inf")):
+        rate = math.inf if rate is not None else None
+    row["request_rate"] = float(rate) if rate is not None else None
+    row["run_dir"] = str(path.parent)
+    return row
+
+
+def collect(root: str | os.PathLike) -> pd.DataFrame:
+    paths = sorted(Path(root).rglob("result.json"))
+    rows = []
+    for p in paths:
+        try:
+            rows.append(row_of(json.loads(p.read_text()), p))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{p}: not valid JSON ({err.msg} at line {err.lineno})") from None
+    return pd.DataFrame(rows)
+
+
+def write_atomic(df: pd.DataFrame, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        if path.suffix == ".parquet":
+            df.to_parquet(tmp, index=False)
+        else:
+            df.to_csv(tmp, index=False)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def aggregate(root: str | os.PathLike) -> pd.DataFrame:
+    """Write ROOT/aggregate.csv and ROOT/aggregate.parquet from every result.json below ROOT."""
+    root = Path(root)
+    df = collect(root)
+    if df.empty:
+        raise ValueError(f"no result.json below {root}")
+    sort = [c for c in ("backend", "model", "hardware", "policy", "request_rate", "k") if c in df]
+    df = df.sort_values(sort, kind="stable", na_position="last").reset_index(drop=True)
+    write_atomic(df, root / "aggregate.csv")
+    write_atomic(df, root / "aggregate.parquet")
+    return df
+
+
+class AggregateCallback(Callback):
+    """Ends every multirun with one aggregated table in the sweep directory."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        root = Path(config.hydra.sweep.dir)
+        df = aggregate(root)
+        print(f"aggregated {len(df)} runs -> {root / 'aggregate.csv'} (and .parquet)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("root", help="directory searched recursively for result.json files")
+    args = ap.parse_args()
+    try:
+        df = aggregate(args.root)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+    print(f"aggregated {len(df)} runs -> {Path(args.root) / 'aggregate.csv'}")
+
+
+if __name__ == "__main__":
+    main()

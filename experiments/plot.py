@@ -1,0 +1,182 @@
+"""Figures from an aggregated table: req/s and latency versus k, latency versus load, sim vs real."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+DEFAULT_TABLE = "multirun/steps_sweep/aggregate.csv"
+
+
+def save(fig, out: Path, stem: str) -> list[Path]:
+    """PNG and SVG, each written to a temporary file first so no half figure is left behind."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ext in ("png", "svg"):
+        path = out / f"{stem}.{ext}"
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{stem}.", suffix=f".{ext}")
+        os.close(fd)
+        try:
+            fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight")
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def rate_label(rate: float) -> str:
+    return "all at t=0" if rate is None or math.isinf(rate) else f"{rate:g} req/s"
+
+
+def _groups(df: pd.DataFrame, keys: list[str]):
+    keys = [k for k in keys if k in df and df[k].notna().any()]
+    if not keys:
+        yield {}, df
+        return
+    for vals, sub in df.groupby(keys, dropna=False):
+        vals = vals if isinstance(vals, tuple) else (vals,)
+        yield dict(zip(keys, vals)), sub
+
+
+def _line_key(sub: pd.DataFrame) -> list[str]:
+    keys = ["policy"]
+    if "hardware" in sub and sub["hardware"].nunique() > 1:
+        keys.append("hardware")
+    return keys
+
+
+def _title(ctx: dict, what: str) -> str:
+    parts = [str(ctx.get("model", "")), str(ctx.get("hardware", "")) if "hardware" in ctx else "",
+             f"{ctx.get('workload', '')} ({rate_label(ctx.get('request_rate'))})"]
+    back = ctx.get("backend")
+    return f"{what}: " + ", ".join(p for p in parts if p) + (f" [{back}]" if back else "")
+
+
+def plot_steps(df: pd.DataFrame, out: Path) -> list[Path]:
+    """req/s versus k (a line per policy, or per policy and GPU), and TTFT/TPOT versus k."""
+    made: list[Path] = []
+    df = df[df["k"].notna()]
+    for ctx, sub in _groups(df, ["backend", "model", "workload", "request_rate"]):
+        if sub["k"].nunique() < 2:
+            continue
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        fig2, (ax_ttft, ax_tpot) = plt.subplots(1, 2, figsize=(11, 4.2))
+        for name, line in sub.groupby(_line_key(sub)):
+            label = " / ".join(map(str, name)) if isinstance(name, tuple) else str(name)
+            line = line.sort_values("k")
+            ax.plot(line["k"], line["request_throughput"], marker="o", label=label)
+            ax_ttft.plot(line["k"], line["median_ttft_ms"], marker="o", label=label)
+            ax_tpot.plot(line["k"], line["median_tpot_ms"], marker="o", label=label)
+        hw = sub["hardware"].iloc[0] if sub["hardware"].nunique() == 1 else "several GPUs"
+        ctx = {**ctx, "hardware": hw}
+        ax.set(xlabel="scheduler steps per window, k", ylabel="request throughput (req/s)",
+               title=_title(ctx, "Throughput vs k"))
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        ax_ttft.set(xlabel="k", ylabel="median TTFT (ms)", title="TTFT vs k")
+        ax_tpot.set(xlabel="k", ylabel="median TPOT (ms)", title="TPOT vs k")
+        for a in (ax_ttft, ax_tpot):
+            a.grid(alpha=0.3)
+            a.legend()
+            a.set_ylim(bottom=0)
+        fig2.suptitle(_title(ctx, "Latency vs k"))
+        stem = "_".join(str(v) for v in ctx.values() if v is not None).replace(" ", "")
+        made += save(fig, out, f"reqs_vs_k_{stem}")
+        made += save(fig2, out, f"latency_vs_k_{stem}")
+    return made
+
+
+def plot_rates(df: pd.DataFrame, out: Path) -> list[Path]:
+    """Throughput-latency curves: median TTFT and TPOT versus the offered request rate."""
+    made: list[Path] = []
+    df = df[df["request_rate"].notna() & ~df["request_rate"].apply(
+        lambda r: math.isinf(r) if isinstance(r, float) else False)]
+    for ctx, sub in _groups(df, ["backend", "model", "hardware", "workload"]):
+        if sub["request_rate"].nunique() < 2:
+            continue
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+        for (pol, k), line in sub.groupby(["policy", "k"], dropna=False):
+            line = line.sort_values("request_throughput")
+            label = f"{pol} k={k:g}" if k == k else str(pol)
+            a1.plot(line["request_throughput"], line["median_ttft_ms"], marker="o", label=label)
+            a2.plot(line["request_throughput"], line["median_tpot_ms"], marker="o", label=label)
+        a1.set(xlabel="achieved throughput (req/s)", ylabel="median TTFT (ms)")
+        a2.set(xlabel="achieved throughput (req/s)", ylabel="median TPOT (ms)")
+        for a in (a1, a2):
+            a.grid(alpha=0.3)
+            a.legend()
+        fig.suptitle(_title({**ctx, "request_rate": None}, "Latency vs load").replace(
+            " (all at t=0)", " (Poisson arrivals)"))
+        stem = "_".join(str(v) for v in ctx.values() if v is not None)
+        made += save(fig, out, f"latency_vs_rate_{stem}")
+    return made
+
+
+def plot_validation(df: pd.DataFrame, out: Path, title: str = "") -> list[Path]:
+    """Predicted (simulator) against measured for each metric, with the y = x line."""
+    metrics = [m for m in df["metric"].unique()]
+    cols = min(4, len(metrics))
+    rows = math.ceil(len(metrics) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.4 * rows), squeeze=False)
+    for ax, metric in zip(axes.flat, metrics):
+        sub = df[df["metric"] == metric]
+        for pol, pts in sub.groupby("policy"):
+            ax.scatter(pts["measured"], pts["predicted"], label=str(pol), s=18)
+        lo = min(sub["measured"].min(), sub["predicted"].min())
+        hi = max(sub["measured"].max(), sub["predicted"].max())
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
+        unit = "req/s" if "throughput" in metric else "ms"
+        ax.set(xlabel=f"measured ({unit})", ylabel=f"simulated ({unit})", title=metric)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(metrics):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(title or "Simulator vs measurement")
+    fig.tight_layout()
+    return save(fig, out, "validation_scatter")
+
+
+def plot_table(table: str | os.PathLike, out: str | os.PathLike | None = None) -> list[Path]:
+    table = Path(table)
+    if not table.exists():
+        raise ValueError(f"no table at {table}; run a sweep first "
+                         "(python -m experiments.run -m +experiment=steps_sweep)")
+    df = pd.read_parquet(table) if table.suffix == ".parquet" else pd.read_csv(table)
+    out = Path(out) if out else table.parent / "figures"
+    if "metric" in df and "predicted" in df:
+        return plot_validation(df, out)
+    made = plot_steps(df, out) + plot_rates(df, out)
+    if not made:
+        raise ValueError(f"{table}: nothing to plot (need >= 2 values of k or of request_rate)")
+    return made
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("table", nargs="?", default=DEFAULT_TABLE,
+                    help=f"aggregate.csv/.parquet or a validation table (default {DEFAULT_TABLE})")
+    ap.add_argument("--out", default=None, help="figure directory (default: TABLE's dir/figures)")
+    args = ap.parse_args()
+    try:
+        made = plot_table(args.table, args.out)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+    for p in made:
+        print(p)
+
+
+if __name__ == "__main__":
+    main()
