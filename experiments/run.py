@@ -21,6 +21,18 @@ def plain(section: Any) -> dict[str, Any]:
     return OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else dict(section)
 
 
+def outcome_stats(outcome: Any) -> dict[str, Any]:
+    """The backend-independent counters of a run, for result.json's schedlab section."""
+    st = outcome.stats
+    stats = {k: getattr(st, k) for k in ("num_invocations", "num_windows", "num_steps",
+                                         "num_preemptions", "num_wasted_steps")} \
+        if not isinstance(st, Mapping) else dict(st)
+    for key in ("num_blocks", "gpu_busy_fraction", "cpu_busy_fraction"):
+        if hasattr(outcome, key):
+            stats[key] = getattr(outcome, key)
+    return stats
+
+
 def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
     """Run one configuration and write result.json / requests.csv (/ steps.csv) into run_dir."""
     from experiments.metrics import format_summary, summarize, write_results
@@ -33,9 +45,9 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
     policy_name = policy_cfg.pop("name")
     policy = make_policy(policy_name, **policy_cfg)  # fail fast on bad settings
     sched_cfg = SchedulerConfig(**plain(cfg["scheduler"]))
-    specs = build_workload(plain(cfg["workload"]), vocab_size=model.vocab_size,
+    with_ids = backend["name"] == "real"  # the simulator needs lengths only
+    specs = build_workload(plain(cfg["workload"]), vocab_size=model.vocab_size if with_ids else None,
                            max_model_len=model.max_model_len)
-    with_ids = backend["name"] == "real"
     requests = [to_request(spec, i, with_token_ids=with_ids) for i, spec in enumerate(specs)]
 
     def new_scheduler(num_blocks: int):
@@ -75,9 +87,10 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
         "overhead": plain(cfg["overhead"]).get("name") if backend["name"] == "sim" else None,
         "workload": plain(cfg["workload"]),
         "wall_seconds": wall,
-        **outcome.stats,
+        **outcome_stats(outcome),
     }
     if backend["name"] == "sim":
+        extra["simulated_seconds"] = outcome.duration
         extra["simulated_seconds_per_wall_second"] = outcome.duration / max(wall, 1e-9)
     if backend.get("save_token_ids"):
         summary["output_token_ids"] = [list(r.output_token_ids) for r in requests]

@@ -1,0 +1,1 @@
+"""Experiment drivers: Hydra entry points, workloads and benchmark result files."""

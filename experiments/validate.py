@@ -1,0 +1,176 @@
+"""Sim-versus-real validation: one grid of workloads on both backends, errors as a table and figure."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from experiments.aggregate import row_of
+from experiments.run import CONF_DIR, run
+
+METRICS = ["request_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+           "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms",
+           "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms"]
+# (policy, k): the grid of the validation issue
+POLICIES = [("single_step", None), ("multi_step", 1), ("multi_step", 2), ("multi_step", 4),
+            ("multi_step", 8), ("multi_step", 16), ("cp1", 8), ("cp2", 8)]
+
+
+def parse_rate(text: str) -> float:
+    return math.inf if text.strip().lower() in ("inf", ".inf") else float(text)
+
+
+def config_overrides(policy: str, k: int | None, rate: float, args) -> list[str]:
+    ov = [f"policy={policy}", f"model={args.model}", f"workload={args.workload}",
+          f"workload.num_prompts={args.num_prompts}", f"workload.seed={args.seed}",
+          f"workload.request_rate={'inf' if math.isinf(rate) else rate}", "progress=false"]
+    if k is not None:
+        ov.append(f"policy.num_steps={k}")
+    return ov + list(args.override)
+
+
+def run_one(overrides: list[str], run_dir: Path) -> dict[str, Any]:
+    result = run_dir / "result.json"
+    if result.exists():  # resumable: a finished run is not repeated
+        return json.loads(result.read_text())
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose("config", overrides=overrides)
+    return run(OmegaConf.to_container(cfg, resolve=True), run_dir)
+
+
+def measured_from_dir(root: Path) -> dict[tuple, dict[str, Any]]:
+    """Measured results keyed by (policy, k, rate) from our or vLLM's result.json files.
+
+    A vLLM benchmark_serving file names its policy through --metadata (policy=..., num_steps=...)
+    or, failing that, is read as multi_step with its num_scheduler_steps (single_step if absent).
+    """
+    out = {}
+    for p in sorted(root.rglob("*.json")):
+        try:
+            res = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if not isinstance(res, dict) or "request_throughput" not in res:
+            continue
+        row = row_of(res, p)
+        if "schedlab" not in res:
+            steps = res.get("num_steps", res.get("num_scheduler_steps"))
+            row["policy"] = res.get("policy") or ("multi_step" if steps else "single_step")
+            row["k"] = int(steps) if steps else None
+        k = None if row["policy"] == "single_step" else int(row["k"])
+        out[(row["policy"], k, float(row["request_rate"]))] = row
+    return out
+
+
+def relative_errors(pred: dict, meas: dict) -> list[dict[str, Any]]:
+    rows = []
+    for m in METRICS:
+        p, q = pred.get(m), meas.get(m)
+        if p is None or q is None:
+            continue
+        err = (p - q) / q if q else (0.0 if p == q else math.inf)
+        rows.append({"metric": m, "predicted": p, "measured": q, "rel_error": err})
+    return rows
+
+
+def write_table(df: pd.DataFrame, out: Path, command: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in (("validation.csv", df.to_csv(index=False)),
+                       ("validation.md", markdown(df, command))):
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, out / name)
+
+
+def markdown(df: pd.DataFrame, command: str) -> str:
+    piv = df.pivot_table(index=["policy", "k", "request_rate"], columns="metric",
+                         values="rel_error", aggfunc="first", dropna=False)
+    keep = [m for m in ("request_throughput", "median_ttft_ms", "median_tpot_ms", "mean_ttft_ms",
+                        "mean_tpot_ms", "median_itl_ms", "median_e2el_ms", "p99_ttft_ms")
+            if m in piv]
+    lines = [f"Command: `{command}`", "",
+             "Relative error of the simulator, (simulated - measured) / measured:", "",
+             "| policy | k | rate (req/s) | " + " | ".join(keep) + " |",
+             "|---|---|---|" + "---|" * len(keep)]
+    for (pol, k, rate), row in piv.iterrows():
+        kk = "-" if pd.isna(k) else f"{int(k)}"
+        lines.append(f"| {pol} | {kk} | {rate:g} | " + " | ".join(
+            f"{row[m]:+.1%}" for m in keep) + " |")
+    worst = df.groupby("metric")["rel_error"].apply(lambda s: s.abs().max())
+    lines += ["", "Worst absolute error over the grid: " + ", ".join(
+        f"{m} {worst[m]:.1%}" for m in keep if m in worst)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default="llama3_8b")
+    ap.add_argument("--hardware", default="h200_calibrated", help="simulator hardware profile")
+    ap.add_argument("--overhead", default="schedlab_h200", help="simulator overhead profile")
+    ap.add_argument("--device", default="cuda", help="real backend device")
+    ap.add_argument("--workload", default="sharegpt")
+    ap.add_argument("--num-prompts", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=1, help="workload seed (calibration uses none)")
+    ap.add_argument("--rates", default="inf,20,40", help="comma-separated request rates")
+    ap.add_argument("--policies", default=None,
+                    help="comma-separated policy:k items (default: the full grid)")
+    ap.add_argument("--measured-dir", default=None,
+                    help="take the measured side from result.json files here (ours or vLLM's)")
+    ap.add_argument("--runs", default="validation_runs", help="where run directories go")
+    ap.add_argument("--out", default="docs/validation", help="table and figure directory")
+    ap.add_argument("--override", action="append", default=[],
+                    help="extra Hydra override for both backends (repeatable)")
+    ap.add_argument("--real-override", action="append", default=[],
+                    help="extra Hydra override for the real backend only (repeatable)")
+    args = ap.parse_args(argv)
+    rates = [parse_rate(r) for r in args.rates.split(",")]
+    grid = POLICIES if not args.policies else [
+        (p.split(":")[0], int(p.split(":")[1]) if ":" in p else None)
+        for p in args.policies.split(",")]
+    measured = measured_from_dir(Path(args.measured_dir)) if args.measured_dir else None
+    runs = Path(args.runs)
+    rows = []
+    for policy, k in grid:
+        for rate in rates:
+            tag = f"{policy}_k{k or 1}_rate{rate:g}"
+            base = config_overrides(policy, k, rate, args)
+            if measured is None:
+                meas = row_of(run_one(base + ["backend=real", f"backend.device={args.device}"]
+                                      + args.real_override, runs / "real" / tag),
+                              runs / "real" / tag / "result.json")
+            else:
+                meas = measured.get((policy, k, rate))
+                if meas is None:
+                    print(f"no measured result for {policy} k={k} rate={rate:g}; skipped")
+                    continue
+            pred = row_of(run_one(base + ["backend=sim", f"hardware={args.hardware}",
+                                          f"overhead={args.overhead}"], runs / "sim" / tag),
+                          runs / "sim" / tag / "result.json")
+            for r in relative_errors(pred, meas):
+                rows.append({"policy": policy, "k": k, "request_rate": rate, **r})
+    if not rows:
+        raise SystemExit("error: no configuration had both a simulated and a measured result")
+    df = pd.DataFrame(rows)
+    out = Path(args.out)
+    command = "python -m experiments.validate " + " ".join(argv if argv is not None else
+                                                           __import__("sys").argv[1:])
+    write_table(df, out, command)
+    from experiments.plot import plot_validation
+
+    plot_validation(df, out, title=f"Simulator vs measurement: {args.model}, {args.hardware}")
+    print(markdown(df, command))
+    return df
+
+
+if __name__ == "__main__":
+    main()

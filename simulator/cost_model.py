@@ -1,0 +1,162 @@
+"""The GPU cost model: the time of each forward step of a window, from the batch's composition.
+
+A step's time on one GPU of a ``tp``-way group is a sum of terms, each a hardware
+coefficient times a feature of the step (``StepShape``), so that a calibrated profile can set
+the coefficients by least squares (the two rooflines by choosing each step's binding side):
+
+    t_step = max(F_lin / (P * eta_mm), B_w / (W * eta_mem))          linear layers
+           + F_attn / (P * eta_attn_prefill)                          prefill attention
+           + N_kv * b_kv / (W * eta_attn_decode)                      KV-cache reads
+           + max(F_lm / (P * eta_mm), B_lm / (W * eta_mem))           LM head (sampled rows only)
+           + t_sampler + N_s * V * b_logit / (W * eta_mem)            sampler
+           + N_k * t_launch            (eager)   or   t_replay + N_k * t_graph_kernel (CUDA graph)
+           + t_advance_step            (steps 2..k of a multi-step window)
+           + 2 L (t_ar + 2 (tp-1)/tp * T h d / (N * eta_ar))          TP all-reduces (tp > 1)
+           + t_ar + (tp-1)/tp * N_s V d / (N * eta_ar)                logits gather (tp > 1)
+
+with P the dense bf16 peak (FLOP/s), W the HBM bandwidth, N the NVLink bandwidth per
+direction, L layers, h hidden size, V vocabulary, d bytes per element, and per step:
+
+    F_lin  = 2 T L p_mm / tp         (p_mm: matmul parameters per layer; T: query tokens,
+                                      padded to the CUDA-graph batch size in graph steps)
+    B_w    = L p_layer d / tp        (every weight is read once per step)
+    F_attn = 4 head_dim n_heads L / tp * sum_prefill q (q + 1) / 2 + q c
+                                     (causal pairs of a q-token chunk over c cached tokens)
+    N_kv   = sum over sequences of the KV tokens the step touches (c + q at step 1, the
+             context at later steps); b_kv: KV bytes of one token on one GPU
+    F_lm   = 2 N_s h V / tp,  B_lm = h V d / tp      (N_s: sequences that sample)
+    N_k    = kernels_per_layer * L
+
+A pipeline stage (``pp`` > 1) costs t_step / pp plus the send of the hidden states and the
+residual to the next stage (t_p2p + 2 T h d / N). Activations are not counted as HBM
+traffic: at decode sizes they stay in L2, and at prefill sizes the compute term binds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.batch import Batch
+from policies.model_spec import ModelSpec
+from simulator.hardware import HardwareSpec, kv_heads_per_gpu
+
+_US = 1e-6
+
+
+@dataclass(slots=True)
+class StepShape:
+    """What one forward step computes, summed over the batch: the cost model's features."""
+
+    num_tokens: int  # query tokens: prefill chunks plus one per decoding sequence
+    num_seqs: int  # sequences taking part
+    num_prefill_tokens: int
+    num_sampled: int  # sequences that sample a token (rows of the LM head)
+    attn_pairs: float  # sum over prefill chunks of q (q + 1) / 2 + q c
+    kv_tokens: int  # KV-cache tokens the step's attention touches
+    is_first: bool  # step 1 of its window (later steps follow an advance_step)
+
+
+def window_shapes(batch: Batch) -> list[StepShape]:
+    """The shape of every step of ``batch``: one pass over the sequences, then O(k)."""
+    k = batch.num_steps
+    seqs = batch.seqs
+    leaving = [0] * (k + 1)  # leaving[m]: sequences taking part in exactly m steps
+    leaving_ctx = [0] * (k + 1)  # their tokens in the cache after step 1 (c + q)
+    tokens = prefill_tokens = sampled = kv = pairs = 0
+    for s in seqs:
+        q = s.num_query_tokens
+        c = s.num_cached_tokens
+        cq = c + q
+        tokens += q
+        kv += cq
+        if s.is_prefill:
+            prefill_tokens += q
+            pairs += q * (q + 1) // 2 + q * c
+        req = s.request
+        if cq >= req.prompt_len + req.num_output_tokens:  # the chunk completes the sequence
+            sampled += 1
+        if k > 1:
+            m = s.num_steps if s.num_steps <= k else k
+            leaving[m] += 1
+            leaving_ctx[m] += cq
+    shapes = [StepShape(tokens, len(seqs), prefill_tokens, sampled, float(pairs), kv, True)]
+    if k == 1:
+        return shapes
+    # Step j (0-based, j >= 1): the sequences with more than j steps each decode one token
+    # over a context of c + q + j, so the step's KV tokens are sum(c + q) + j * alive.
+    alive = len(seqs) - leaving[1] - leaving[0]
+    alive_ctx = kv - leaving_ctx[1] - leaving_ctx[0]
+    for j in range(1, k):
+        shapes.append(StepShape(alive, alive, 0, alive, 0.0, alive_ctx + j * alive, False))
+        alive -= leaving[j + 1]
+        alive_ctx -= leaving_ctx[j + 1]
+    return shapes
+
+
+def graph_batch_size(num_seqs: int) -> int:
+    """The CUDA-graph batch a decode step is padded to (vLLM captures 1, 2, 4, 8, 16, 24, ...)."""
+    if num_seqs <= 2:
+        return num_seqs
+    if num_seqs <= 4:
+        return 4
+    return -(-num_seqs // 8) * 8
+
+
+def uses_cuda_graph(shape: StepShape, hw: HardwareSpec) -> bool:
+    """Pure-decode steps small enough for a captured graph replay one graph."""
+    return shape.num_prefill_tokens == 0 and 0 < shape.num_seqs <= hw.cuda_graph_max_batch
+
+
+def step_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> float:
+    """Seconds of one forward step over the whole model on a ``tp``-way group (see module doc)."""
+    if shape.num_seqs == 0:
+        return 0.0  # a step nobody takes part in launches nothing
+    tp, L = hw.tp, model.num_layers
+    h, V, d = model.hidden_size, model.vocab_size, model.dtype_bytes
+    flops = hw.peak_flops
+    bw = hw.hbm_bytes_per_s
+    mm_rate = flops * hw.matmul_efficiency
+    mem_rate = bw * hw.mem_bw_efficiency
+    graph = uses_cuda_graph(shape, hw)
+    T = graph_batch_size(shape.num_tokens) if graph else shape.num_tokens
+    p_layer = model.params_per_layer
+    p_mm = p_layer - 2 * h  # the RMSNorm weights are not matmuls
+
+    t = max(2.0 * T * L * p_mm / tp / mm_rate, L * p_layer * d / tp / mem_rate)
+    t += 4.0 * model.head_dim * model.num_heads * L / tp * shape.attn_pairs / (
+        flops * hw.attn_prefill_efficiency)
+    kv_bytes = 2 * L * kv_heads_per_gpu(model, tp) * model.head_dim * d
+    t += shape.kv_tokens * kv_bytes / (bw * hw.attn_decode_efficiency)
+    n_s = shape.num_sampled
+    if n_s:
+        t += max(2.0 * n_s * h * V / tp / mm_rate, h * V * d / tp / mem_rate)
+        t += hw.sampler_us * _US + n_s * V * hw.sampler_bytes_per_logit / mem_rate
+    n_kernels = hw.kernels_per_layer * L
+    if graph:
+        t += (hw.cuda_graph_replay_us + n_kernels * hw.graph_kernel_us) * _US
+    else:
+        t += n_kernels * hw.kernel_launch_us * _US
+    if not shape.is_first:
+        t += hw.advance_step_us * _US
+    if tp > 1:
+        link = hw.link_bytes_per_s * hw.allreduce_efficiency
+        lat = hw.allreduce_latency_us * _US
+        t += 2 * L * (lat + 2.0 * (tp - 1) / tp * T * h * d / link)
+        if n_s:
+            t += lat + (tp - 1) / tp * n_s * V * d / link
+    return t
+
+
+def stage_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> float:
+    """Seconds one pipeline stage spends on the step; the step time itself when ``pp`` == 1."""
+    t = step_time(shape, model, hw)
+    if hw.pp == 1 or t == 0.0:
+        return t
+    send = hw.p2p_latency_us * _US + 2.0 * shape.num_tokens * model.hidden_size * (
+        model.dtype_bytes / hw.link_bytes_per_s)
+    return t / hw.pp + send
+
+
+def window_gpu_times(batch: Batch, model: ModelSpec, hw: HardwareSpec) -> list[float]:
+    """Per-stage seconds of each of the window's k steps (full step times when ``pp`` == 1)."""
+    return [stage_time(s, model, hw) for s in window_shapes(batch)]

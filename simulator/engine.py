@@ -1,0 +1,303 @@
+"""The simulated serving engine: simpy processes that drive policies/ schedulers over a cost model.
+
+Timeline of one window (all decisions are the scheduler's; this module only keeps time):
+
+1. The engine thread (one CPU, shared by the ``pp`` virtual engines) calls ``schedule()`` and
+   spends the overhead model's schedule + input-preparation time.
+2. The window's k steps run back to back on the GPU (advance_step between them, costed by the
+   cost model). With ``pp`` > 1 each step flows through the ``pp`` stages, each a serial
+   resource, so micro-batches of the virtual engines fill the pipeline and bubbles appear
+   when fewer than ``pp`` are in flight. A step's sampled tokens return to the first stage
+   before the next step starts.
+3. ``update()`` is called when the last step leaves the GPU, so the next ``schedule()`` sees the
+   window's tokens, finishes and freed blocks.
+4. Each step's outputs are processed on the engine thread. Without async output processing,
+   the window's output processing runs after its last step and before the next schedule
+   (serial). With it, step j's outputs are processed while step j+1 runs, and the last step's
+   after the next window has been scheduled and launched (vLLM 0.6's order).
+5. A token's delivery time is when its output processing (and the API server's streaming)
+   finishes. By default (``stream_per_step=False``) the tokens of a window reach the client
+   together when the window's last output processing finishes, as vLLM V0 multi-step streams
+   in bursts; ``stream_per_step=True`` delivers each step's tokens as soon as they are
+   processed. Delivery can end after ``update()`` ran (and after the next window was
+   scheduled), so ``update()`` records each step's GPU completion time, which is unique to
+   the step, and at the end of the run every token_times entry and finish_time is mapped to
+   its step's delivery time. A policy reading token_times during the run sees GPU times.
+
+Requests arrive from a simpy process at their arrival times and go round-robin to the
+virtual engines. Events are per CPU phase and per GPU step (and stage), never per token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field, fields
+
+import simpy
+from tqdm import tqdm
+
+from policies.batch import Batch
+from policies.model_spec import ModelSpec
+from policies.request import Request, RequestState
+from policies.scheduler import Scheduler, SchedulerStats
+from simulator.cost_model import stage_time, window_shapes
+from simulator.hardware import HardwareSpec
+from simulator.memory import blocks_per_engine
+from simulator.overhead import OverheadSpec, api_time, output_time, schedule_time
+
+
+@dataclass(slots=True)
+class SimResult:
+    """What one simulation produced; per-request timings are on the requests themselves."""
+
+    requests: list[Request]
+    duration: float  # simulated seconds from t=0 to the last token's delivery
+    wall_seconds: float
+    stats: SchedulerStats  # summed over the virtual engines
+    num_windows: int
+    num_finished: int
+    num_blocks: int  # KV blocks per virtual engine
+    gpu_busy_fraction: float  # of duration, averaged over the pipeline stages
+    cpu_busy_fraction: float  # of duration, the engine thread
+
+
+@dataclass(slots=True, eq=False)
+class _Window:
+    batch: Batch
+    schedule_cost: float
+    stage_times: list[float]  # per step, on each pipeline stage
+    out_cost: list[float]  # per step, engine-thread output processing
+    delivered: list[int]  # per step, tokens the client receives
+    gpu_done: list[float] = field(default_factory=list)
+    out_done: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True, eq=False)
+class _Sim:
+    env: simpy.Environment
+    cpu: simpy.Resource
+    stages: list[simpy.Resource]  # empty when pp == 1: one engine owns the GPU
+    schedulers: list[Scheduler]
+    model: ModelSpec
+    hw: HardwareSpec
+    overhead: OverheadSpec
+    stream_per_step: bool
+    pbar: tqdm
+    arrivals_left: list[int]
+    wake: list[simpy.Event | None]
+    delivery: dict[float, float] = field(default_factory=dict)  # step's GPU done -> delivered
+    api_free: float = 0.0  # when the separate API-server process is next idle
+    last_delivery: float = 0.0
+    gpu_busy: float = 0.0  # stage-seconds
+    cpu_busy: float = 0.0
+    num_finished: int = 0
+
+
+def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
+             model: ModelSpec, hw: HardwareSpec, overhead: OverheadSpec, *,
+             block_size: int = 16, gpu_memory_utilization: float = 0.9,
+             max_model_len: int | None = None, stream_per_step: bool = False,
+             progress: bool = True) -> SimResult:
+    """Serve ``requests`` (fresh ones: their timings are filled in) and return the run's summary.
+
+    ``make_scheduler(num_blocks)`` builds one virtual engine's scheduler; ``max_model_len``
+    (default: the model's) is only used to check the KV cache can hold one such request.
+    """
+    for req in requests:
+        if req.state is not RequestState.WAITING or req.token_times or req.num_output_tokens:
+            raise ValueError(f"simulate needs fresh requests: request {req.request_id} has "
+                             "already been served")
+    num_blocks = blocks_per_engine(model, hw, block_size=block_size,
+                                   gpu_memory_utilization=gpu_memory_utilization,
+                                   max_model_len=max_model_len)
+    pp = hw.pp
+    schedulers = [make_scheduler(num_blocks) for _ in range(pp)]
+    order = sorted(requests, key=lambda r: r.arrival_time)
+    env = simpy.Environment()
+    wall = time.perf_counter()
+    with tqdm(total=len(requests), disable=not progress, unit="req", desc="simulating") as bar:
+        sim = _Sim(env, simpy.Resource(env, 1),
+                   [simpy.Resource(env, 1) for _ in range(pp)] if pp > 1 else [],
+                   schedulers, model, hw, overhead, stream_per_step, bar,
+                   [len(order[v::pp]) for v in range(pp)], [None] * pp)
+        env.process(_arrivals(sim, order))
+        for v in range(pp):
+            env.process(_engine(sim, v))
+        env.run()
+    _apply_delivery_times(requests, sim.delivery)
+    wall = time.perf_counter() - wall
+    stats = SchedulerStats()
+    for f in fields(SchedulerStats):
+        setattr(stats, f.name, sum(getattr(s.stats, f.name) for s in schedulers))
+    duration = sim.last_delivery
+    return SimResult(
+        requests=requests, duration=duration, wall_seconds=wall, stats=stats,
+        num_windows=stats.num_windows, num_finished=sim.num_finished, num_blocks=num_blocks,
+        gpu_busy_fraction=sim.gpu_busy / (pp * duration) if duration > 0 else 0.0,
+        cpu_busy_fraction=sim.cpu_busy / duration if duration > 0 else 0.0)
+
+
+def _engine(sim: _Sim, v: int) -> Generator:
+    """Virtual engine ``v``'s loop: schedule, run the window on the GPU, hand off its outputs."""
+    env, cpu, sched = sim.env, sim.cpu, sim.schedulers[v]
+    asynchronous = sim.overhead.async_output_processing
+    pending: _Window | None = None  # async: last step's outputs, processed after the next schedule
+    while True:
+        turn = cpu.request()
+        if pending is not None:  # queued behind this schedule on the engine thread
+            _process_outputs(sim, pending, pending.batch.num_steps - 1)
+            pending = None
+        yield turn
+        batch = sched.schedule(env.now) if sched.has_unfinished else None
+        if batch is None:
+            cpu.release(turn)
+            if sim.arrivals_left[v] == 0:
+                if sched.has_unfinished:
+                    raise RuntimeError(
+                        f"virtual engine {v}: the scheduler formed no batch with "
+                        f"{sched.num_waiting} waiting and {sched.num_running} running requests")
+                return
+            sim.wake[v] = env.event()
+            yield sim.wake[v]
+            continue
+        win = _open_window(sim, batch)
+        yield env.timeout(win.schedule_cost)
+        cpu.release(turn)
+        yield from _run_steps(sim, win)
+        _close_window(sim, sched, win)
+        if asynchronous:
+            pending = win
+        else:
+            _process_outputs(sim, win, 0)
+
+
+def _arrivals(sim: _Sim, order: list[Request]) -> Generator:
+    """Release requests at their arrival times, round-robin over the virtual engines."""
+    env, pp = sim.env, len(sim.schedulers)
+    i = 0
+    while i < len(order):
+        t = order[i].arrival_time
+        if t > env.now:
+            yield env.timeout(t - env.now)
+        while i < len(order) and order[i].arrival_time <= t:
+            v = i % pp
+            sim.schedulers[v].add_request(order[i])
+            sim.arrivals_left[v] -= 1
+            wake = sim.wake[v]
+            if wake is not None:
+                sim.wake[v] = None
+                wake.succeed()
+            i += 1
+
+
+def _open_window(sim: _Sim, batch: Batch) -> _Window:
+    """Cost a freshly scheduled window: GPU time per step, CPU time per phase."""
+    spec, k = sim.overhead, batch.num_steps
+    shapes = window_shapes(batch)
+    if k == 1:  # every sampling sequence still owes at least one token
+        delivered = [shapes[0].num_sampled]
+    else:  # the scheduler discards samples past max_tokens
+        ending = [0] * (k + 1)
+        for s in batch.seqs:
+            req = s.request
+            if s.num_cached_tokens + s.num_query_tokens >= req.prompt_len + req.num_output_tokens:
+                owed = req.max_tokens - req.num_output_tokens
+                ending[min(s.num_steps, owed, k)] += 1
+        delivered = [0] * k
+        alive = sum(ending) - ending[0]
+        for j in range(k):
+            delivered[j] = alive
+            alive -= ending[j + 1]
+    win = _Window(
+        batch, schedule_time(spec, len(batch.seqs), shapes[0].num_tokens),
+        [stage_time(s, sim.model, sim.hw) for s in shapes],
+        [output_time(spec, s.num_seqs, d) for s, d in zip(shapes, delivered)], delivered)
+    sim.cpu_busy += win.schedule_cost
+    sim.gpu_busy += sum(win.stage_times) * max(len(sim.stages), 1)
+    return win
+
+
+def _run_steps(sim: _Sim, win: _Window) -> Generator:
+    """The window's k steps on the GPU (through every pipeline stage when pp > 1)."""
+    env, k = sim.env, win.batch.num_steps
+    asynchronous = sim.overhead.async_output_processing
+    if not sim.stages and not asynchronous:  # nothing happens between steps: one timeout
+        t = env.now
+        for dt in win.stage_times:
+            t += dt
+            win.gpu_done.append(t)
+        yield env.timeout(t - env.now)
+        return
+    for j, dt in enumerate(win.stage_times):
+        if dt == 0.0:
+            pass  # nobody takes part: nothing runs, and the step shares its GPU time key
+        elif sim.stages:
+            for stage in sim.stages:
+                with stage.request() as slot:
+                    yield slot
+                    yield env.timeout(dt)
+        else:
+            yield env.timeout(dt)
+        win.gpu_done.append(env.now)
+        if asynchronous and j < k - 1:
+            _process_outputs(sim, win, j, j + 1)
+
+
+def _close_window(sim: _Sim, sched: Scheduler, win: _Window) -> None:
+    """Hand the window to ``update()`` with each step's GPU completion time."""
+    finished = sched.update(win.batch, win.gpu_done)
+    if finished:
+        sim.num_finished += len(finished)
+        sim.pbar.update(len(finished))
+
+
+def _process_outputs(sim: _Sim, win: _Window, first: int, last: int | None = None) -> None:
+    """Queue output processing of steps [first, last) on the engine thread, in call order."""
+    turn = sim.cpu.request()  # asked for now, so the engine thread serves it in this order
+    sim.env.process(_output_processing(sim, win, first,
+                                       win.batch.num_steps if last is None else last, turn))
+
+
+def _output_processing(sim: _Sim, win: _Window, first: int, last: int,
+                       turn: simpy.resources.resource.Request) -> Generator:
+    yield turn
+    t = start = sim.env.now
+    for j in range(first, last):
+        t += win.out_cost[j]
+        win.out_done.append(t)
+    sim.cpu_busy += t - start
+    if t > start:
+        yield sim.env.timeout(t - start)
+    sim.cpu.release(turn)
+    if last == win.batch.num_steps:
+        _deliver(sim, win)
+
+
+def _deliver(sim: _Sim, win: _Window) -> None:
+    """Stream the window's tokens (through the API-server process if separate); set their times."""
+    spec, k = sim.overhead, win.batch.num_steps
+    times = list(win.out_done) if sim.stream_per_step else [win.out_done[-1]] * k
+    if not spec.api_server_on_critical_path and spec.api_per_token_us > 0:
+        if sim.stream_per_step:
+            for j in range(k):
+                sim.api_free = max(sim.api_free, times[j]) + api_time(spec, win.delivered[j])
+                times[j] = sim.api_free
+        else:
+            sim.api_free = max(sim.api_free, times[-1]) + api_time(spec, sum(win.delivered))
+            times = [sim.api_free] * k
+    delivery = sim.delivery
+    for g, t in zip(win.gpu_done, times):
+        delivery[g] = t
+    if times[-1] > sim.last_delivery and any(win.delivered):
+        sim.last_delivery = times[-1]
+
+
+def _apply_delivery_times(requests: list[Request], delivery: dict[float, float]) -> None:
+    """Replace the GPU completion times ``update()`` recorded by the tokens' delivery times."""
+    get = delivery.__getitem__
+    for req in requests:
+        if req.token_times:
+            req.token_times[:] = map(get, req.token_times)
+        if req.finish_time is not None:
+            req.finish_time = get(req.finish_time)

@@ -1,0 +1,113 @@
+"""The GPU profile the simulator reads from conf/hardware/*.yaml: datasheet rates and cost coefficients."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from policies.model_spec import ModelSpec
+
+_EFFICIENCIES = ("matmul_efficiency", "mem_bw_efficiency", "attn_prefill_efficiency",
+                 "attn_decode_efficiency", "allreduce_efficiency")
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareSpec:
+    """One GPU type and how many of them serve the model (``tp`` x ``pp``).
+
+    The datasheet fields say what the chip can do; the efficiencies (fractions of those peaks)
+    and the fixed times (microseconds) are the coefficients of ``simulator.cost_model``. A
+    calibrated profile sets the same keys from measurements.
+    """
+
+    name: str
+    peak_tflops: float  # dense bf16 tensor-core rate
+    hbm_gib: float  # device memory as the driver reports it (nvidia-smi's total)
+    hbm_tbps: float  # memory bandwidth, TB/s
+    nvlink_gbps: float  # GPU-to-GPU bandwidth per direction, GB/s (PCIe where there is no NVLink)
+    tp: int = 1  # tensor-parallel GPUs
+    pp: int = 1  # pipeline stages
+    matmul_efficiency: float = 0.7
+    mem_bw_efficiency: float = 0.8
+    attn_prefill_efficiency: float = 0.45
+    attn_decode_efficiency: float = 0.65
+    allreduce_efficiency: float = 0.7
+    kernel_launch_us: float = 5.0  # one eager kernel (launch-bound when the work is small)
+    kernels_per_layer: int = 10
+    graph_kernel_us: float = 1.0  # one kernel inside a CUDA graph (the GPU-side gap)
+    cuda_graph_replay_us: float = 20.0
+    cuda_graph_max_batch: int = 256  # decode batches above this run eagerly; 0: no CUDA graphs
+    advance_step_us: float = 15.0  # multi-step: the advance_step kernel before steps 2..k
+    sampler_us: float = 50.0
+    sampler_bytes_per_logit: float = 12.0  # fp32 logits written, read by softmax, read by argmax
+    allreduce_latency_us: float = 10.0
+    p2p_latency_us: float = 10.0  # pipeline send/recv between stages
+    activation_reserve_gib: float = 2.0  # peak activations, CUDA graphs, NCCL and CUDA context
+
+    def __post_init__(self) -> None:
+        for name in ("peak_tflops", "hbm_gib", "hbm_tbps", "nvlink_gbps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"hardware.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("tp", "pp", "kernels_per_layer"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"hardware.{name} must be an integer >= 1, got {value!r}")
+        for name in _EFFICIENCIES:
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"hardware.{name} must be in (0, 1], got {getattr(self, name)}")
+        for name in ("kernel_launch_us", "graph_kernel_us", "cuda_graph_replay_us",
+                     "advance_step_us", "sampler_us", "sampler_bytes_per_logit",
+                     "allreduce_latency_us", "p2p_latency_us", "activation_reserve_gib"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"hardware.{name} must be >= 0, got {getattr(self, name)}")
+        if self.cuda_graph_max_batch < 0:
+            raise ValueError(
+                f"hardware.cuda_graph_max_batch must be >= 0, got {self.cuda_graph_max_batch}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HardwareSpec:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"hardware has no setting {unknown[0]!r}; its settings: "
+                             + ", ".join(sorted(known)))
+        return cls(**d)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def peak_flops(self) -> float:
+        return self.peak_tflops * 1e12
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        return self.hbm_tbps * 1e12
+
+    @property
+    def link_bytes_per_s(self) -> float:
+        return self.nvlink_gbps * 1e9
+
+
+def check_parallelism(model: ModelSpec, hw: HardwareSpec) -> None:
+    """Raise a one-line error when ``tp``/``pp`` cannot split ``model`` (vLLM's rules)."""
+    if model.num_heads % hw.tp:
+        raise ValueError(f"hardware.tp={hw.tp} must divide model.num_heads={model.num_heads} "
+                         f"of {model.name}")
+    if model.num_kv_heads % hw.tp and hw.tp % model.num_kv_heads:
+        raise ValueError(f"hardware.tp={hw.tp} must divide model.num_kv_heads="
+                         f"{model.num_kv_heads} of {model.name}, or be a multiple of it")
+    if hw.pp > model.num_layers:
+        raise ValueError(f"hardware.pp={hw.pp} exceeds model.num_layers={model.num_layers} "
+                         f"of {model.name}")
+
+
+def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
+    """KV heads each TP rank holds: split when there are enough, replicated otherwise."""
+    return max(1, model.num_kv_heads // tp)
+
+
+def layers_per_stage(model: ModelSpec, pp: int) -> int:
+    """Layers of the largest pipeline stage."""
+    return -(-model.num_layers // pp)

@@ -1,0 +1,91 @@
+"""The CPU-overhead model: the engine thread's time per scheduler invocation and per step.
+
+Per scheduler invocation (once per window): schedule + input preparation + H2D copy,
+
+    t_schedule = schedule_base_us + schedule_per_seq_us * num_seqs + schedule_per_token_us * num_tokens
+
+(num_tokens: the query tokens of the window's first step). Per step: output processing
+(device-to-host copy, pythonization, detokenization, stop checks, building outputs),
+
+    t_output = output_base_us + output_per_seq_us * num_seqs  [+ api_per_token_us * delivered]
+
+The API server (HTTP/SSE streaming) costs ``api_per_token_us`` per delivered token. When
+``api_server_on_critical_path`` it shares the engine thread (vLLM <= 0.5: one asyncio process)
+and the bracketed term is engine CPU time; otherwise it is a separate serial process (vLLM 0.6's
+multiprocessing front end) that delays delivery without stalling the engine.
+``async_output_processing``: a step's output processing overlaps the next GPU step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+_US = 1e-6
+_COSTS = ("schedule_base_us", "schedule_per_seq_us", "schedule_per_token_us", "output_base_us",
+          "output_per_seq_us", "api_per_token_us")
+
+
+@dataclass(frozen=True, slots=True)
+class OverheadSpec:
+    """CPU costs of one engine generation, in microseconds; ``none`` is all zeros."""
+
+    name: str = "none"
+    schedule_base_us: float = 0.0
+    schedule_per_seq_us: float = 0.0
+    schedule_per_token_us: float = 0.0
+    output_base_us: float = 0.0
+    output_per_seq_us: float = 0.0
+    api_per_token_us: float = 0.0
+    async_output_processing: bool = False
+    api_server_on_critical_path: bool = True
+
+    def __post_init__(self) -> None:
+        for name in _COSTS:
+            if getattr(self, name) < 0:
+                raise ValueError(f"overhead.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("async_output_processing", "api_server_on_critical_path"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"overhead.{name} must be true or false, "
+                                 f"got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OverheadSpec:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"overhead has no setting {unknown[0]!r}; its settings: "
+                             + ", ".join(sorted(known)))
+        return cls(**d)
+
+
+def scale_overhead(spec: OverheadSpec, factor: float) -> OverheadSpec:
+    """Every CPU cost multiplied by ``factor`` (the what-if knob of a slower or faster CPU)."""
+    if factor < 0:
+        raise ValueError(f"overhead scale factor must be >= 0, got {factor}")
+    return replace(spec, name=f"{spec.name}x{factor:g}",
+                   **{name: getattr(spec, name) * factor for name in _COSTS})
+
+
+def schedule_time(spec: OverheadSpec, num_seqs: int, num_tokens: int) -> float:
+    """Seconds of one scheduler invocation with its input preparation."""
+    return (spec.schedule_base_us + spec.schedule_per_seq_us * num_seqs
+            + spec.schedule_per_token_us * num_tokens) * _US
+
+
+def output_time(spec: OverheadSpec, num_seqs: int, num_delivered: int) -> float:
+    """Engine-thread seconds of one step's output processing (the API server's share too when
+    it runs on the engine thread). A step nobody takes part in costs nothing."""
+    if num_seqs == 0:
+        return 0.0
+    t = spec.output_base_us + spec.output_per_seq_us * num_seqs
+    if spec.api_server_on_critical_path:
+        t += spec.api_per_token_us * num_delivered
+    return t * _US
+
+
+def api_time(spec: OverheadSpec, num_delivered: int) -> float:
+    """Seconds the separate API-server process spends streaming ``num_delivered`` tokens."""
+    if spec.api_server_on_critical_path:
+        return 0.0
+    return spec.api_per_token_us * num_delivered * _US

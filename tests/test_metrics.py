@@ -1,0 +1,262 @@
+"""Serving metrics: hand-worked TTFT/TPOT/ITL/E2EL, an independent recomputation of every
+summary number from the per-request lists, and the atomic result files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import random
+import statistics
+from dataclasses import dataclass
+
+import pytest
+
+from experiments import metrics
+from experiments.metrics import format_summary, request_times, summarize, write_results
+from policies.request import Request
+
+
+def req(rid, arrival, prompt_len, token_times, *, finished=True, first_scheduled=None,
+        preemptions=0):
+    r = Request(rid, arrival, prompt_len, max(len(token_times), 1))
+    r.token_times = list(token_times)
+    r.num_output_tokens = len(token_times)
+    r.first_scheduled_time = first_scheduled
+    r.num_preemptions = preemptions
+    r.finish_time = token_times[-1] if finished and token_times else None
+    return r
+
+
+def hand_requests():
+    return [
+        # Two tokens share the delivery at 1.5 s (one chunk): chunks 1.0, 1.5, 2.0.
+        req(0, 0.0, 10, [1.0, 1.5, 1.5, 2.0], first_scheduled=0.25, preemptions=1),
+        req(1, 1.0, 20, [1.2], first_scheduled=1.0),  # one token: no TPOT, no ITL
+        req(2, 2.0, 30, [2.5, 2.6], finished=False),  # still running when the run ended
+    ]
+
+
+def test_hand_worked_numbers():
+    s = summarize(hand_requests(), duration=4.0)
+    assert s["completed"] == 2
+    assert s["total_input_tokens"] == 30  # completed requests only, as benchmark_serving
+    assert s["total_output_tokens"] == 5
+    assert s["request_throughput"] == pytest.approx(0.5)
+    assert s["output_throughput"] == pytest.approx(1.25)
+    assert s["total_token_throughput"] == pytest.approx(8.75)
+    assert s["input_lens"] == [10, 20, 30]
+    assert s["output_lens"] == [4, 1, 0]
+    assert s["ttfts"] == pytest.approx([1.0, 0.2, 0.0])
+    assert s["e2els"] == pytest.approx([2.0, 0.2, 0.0])
+    assert s["itls"][0] == pytest.approx([0.5, 0.5]) and s["itls"][1:] == [[], []]
+    assert s["errors"] == ["", "", "unfinished"]
+    # TTFT over {1.0, 0.2} s
+    assert s["mean_ttft_ms"] == pytest.approx(600)
+    assert s["median_ttft_ms"] == pytest.approx(600)
+    assert s["std_ttft_ms"] == pytest.approx(400)  # population std, like np.std
+    assert s["p99_ttft_ms"] == pytest.approx(200 + 0.99 * 800)  # linear interpolation
+    # TPOT only for request 0: (2.0 - 1.0) / 3
+    for stat in ("mean", "median", "p99"):
+        assert s[f"{stat}_tpot_ms"] == pytest.approx(1000 / 3)
+    assert s["std_tpot_ms"] == pytest.approx(0)
+    # ITLs pooled: [0.5, 0.5]
+    assert s["mean_itl_ms"] == pytest.approx(500) and s["p99_itl_ms"] == pytest.approx(500)
+    # E2EL over {2.0, 0.2}
+    assert s["mean_e2el_ms"] == pytest.approx(1100)
+    assert s["median_e2el_ms"] == pytest.approx(1100)
+    assert s["p99_e2el_ms"] == pytest.approx(200 + 0.99 * 1800)
+
+
+def test_multi_step_bursts_make_itl_and_tpot_diverge():
+    # k = 4: four tokens arrive together every 40 ms.
+    times = [0.1 + 0.04 * (i // 4) for i in range(16)]
+    t = request_times(req(0, 0.0, 8, times))
+    assert t.num_chunks == 4
+    assert t.itls == pytest.approx([0.04] * 3)
+    assert t.tpot == pytest.approx(0.12 / 15)
+    assert t.ttft == pytest.approx(0.1) and t.e2el == pytest.approx(0.22)
+
+
+def test_empty_lists_report_zero():
+    s = summarize([req(0, 0.0, 5, [0.5]), req(1, 0.0, 5, [], finished=False)], duration=1.0)
+    for key in ("tpot", "itl"):
+        for stat in ("mean", "median", "std", "p99"):
+            assert s[f"{stat}_{key}_ms"] == 0.0
+    s = summarize([req(0, 0.0, 5, [], finished=False)], duration=1.0)
+    assert s["completed"] == 0 and s["mean_ttft_ms"] == 0.0 and s["request_throughput"] == 0.0
+    assert summarize([], duration=1.0)["completed"] == 0
+
+
+def percentile(xs, p):
+    """Linear interpolation between closest ranks (numpy's default), written out."""
+    xs = sorted(xs)
+    h = (len(xs) - 1) * p / 100
+    lo = math.floor(h)
+    return xs[lo] + (h - lo) * (xs[min(lo + 1, len(xs) - 1)] - xs[lo])
+
+
+def recompute(s):
+    """Every summary number from the per-request lists alone, without numpy."""
+    done = [i for i, e in enumerate(s["errors"]) if e == ""]
+    out = {"completed": len(done),
+           "total_input_tokens": sum(s["input_lens"][i] for i in done),
+           "total_output_tokens": sum(s["output_lens"][i] for i in done)}
+    d = s["duration"]
+    out["request_throughput"] = len(done) / d
+    out["output_throughput"] = out["total_output_tokens"] / d
+    out["total_token_throughput"] = (out["total_input_tokens"] + out["total_output_tokens"]) / d
+    series = {
+        "ttft": [s["ttfts"][i] for i in done],
+        "e2el": [s["e2els"][i] for i in done],
+        "itl": [x for i in done for x in s["itls"][i]],
+        "tpot": [(s["e2els"][i] - s["ttfts"][i]) / (s["output_lens"][i] - 1)
+                 for i in done if s["output_lens"][i] > 1],
+    }
+    for key, xs in series.items():
+        xs = xs or [0.0]
+        out[f"mean_{key}_ms"] = statistics.fmean(xs) * 1000
+        out[f"median_{key}_ms"] = statistics.median(xs) * 1000
+        out[f"std_{key}_ms"] = statistics.pstdev(xs) * 1000
+        out[f"p99_{key}_ms"] = percentile(xs, 99) * 1000
+    return out
+
+
+def random_requests(seed, n=60):
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        arrival = rng.uniform(0, 10)
+        t = arrival + rng.uniform(0.01, 2)
+        times = []
+        for _ in range(rng.choice([1, 1, 2, 5, 17, 40])):
+            if times and rng.random() < 0.6:  # often several tokens per chunk
+                t += rng.choice([0.0, 0.0, rng.uniform(0.001, 0.2)])
+            times.append(t)
+        out.append(req(i, arrival, rng.randint(1, 900), times, finished=rng.random() < 0.85))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_summary_number_recomputed_from_the_lists(seed):
+    reqs = random_requests(seed)
+    s = summarize(reqs, duration=12.5)
+    expected = recompute(s)
+    for key, value in expected.items():
+        assert s[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
+    keys = set(expected) | {"duration", "input_lens", "output_lens", "ttfts", "itls", "e2els",
+                            "errors"}
+    assert set(s) == keys  # nothing reported that was not checked
+    # And the lists themselves against the requests.
+    for r, ttft, e2el, itls in zip(reqs, s["ttfts"], s["e2els"], s["itls"], strict=True):
+        if r.finish_time is None:
+            continue
+        chunks = sorted(set(r.token_times))
+        assert ttft == pytest.approx(chunks[0] - r.arrival_time)
+        assert e2el == pytest.approx(chunks[-1] - r.arrival_time)
+        assert itls == pytest.approx([b - a for a, b in zip(chunks[:-1], chunks[1:], strict=True)])
+
+
+def test_more_percentiles():
+    s = summarize(random_requests(4), duration=3.0, percentiles=(50, 90, 99.9))
+    assert s["p50_ttft_ms"] == pytest.approx(s["median_ttft_ms"])
+    assert "p90_itl_ms" in s and "p99.9_e2el_ms" in s and "p99_ttft_ms" not in s
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: [req(3, 1.0, 5, [2.0, 1.5])], r"request 3: token_times go backwards"),
+    (lambda: [req(3, 1.0, 5, [0.5])], r"request 3: first token at 0\.5 is before its arrival"),
+    (lambda: [req(3, 1.0, 5, [])], r"request 3 finished but has no token_times"),
+])
+def test_inconsistent_requests_are_named(make, match):
+    reqs = make()
+    if not reqs[0].token_times:
+        reqs[0].finish_time = 2.0
+    with pytest.raises(ValueError, match=match):
+        summarize(reqs, duration=1.0)
+
+
+def test_token_count_mismatch_and_bad_duration():
+    r = req(4, 0.0, 5, [1.0, 2.0])
+    r.num_output_tokens = 3
+    with pytest.raises(ValueError, match=r"request 4 has 2 token_times but num_output_tokens"):
+        summarize([r], duration=1.0)
+    for d in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="duration must be a finite number > 0"):
+            summarize(hand_requests(), duration=d)
+    with pytest.raises(ValueError, match="percentiles must lie in"):
+        summarize(hand_requests(), duration=1.0, percentiles=(101,))
+
+
+@dataclass
+class Step:
+    time: float
+    num_seqs: int
+    num_steps: int
+
+
+def test_write_results(tmp_path):
+    reqs = hand_requests()
+    s = summarize(reqs, duration=4.0)
+    extra = {"backend": "sim", "policy": "multi_step", "k": 8,
+             "workload": {"kind": "sharegpt", "request_rate": float("inf")}}
+    out = write_results(tmp_path / "run", s, reqs, extra, steps=[Step(0.1, 3, 8), Step(0.2, 2, 8)])
+    assert out == tmp_path / "run" / "result.json"
+    text = out.read_text()
+    assert "Infinity" not in text  # strict JSON
+    result = json.loads(text)
+    assert result["schedlab"]["workload"]["request_rate"] == "inf"
+    assert {k: result[k] for k in s} == s
+    with open(tmp_path / "run" / "requests.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == metrics.REQUEST_CSV_COLUMNS
+    assert rows[0]["num_chunks"] == "3" and rows[0]["num_preemptions"] == "1"
+    assert float(rows[0]["tpot"]) == pytest.approx(1 / 3)
+    assert float(rows[0]["first_scheduled_time"]) == 0.25
+    assert rows[1]["tpot"] == "" and rows[2]["ttft"] == "" and rows[2]["finish_time"] == ""
+    assert rows[2]["output_len"] == "2"  # generated so far
+    steps = (tmp_path / "run" / "steps.csv").read_text().splitlines()
+    assert steps == ["time,num_seqs,num_steps", "0.1,3,8", "0.2,2,8"]
+    assert sorted(os.listdir(tmp_path / "run")) == ["requests.csv", "result.json", "steps.csv"]
+
+
+def test_failed_write_leaves_old_files_and_no_temp_files(tmp_path, monkeypatch):
+    reqs = hand_requests()
+    s = summarize(reqs, duration=4.0)
+    write_results(tmp_path, s, reqs, {"k": 1})
+    before = {p: (tmp_path / p).read_bytes() for p in os.listdir(tmp_path)}
+    with pytest.raises(ValueError, match="cannot be written as JSON"):
+        write_results(tmp_path, s, reqs, {"k": 2, "bad": object()})
+    assert {p: (tmp_path / p).read_bytes() for p in os.listdir(tmp_path)} == before
+
+    real_replace = os.replace
+
+    def crash_on_result(src, dst):
+        if str(dst).endswith("result.json"):
+            raise OSError("disk full")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(metrics.os, "replace", crash_on_result)
+    with pytest.raises(OSError, match="disk full"):
+        write_results(tmp_path, s, reqs, {"k": 3})
+    assert sorted(os.listdir(tmp_path)) == ["requests.csv", "result.json"]  # no *.tmp
+    assert json.loads((tmp_path / "result.json").read_text())["schedlab"] == {"k": 1}
+
+
+def test_format_summary():
+    s = summarize(hand_requests(), duration=4.0)
+    text = format_summary(s, {"backend": "sim", "policy": "cp2", "k": 8,
+                              "workload": {"kind": "sharegpt", "request_rate": float("inf")}})
+    lines = text.splitlines()
+    assert lines[0] == "{:=^50}".format(" Serving Benchmark Result ")
+    assert lines[-1] == "=" * 50
+    assert f"{'Successful requests:':<40} 2" in lines[1]
+    assert any(line.startswith("Unfinished requests:") and line.endswith("1") for line in lines)
+    assert any(line.startswith("Mean TTFT (ms):") and "600.00" in line for line in lines)
+    assert any(line.startswith("P99 E2EL (ms):") for line in lines)
+    assert any(line.startswith("Median TPOT (ms):") and "333.33" in line for line in lines)
+    assert any(line.startswith("k:") and line.endswith(" 8") for line in lines)
+    assert any(line.startswith("workload:") and line.endswith("kind=sharegpt request_rate=inf")
+               for line in lines)
+    assert len(lines) < 40  # one screen
