@@ -150,6 +150,8 @@ class Scheduler:
             for s in prefills:
                 if s.samples:
                     s.num_steps = steps
+            if not seqs:  # nobody decodes after step 1 (cp2 with prefills only): no empty steps
+                k = max(s.num_steps for s in prefills)
         return seqs + prefills, k
 
     def _admit(self, budget: int, *, chunk: bool, steps: int) -> list[ScheduledSeq]:

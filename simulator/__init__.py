@@ -1,1 +1,15 @@
 """The discrete-event simulator: a simpy engine over the policies/ scheduler and cost models."""
+
+from __future__ import annotations
+
+from simulator.cost_model import StepShape, stage_time, step_time, window_gpu_times, window_shapes
+from simulator.engine import SimResult, simulate
+from simulator.hardware import HardwareSpec, check_parallelism
+from simulator.memory import blocks_per_engine, num_gpu_blocks
+from simulator.overhead import OverheadSpec, scale_overhead
+
+__all__ = [
+    "HardwareSpec", "OverheadSpec", "SimResult", "StepShape", "blocks_per_engine",
+    "check_parallelism", "num_gpu_blocks", "scale_overhead", "simulate", "stage_time",
+    "step_time", "window_gpu_times", "window_shapes",
+]

@@ -1,31 +1,34 @@
 """The simulated serving engine: simpy processes that drive policies/ schedulers over a cost model.
 
-Timeline of one window (all decisions are the scheduler's; this module only keeps time):
+Timeline of one window (every decision is the scheduler's; this module only keeps time):
 
-1. The engine thread (one CPU, shared by the ``pp`` virtual engines) calls ``schedule()`` and
-   spends the overhead model's schedule + input-preparation time.
-2. The window's k steps run back to back on the GPU (advance_step between them, costed by the
-   cost model). With ``pp`` > 1 each step flows through the ``pp`` stages, each a serial
-   resource, so micro-batches of the virtual engines fill the pipeline and bubbles appear
-   when fewer than ``pp`` are in flight. A step's sampled tokens return to the first stage
-   before the next step starts.
+1. The engine thread (one CPU, shared by the ``pp`` virtual engines) calls ``schedule()`` once
+   it is free and spends the overhead model's schedule + input-preparation time.
+2. The window's k steps run back to back on the GPU (advance_step between them, in the cost
+   model). With ``pp`` > 1 each step flows through the ``pp`` stages, each a serial resource,
+   so the virtual engines' micro-batches fill the pipeline and bubbles appear when fewer
+   than ``pp`` are in flight; a step's sampled tokens return to the first stage before the
+   next step starts.
 3. ``update()`` is called when the last step leaves the GPU, so the next ``schedule()`` sees the
    window's tokens, finishes and freed blocks.
-4. Each step's outputs are processed on the engine thread. Without async output processing,
+4. Each step's outputs are processed on the engine thread. Without async output processing
    the window's output processing runs after its last step and before the next schedule
    (serial). With it, step j's outputs are processed while step j+1 runs, and the last step's
-   after the next window has been scheduled and launched (vLLM 0.6's order).
+   right after the next window has been scheduled and launched (vLLM 0.6's order).
 5. A token's delivery time is when its output processing (and the API server's streaming)
-   finishes. By default (``stream_per_step=False``) the tokens of a window reach the client
-   together when the window's last output processing finishes, as vLLM V0 multi-step streams
-   in bursts; ``stream_per_step=True`` delivers each step's tokens as soon as they are
-   processed. Delivery can end after ``update()`` ran (and after the next window was
-   scheduled), so ``update()`` records each step's GPU completion time, which is unique to
-   the step, and at the end of the run every token_times entry and finish_time is mapped to
-   its step's delivery time. A policy reading token_times during the run sees GPU times.
+   finishes. By default (``stream_per_step=False``) a window's tokens reach the client
+   together when its last output processing finishes, as vLLM V0 multi-step streams in
+   bursts; ``stream_per_step=True`` delivers each step's tokens once they are processed.
 
-Requests arrive from a simpy process at their arrival times and go round-robin to the
-virtual engines. Events are per CPU phase and per GPU step (and stage), never per token.
+The engine thread and the API-server process are FIFO servers kept as "busy until" times:
+work is always claimed at the current simulated time, so ``start = max(now, busy_until)`` is
+exactly a FIFO queue and needs no simpy event. Delivery can end after ``update()`` ran (and
+after the next window was scheduled), so ``update()`` records each step's GPU completion time,
+which is unique to the step, and at the end of the run every token_times entry and
+finish_time is mapped to its step's delivery time (a policy reading token_times during the
+run sees GPU times). Requests arrive from a simpy process at their arrival times and go
+round-robin to the virtual engines. Events are per CPU phase and GPU window (per step and
+stage when pp > 1), never per token.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from simulator.cost_model import stage_time, window_shapes
 from simulator.hardware import HardwareSpec
 from simulator.memory import blocks_per_engine
 from simulator.overhead import OverheadSpec, api_time, output_time, schedule_time
+
+_EPS = 1e-9  # seconds: busy-until times this close to now count as now (float round-off)
 
 
 @dataclass(slots=True)
@@ -76,8 +81,7 @@ class _Window:
 @dataclass(slots=True, eq=False)
 class _Sim:
     env: simpy.Environment
-    cpu: simpy.Resource
-    stages: list[simpy.Resource]  # empty when pp == 1: one engine owns the GPU
+    stages: list[simpy.Resource]  # empty when pp == 1: the one engine owns the GPU
     schedulers: list[Scheduler]
     model: ModelSpec
     hw: HardwareSpec
@@ -86,8 +90,9 @@ class _Sim:
     pbar: tqdm
     arrivals_left: list[int]
     wake: list[simpy.Event | None]
-    delivery: dict[float, float] = field(default_factory=dict)  # step's GPU done -> delivered
+    cpu_free: float = 0.0  # when the engine thread is next idle
     api_free: float = 0.0  # when the separate API-server process is next idle
+    delivery: dict[float, float] = field(default_factory=dict)  # step's GPU done -> delivered
     last_delivery: float = 0.0
     gpu_busy: float = 0.0  # stage-seconds
     cpu_busy: float = 0.0
@@ -102,7 +107,7 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
     """Serve ``requests`` (fresh ones: their timings are filled in) and return the run's summary.
 
     ``make_scheduler(num_blocks)`` builds one virtual engine's scheduler; ``max_model_len``
-    (default: the model's) is only used to check the KV cache can hold one such request.
+    (default: the model's) is only used to check that the KV cache holds one such request.
     """
     for req in requests:
         if req.state is not RequestState.WAITING or req.token_times or req.num_output_tokens:
@@ -117,8 +122,7 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
     env = simpy.Environment()
     wall = time.perf_counter()
     with tqdm(total=len(requests), disable=not progress, unit="req", desc="simulating") as bar:
-        sim = _Sim(env, simpy.Resource(env, 1),
-                   [simpy.Resource(env, 1) for _ in range(pp)] if pp > 1 else [],
+        sim = _Sim(env, [simpy.Resource(env, 1) for _ in range(pp)] if pp > 1 else [],
                    schedulers, model, hw, overhead, stream_per_step, bar,
                    [len(order[v::pp]) for v in range(pp)], [None] * pp)
         env.process(_arrivals(sim, order))
@@ -140,18 +144,17 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
 
 def _engine(sim: _Sim, v: int) -> Generator:
     """Virtual engine ``v``'s loop: schedule, run the window on the GPU, hand off its outputs."""
-    env, cpu, sched = sim.env, sim.cpu, sim.schedulers[v]
+    env, sched = sim.env, sim.schedulers[v]
     asynchronous = sim.overhead.async_output_processing
     pending: _Window | None = None  # async: last step's outputs, processed after the next schedule
     while True:
-        turn = cpu.request()
-        if pending is not None:  # queued behind this schedule on the engine thread
-            _process_outputs(sim, pending, pending.batch.num_steps - 1)
-            pending = None
-        yield turn
+        while sim.cpu_free - env.now > _EPS:  # the engine thread is busy (outputs, other engines)
+            yield env.timeout(sim.cpu_free - env.now)
         batch = sched.schedule(env.now) if sched.has_unfinished else None
         if batch is None:
-            cpu.release(turn)
+            if pending is not None:
+                _claim_output_processing(sim, pending, pending.batch.num_steps - 1)
+                pending = None
             if sim.arrivals_left[v] == 0:
                 if sched.has_unfinished:
                     raise RuntimeError(
@@ -162,14 +165,17 @@ def _engine(sim: _Sim, v: int) -> Generator:
             yield sim.wake[v]
             continue
         win = _open_window(sim, batch)
+        sim.cpu_free = env.now + win.schedule_cost
+        if pending is not None:
+            _claim_output_processing(sim, pending, pending.batch.num_steps - 1)
+            pending = None
         yield env.timeout(win.schedule_cost)
-        cpu.release(turn)
         yield from _run_steps(sim, win)
         _close_window(sim, sched, win)
         if asynchronous:
             pending = win
         else:
-            _process_outputs(sim, win, 0)
+            _claim_output_processing(sim, win, 0)
 
 
 def _arrivals(sim: _Sim, order: list[Request]) -> Generator:
@@ -209,10 +215,9 @@ def _open_window(sim: _Sim, batch: Batch) -> _Window:
         for j in range(k):
             delivered[j] = alive
             alive -= ending[j + 1]
-    win = _Window(
-        batch, schedule_time(spec, len(batch.seqs), shapes[0].num_tokens),
-        [stage_time(s, sim.model, sim.hw) for s in shapes],
-        [output_time(spec, s.num_seqs, d) for s, d in zip(shapes, delivered)], delivered)
+    out_cost = [output_time(spec, s.num_seqs, d) for s, d in zip(shapes, delivered, strict=True)]
+    win = _Window(batch, schedule_time(spec, len(batch.seqs), shapes[0].num_tokens),
+                  [stage_time(s, sim.model, sim.hw) for s in shapes], out_cost, delivered)
     sim.cpu_busy += win.schedule_cost
     sim.gpu_busy += sum(win.stage_times) * max(len(sim.stages), 1)
     return win
@@ -222,26 +227,26 @@ def _run_steps(sim: _Sim, win: _Window) -> Generator:
     """The window's k steps on the GPU (through every pipeline stage when pp > 1)."""
     env, k = sim.env, win.batch.num_steps
     asynchronous = sim.overhead.async_output_processing
-    if not sim.stages and not asynchronous:  # nothing happens between steps: one timeout
+    if not sim.stages:
+        # One engine owns the GPU and the engine thread, so the whole window is known now:
+        # one timeout, and the async output processing of steps 1..k-1 claimed in advance.
         t = env.now
-        for dt in win.stage_times:
+        for j, dt in enumerate(win.stage_times):
             t += dt
             win.gpu_done.append(t)
+            if asynchronous and j < k - 1:
+                _claim_output_processing(sim, win, j, j + 1, now=t)
         yield env.timeout(t - env.now)
         return
     for j, dt in enumerate(win.stage_times):
-        if dt == 0.0:
-            pass  # nobody takes part: nothing runs, and the step shares its GPU time key
-        elif sim.stages:
+        if dt > 0.0:  # a step nobody takes part in runs nothing and shares its GPU time key
             for stage in sim.stages:
                 with stage.request() as slot:
                     yield slot
                     yield env.timeout(dt)
-        else:
-            yield env.timeout(dt)
         win.gpu_done.append(env.now)
         if asynchronous and j < k - 1:
-            _process_outputs(sim, win, j, j + 1)
+            _claim_output_processing(sim, win, j, j + 1)
 
 
 def _close_window(sim: _Sim, sched: Scheduler, win: _Window) -> None:
@@ -252,30 +257,23 @@ def _close_window(sim: _Sim, sched: Scheduler, win: _Window) -> None:
         sim.pbar.update(len(finished))
 
 
-def _process_outputs(sim: _Sim, win: _Window, first: int, last: int | None = None) -> None:
-    """Queue output processing of steps [first, last) on the engine thread, in call order."""
-    turn = sim.cpu.request()  # asked for now, so the engine thread serves it in this order
-    sim.env.process(_output_processing(sim, win, first,
-                                       win.batch.num_steps if last is None else last, turn))
-
-
-def _output_processing(sim: _Sim, win: _Window, first: int, last: int,
-                       turn: simpy.resources.resource.Request) -> Generator:
-    yield turn
-    t = start = sim.env.now
+def _claim_output_processing(sim: _Sim, win: _Window, first: int, last: int | None = None,
+                             now: float | None = None) -> None:
+    """Queue output processing of steps [first, last) on the engine thread at time ``now``."""
+    t = max(sim.env.now if now is None else now, sim.cpu_free)
+    start = t
+    last = win.batch.num_steps if last is None else last
     for j in range(first, last):
         t += win.out_cost[j]
         win.out_done.append(t)
     sim.cpu_busy += t - start
-    if t > start:
-        yield sim.env.timeout(t - start)
-    sim.cpu.release(turn)
+    sim.cpu_free = t
     if last == win.batch.num_steps:
         _deliver(sim, win)
 
 
 def _deliver(sim: _Sim, win: _Window) -> None:
-    """Stream the window's tokens (through the API-server process if separate); set their times."""
+    """Stream the window's tokens (through the API-server process if separate); note their times."""
     spec, k = sim.overhead, win.batch.num_steps
     times = list(win.out_done) if sim.stream_per_step else [win.out_done[-1]] * k
     if not spec.api_server_on_critical_path and spec.api_per_token_us > 0:
@@ -287,10 +285,11 @@ def _deliver(sim: _Sim, win: _Window) -> None:
             sim.api_free = max(sim.api_free, times[-1]) + api_time(spec, sum(win.delivered))
             times = [sim.api_free] * k
     delivery = sim.delivery
-    for g, t in zip(win.gpu_done, times):
+    for g, t in zip(win.gpu_done, times, strict=True):
         delivery[g] = t
-    if times[-1] > sim.last_delivery and any(win.delivered):
-        sim.last_delivery = times[-1]
+    last = max((t for t, n in zip(times, win.delivered, strict=True) if n), default=0.0)
+    if last > sim.last_delivery:
+        sim.last_delivery = last
 
 
 def _apply_delivery_times(requests: list[Request], delivery: dict[float, float]) -> None:

@@ -1,4 +1,4 @@
-"""The GPU profile the simulator reads from conf/hardware/*.yaml: datasheet rates and cost coefficients."""
+"""The GPU profile read from conf/hardware/*.yaml: datasheet rates and cost-model coefficients."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 Per scheduler invocation (once per window): schedule + input preparation + H2D copy,
 
-    t_schedule = schedule_base_us + schedule_per_seq_us * num_seqs + schedule_per_token_us * num_tokens
+    t_schedule = schedule_base_us + schedule_per_seq_us * num_seqs
+               + schedule_per_token_us * num_tokens
 
 (num_tokens: the query tokens of the window's first step). Per step: output processing
 (device-to-host copy, pythonization, detokenization, stop checks, building outputs),

@@ -114,7 +114,8 @@ def test_cp2_prefill_takes_part_in_first_step_only():
     r0 = Request(0, 0.0, 4, 10)
     s.add_request(r0)
     b = s.schedule(0.0)
-    assert b.num_steps == 4 and shape(b) == [(0, 4, 0, 1)]
+    # only a prefill: it takes part in step 1 alone, so no empty steps 2..4 are run
+    assert b.num_steps == 1 and shape(b) == [(0, 4, 0, 1)]
     run_window(s, b)
     assert r0.num_output_tokens == 1 and r0.token_times == [1.0]
     s.add_request(Request(1, 0.0, 6, 3))

@@ -1,0 +1,326 @@
+"""The GPU cost model, the hardware and overhead profiles, and the KV memory model."""
+
+from __future__ import annotations
+
+import dataclasses
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from policies import Batch, ModelSpec, Request, ScheduledSeq
+from simulator.cost_model import (
+    StepShape,
+    graph_batch_size,
+    stage_time,
+    step_time,
+    uses_cuda_graph,
+    window_gpu_times,
+    window_shapes,
+)
+from simulator.hardware import HardwareSpec
+from simulator.memory import blocks_per_engine, num_gpu_blocks
+from simulator.overhead import OverheadSpec, output_time, scale_overhead, schedule_time
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def load(kind: str, name: str) -> dict:
+    return yaml.safe_load((CONF / kind / f"{name}.yaml").read_text())
+
+
+def model(name: str = "llama3_8b") -> ModelSpec:
+    return ModelSpec.from_dict(load("model", name))
+
+
+def hardware(name: str = "h100_sxm", **changes) -> HardwareSpec:
+    return dataclasses.replace(HardwareSpec.from_dict(load("hardware", name)), **changes)
+
+
+def decode_seq(rid: int, ctx: int, steps: int = 1, max_tokens: int = 1000) -> ScheduledSeq:
+    """A request that has generated one token and now decodes at position ``ctx``."""
+    req = Request(rid, 0.0, ctx, max_tokens)
+    req.num_output_tokens = 1
+    req.num_computed_tokens = ctx
+    return ScheduledSeq(req, 1, ctx, steps, False)
+
+
+def decode_batch(n: int, ctx: int, steps: int = 1) -> Batch:
+    return Batch([decode_seq(i, ctx, steps) for i in range(n)], steps)
+
+
+def decode_time(n: int, ctx: int, hw: HardwareSpec | None = None, m: ModelSpec | None = None):
+    return window_gpu_times(decode_batch(n, ctx), m or model(), hw or hardware())[0]
+
+
+# ---------------------------------------------------------------- profiles
+
+
+@pytest.mark.parametrize("path", sorted((CONF / "hardware").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_hardware_profile_loads(path):
+    hw = HardwareSpec.from_dict(yaml.safe_load(path.read_text()))
+    assert hw.name == path.stem and hw.tp == 1 and hw.pp == 1
+
+
+@pytest.mark.parametrize("path", sorted((CONF / "overhead").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_overhead_profile_loads(path):
+    assert OverheadSpec.from_dict(yaml.safe_load(path.read_text())).name == path.stem
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"tp": 0}, "hardware.tp must be an integer >= 1, got 0"),
+    ({"pp": 1.5}, "hardware.pp must be an integer >= 1, got 1.5"),
+    ({"matmul_efficiency": 1.5}, "hardware.matmul_efficiency must be in (0, 1], got 1.5"),
+    ({"hbm_tbps": 0}, "hardware.hbm_tbps must be > 0, got 0"),
+    ({"kernel_launch_us": -1}, "hardware.kernel_launch_us must be >= 0, got -1"),
+    ({"warp_speed": 9}, "hardware has no setting 'warp_speed'"),
+])
+def test_bad_hardware_settings_are_one_line_errors(change, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        HardwareSpec.from_dict({**load("hardware", "h100_sxm"), **change})
+
+
+def test_bad_overhead_settings_are_one_line_errors():
+    with pytest.raises(ValueError, match="overhead.output_per_seq_us must be >= 0, got -2"):
+        OverheadSpec(output_per_seq_us=-2)
+    with pytest.raises(ValueError, match="overhead has no setting 'gc_pause_us'"):
+        OverheadSpec.from_dict({"gc_pause_us": 1})
+    with pytest.raises(ValueError, match="async_output_processing must be true or false"):
+        OverheadSpec(async_output_processing="yes")
+
+
+# ---------------------------------------------------------------- step shapes
+
+
+def naive_shapes(batch: Batch) -> list[tuple]:
+    """Per step, per sequence, the obvious way: the reference window_shapes must agree with."""
+    out = []
+    for j in range(batch.num_steps):
+        tokens = seqs = prefill = sampled = kv = 0
+        pairs = 0.0
+        for s in batch.seqs:
+            if s.num_steps <= j:
+                continue
+            seqs += 1
+            if j == 0:
+                q, c = s.num_query_tokens, s.num_cached_tokens
+                tokens += q
+                kv += c + q
+                if s.is_prefill:
+                    prefill += q
+                    pairs += sum(c + i + 1 for i in range(q))  # query i sees c + i + 1 keys
+                sampled += s.samples
+            else:
+                tokens += 1
+                kv += s.num_cached_tokens + s.num_query_tokens + j
+                sampled += 1
+        out.append((tokens, seqs, prefill, sampled, pairs, kv, j == 0))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_window_shapes_match_a_per_step_per_sequence_count(seed):
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(1, 10))
+    seqs = []
+    for i in range(int(rng.integers(1, 40))):
+        if rng.random() < 0.3:  # a prefill chunk, finishing its prompt or not
+            prompt = int(rng.integers(2, 300))
+            cached = int(rng.integers(0, prompt))
+            q = int(rng.integers(1, prompt - cached + 1))
+            req = Request(i, 0.0, prompt, 50)
+            done = cached + q == prompt
+            seqs.append(ScheduledSeq(req, q, cached, int(rng.integers(1, k + 1)) if done else 1,
+                                     True))
+        else:
+            seqs.append(decode_seq(i, int(rng.integers(1, 2000)), int(rng.integers(1, k + 1))))
+    batch = Batch(seqs, k)
+    got = [(s.num_tokens, s.num_seqs, s.num_prefill_tokens, s.num_sampled, s.attn_pairs,
+            s.kv_tokens, s.is_first) for s in window_shapes(batch)]
+    assert got == naive_shapes(batch)
+
+
+def test_cuda_graph_padding_and_eligibility():
+    assert [graph_batch_size(n) for n in (1, 2, 3, 4, 5, 8, 9, 250, 256)] == \
+        [1, 2, 4, 4, 8, 8, 16, 256, 256]
+    hw = hardware()
+    decode = StepShape(256, 256, 0, 256, 0.0, 256 * 500, True)
+    assert uses_cuda_graph(decode, hw)
+    assert not uses_cuda_graph(dataclasses.replace(decode, num_seqs=257, num_tokens=257), hw)
+    assert not uses_cuda_graph(dataclasses.replace(decode, num_prefill_tokens=10), hw)
+    assert not uses_cuda_graph(decode, dataclasses.replace(hw, cuda_graph_max_batch=0))
+
+
+# ---------------------------------------------------------------- step times
+
+
+def test_decode_step_llama3_8b_h100_is_in_a_sane_range():
+    t = decode_time(256, 500)
+    assert 0.010 < t < 0.020, t
+    # batch 1: bound by reading 16 GB of weights at ~2.7 TB/s
+    assert 0.004 < decode_time(1, 100) < 0.009
+
+
+def test_step_time_grows_with_batch_and_context():
+    sizes = [1, 2, 8, 32, 64, 128, 256, 384, 512]
+    times = [decode_time(n, 500) for n in sizes]
+    assert all(a <= b for a, b in pairwise(times)), times
+    ctxs = [10, 100, 500, 1000, 4000]
+    times = [decode_time(64, c) for c in ctxs]
+    assert all(a < b for a, b in pairwise(times)), times
+
+
+def test_prefill_attention_grows_quadratically():
+    m, hw = model(), hardware()
+
+    def prefill(q, cached=0):
+        return step_time(StepShape(q, 1, q, 1, q * (q + 1) / 2 + q * cached, cached + q, True),
+                         m, hw)
+
+    assert prefill(1024) < prefill(2048) < prefill(4096) < prefill(8192)
+    # the same chunk over a longer cached prefix costs more
+    assert prefill(512, cached=4000) > prefill(512, cached=0)
+
+
+def test_tensor_parallel_halves_compute_and_memory_terms():
+    """With communication made free, tp=2 does exactly half the per-GPU work."""
+    free = dict(allreduce_latency_us=0.0, nvlink_gbps=1e12, kernel_launch_us=0.0,
+                graph_kernel_us=0.0, cuda_graph_replay_us=0.0, sampler_us=0.0,
+                sampler_bytes_per_logit=0.0, advance_step_us=0.0)
+    m = model()
+    for shape in (StepShape(4096, 4, 4096, 4, 4 * 1024 * 1025 / 2, 4096, True),  # prefill
+                  StepShape(256, 256, 0, 256, 0.0, 256 * 500, False)):  # decode
+        one = step_time(shape, m, hardware(**free))
+        two = step_time(shape, m, hardware(tp=2, **free))
+        assert two == pytest.approx(one / 2, rel=1e-9)
+    # real all-reduces cost something: more than half, still much less than one GPU
+    shape = StepShape(4096, 4, 4096, 4, 4 * 1024 * 1025 / 2, 4096, True)
+    one, two = step_time(shape, m, hardware()), step_time(shape, m, hardware(tp=2))
+    assert one / 2 < two < 0.7 * one
+
+
+def test_pipeline_stage_costs_a_share_of_the_step_plus_a_send():
+    m = model()
+    shape = StepShape(256, 256, 0, 256, 0.0, 256 * 500, True)
+    full = step_time(shape, m, hardware())
+    stage = stage_time(shape, m, hardware(pp=4))
+    assert full / 4 < stage < full / 4 + 50e-6
+
+
+def test_advance_step_is_paid_by_later_steps_only():
+    hw = hardware()
+    times = window_gpu_times(decode_batch(64, 500, steps=4), model(), hw)
+    first = step_time(StepShape(64, 64, 0, 64, 0.0, 64 * 501, True), model(), hw)
+    second = step_time(StepShape(64, 64, 0, 64, 0.0, 64 * 502, False), model(), hw)
+    assert times[0] == first and times[1] == second
+    no_kv = dataclasses.replace(hw, attn_decode_efficiency=1.0)
+    a = step_time(StepShape(64, 64, 0, 64, 0.0, 0, True), model(), no_kv)
+    b = step_time(StepShape(64, 64, 0, 64, 0.0, 0, False), model(), no_kv)
+    assert b - a == pytest.approx(hw.advance_step_us * 1e-6)
+
+
+def test_a_step_nobody_takes_part_in_costs_nothing():
+    req = Request(0, 0.0, 100, 10)
+    batch = Batch([ScheduledSeq(req, 100, 0, 1, True)], 4)  # CP_2: a prefill in a 4-step window
+    times = window_gpu_times(batch, model(), hardware())
+    assert times[0] > 0 and times[1:] == [0.0, 0.0, 0.0]
+
+
+def test_costing_a_window_is_linear_in_its_sequences_not_steps_times_sequences():
+    """The per-sequence pass runs once per window: k only adds O(k) arithmetic."""
+    calls = []
+
+    class CountingSeq(ScheduledSeq):
+        __slots__ = ()
+
+        @property
+        def num_steps(self):  # read once per sequence by the single pass
+            calls.append(1)
+            return 8
+
+        @num_steps.setter
+        def num_steps(self, value):
+            pass
+
+    seqs = [CountingSeq(decode_seq(i, 300).request, 1, 300, 8, False) for i in range(256)]
+    window_gpu_times(Batch(seqs, 8), model(), hardware())
+    assert len(calls) <= 2 * 256
+
+
+# ---------------------------------------------------------------- CPU overhead
+
+
+def test_vllm_v0_5_profile_reproduces_the_published_breakdown():
+    """The derivation in conf/overhead/vllm_v0_5.yaml: 38% GPU, 29% schedule, 33% output + API."""
+    o = OverheadSpec.from_dict(load("overhead", "vllm_v0_5"))
+    gpu = decode_time(256, 350)
+    sched = schedule_time(o, 256, 256)
+    out = output_time(o, 256, 256)
+    total = gpu + sched + out
+    assert gpu / total == pytest.approx(0.38, abs=0.015)
+    assert sched / total == pytest.approx(0.29, abs=0.015)
+    assert out / total == pytest.approx(0.33, abs=0.015)
+
+
+def test_api_server_off_the_critical_path_leaves_the_engine_thread():
+    o5 = OverheadSpec.from_dict(load("overhead", "vllm_v0_5"))
+    o6 = OverheadSpec.from_dict(load("overhead", "vllm_v0_6"))
+    assert output_time(o6, 256, 256) < output_time(o5, 256, 256)
+    assert output_time(o5, 0, 0) == 0.0
+    double = scale_overhead(o5, 2.0)
+    assert schedule_time(double, 10, 100) == pytest.approx(2 * schedule_time(o5, 10, 100))
+    assert double.async_output_processing == o5.async_output_processing
+
+
+# ---------------------------------------------------------------- memory
+
+
+def test_kv_blocks_follow_the_memory_formula():
+    m, hw = model(), hardware()
+    weights = m.num_params * 2  # bf16, embedding and LM head untied
+    free = 79.65 * 2**30 * 0.9 - weights - 2.0 * 2**30
+    per_block = 16 * 2 * 32 * 8 * 128 * 2  # block_size * K and V * layers * kv heads * head_dim
+    assert num_gpu_blocks(m, hw) == pytest.approx(free // per_block, abs=1)
+    assert 400_000 < num_gpu_blocks(m, hw) * 16 < 500_000  # tokens of KV cache
+
+
+def test_more_memory_more_blocks_and_tp_more_than_doubles_them():
+    m = model()
+    b = [num_gpu_blocks(m, hardware(), gpu_memory_utilization=u) for u in (0.5, 0.7, 0.9)]
+    assert b[0] < b[1] < b[2]
+    assert num_gpu_blocks(m, hardware(tp=2)) > 2 * num_gpu_blocks(m, hardware())
+    # pp: each stage holds half the layers; each of the 2 virtual engines gets half the blocks
+    per_engine = blocks_per_engine(m, hardware(pp=2))
+    assert per_engine == num_gpu_blocks(m, hardware(pp=2)) // 2
+
+
+def test_a_model_that_does_not_fit_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"model llama3_70b does not fit on hardware h100_sxm "
+                                         r"\(tp=1, pp=1\) at gpu_memory_utilization=0.9"):
+        num_gpu_blocks(model("llama3_70b"), hardware())
+    assert num_gpu_blocks(model("llama3_70b"), hardware(tp=4)) > 0
+
+
+def test_a_cache_smaller_than_one_max_length_request_is_a_clear_error():
+    m = model()
+    with pytest.raises(ValueError, match=r"model llama3_8b on hardware a10g .* "
+                                         r"gpu_memory_utilization=0.75 .* max_model_len=8192"):
+        blocks_per_engine(m, hardware("a10g"), gpu_memory_utilization=0.75)
+    assert blocks_per_engine(m, hardware("a10g"), gpu_memory_utilization=0.75,
+                             max_model_len=2048) > 0
+
+
+@pytest.mark.parametrize("tp, message", [(3, "hardware.tp=3 must divide model.num_heads=32"),
+                                         (6, "hardware.tp=6 must divide model.num_heads=32")])
+def test_impossible_parallelism_is_a_clear_error(tp, message):
+    with pytest.raises(ValueError, match=message):
+        num_gpu_blocks(model(), hardware(tp=tp))
+
+
+def test_bad_memory_settings():
+    with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
+        num_gpu_blocks(model(), hardware(), gpu_memory_utilization=1.5)
+    with pytest.raises(ValueError, match="scheduler.block_size must be >= 1"):
+        num_gpu_blocks(model(), hardware(), block_size=0)
