@@ -18,6 +18,7 @@ SUMMARY_KEYS = ["completed", "duration", "total_input_tokens", "total_output_tok
 LATENCY_KEYS = [f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
                 for stat in ("mean", "median", "std", "p99")]
 SCHEDLAB_KEYS = ["backend", "policy", "k", "model", "hardware", "overhead", "wall_seconds",
+                 "num_blocks",
                  "num_invocations", "num_preemptions", "num_wasted_steps", "gpu_busy_fraction",
                  "simulated_seconds_per_wall_second"]
 

@@ -47,7 +47,7 @@ def _groups(df: pd.DataFrame, keys: list[str]):
         return
     for vals, sub in df.groupby(keys, dropna=False):
         vals = vals if isinstance(vals, tuple) else (vals,)
-        yield dict(zip(keys, vals)), sub
+        yield dict(zip(keys, vals, strict=False)), sub
 
 
 def _line_key(sub: pd.DataFrame) -> list[str]:
@@ -79,7 +79,7 @@ def plot_steps(df: pd.DataFrame, out: Path) -> list[Path]:
             ax.plot(line["k"], line["request_throughput"], marker="o", label=label)
             ax_ttft.plot(line["k"], line["median_ttft_ms"], marker="o", label=label)
             ax_tpot.plot(line["k"], line["median_tpot_ms"], marker="o", label=label)
-        hw = sub["hardware"].iloc[0] if sub["hardware"].nunique() == 1 else "several GPUs"
+        hw = " vs ".join(sorted(map(str, sub["hardware"].dropna().unique())))
         ctx = {**ctx, "hardware": hw}
         ax.set(xlabel="scheduler steps per window, k", ylabel="request throughput (req/s)",
                title=_title(ctx, "Throughput vs k"))
@@ -93,7 +93,7 @@ def plot_steps(df: pd.DataFrame, out: Path) -> list[Path]:
             a.legend()
             a.set_ylim(bottom=0)
         fig2.suptitle(_title(ctx, "Latency vs k"))
-        stem = "_".join(str(v) for v in ctx.values() if v is not None).replace(" ", "")
+        stem = "_".join(str(v) for v in ctx.values() if v is not None).replace(" vs ", "+")
         made += save(fig, out, f"reqs_vs_k_{stem}")
         made += save(fig2, out, f"latency_vs_k_{stem}")
     return made
@@ -131,7 +131,7 @@ def plot_validation(df: pd.DataFrame, out: Path, title: str = "") -> list[Path]:
     cols = min(4, len(metrics))
     rows = math.ceil(len(metrics) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.4 * rows), squeeze=False)
-    for ax, metric in zip(axes.flat, metrics):
+    for ax, metric in zip(axes.flat, metrics, strict=False):
         sub = df[df["metric"] == metric]
         for pol, pts in sub.groupby("policy"):
             ax.scatter(pts["measured"], pts["predicted"], label=str(pol), s=18)

@@ -64,13 +64,13 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
                            block_size=sched_cfg.block_size,
                            gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
                            stream_per_step=bool(backend.get("stream_per_step", False)),
+                           num_blocks=backend.get("num_blocks"),
                            progress=bool(cfg.get("progress", True)))
     elif backend["name"] == "real":
         from real_backend.engine import run_real
 
-        backend.setdefault("gpu_memory_utilization", float(cfg["gpu_memory_utilization"]))
-        backend.setdefault("block_size", sched_cfg.block_size)
-        outcome = run_real(requests, new_scheduler, model, backend,
+        settings = {k: v for k, v in backend.items() if k != "name"}
+        outcome = run_real(requests, new_scheduler, model, settings,
                            progress=bool(cfg.get("progress", True)))
     else:
         raise ValueError(f"backend.name must be sim or real, got {backend['name']!r}")

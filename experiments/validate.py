@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from experiments.aggregate import row_of
+from experiments.calibrate import load_conf
 from experiments.run import CONF_DIR, run
 
 METRICS = ["request_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
@@ -38,13 +39,16 @@ def config_overrides(policy: str, k: int | None, rate: float, args) -> list[str]
     return ov + list(args.override)
 
 
-def run_one(overrides: list[str], run_dir: Path) -> dict[str, Any]:
+def run_one(overrides: list[str], run_dir: Path,
+            replace: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Compose the config as the run command would, then run it (unless already done)."""
     result = run_dir / "result.json"
     if result.exists():  # resumable: a finished run is not repeated
         return json.loads(result.read_text())
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        cfg = compose("config", overrides=overrides)
-    return run(OmegaConf.to_container(cfg, resolve=True), run_dir)
+        cfg = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
+    cfg.update(replace or {})  # profiles given as files rather than names in conf/
+    return run(cfg, run_dir)
 
 
 def measured_from_dir(root: Path) -> dict[tuple, dict[str, Any]]:
@@ -93,8 +97,9 @@ def write_table(df: pd.DataFrame, out: Path, command: str) -> None:
 
 
 def markdown(df: pd.DataFrame, command: str) -> str:
+    df = df.assign(k=df["k"].fillna(1).astype(int))
     piv = df.pivot_table(index=["policy", "k", "request_rate"], columns="metric",
-                         values="rel_error", aggfunc="first", dropna=False)
+                         values="rel_error", aggfunc="first")
     keep = [m for m in ("request_throughput", "median_ttft_ms", "median_tpot_ms", "mean_ttft_ms",
                         "mean_tpot_ms", "median_itl_ms", "median_e2el_ms", "p99_ttft_ms")
             if m in piv]
@@ -103,8 +108,7 @@ def markdown(df: pd.DataFrame, command: str) -> str:
              "| policy | k | rate (req/s) | " + " | ".join(keep) + " |",
              "|---|---|---|" + "---|" * len(keep)]
     for (pol, k, rate), row in piv.iterrows():
-        kk = "-" if pd.isna(k) else f"{int(k)}"
-        lines.append(f"| {pol} | {kk} | {rate:g} | " + " | ".join(
+        lines.append(f"| {pol} | {k} | {rate:g} | " + " | ".join(
             f"{row[m]:+.1%}" for m in keep) + " |")
     worst = df.groupby("metric")["rel_error"].apply(lambda s: s.abs().max())
     lines += ["", "Worst absolute error over the grid: " + ", ".join(
@@ -115,8 +119,10 @@ def markdown(df: pd.DataFrame, command: str) -> str:
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="llama3_8b")
-    ap.add_argument("--hardware", default="h200_calibrated", help="simulator hardware profile")
-    ap.add_argument("--overhead", default="schedlab_h200", help="simulator overhead profile")
+    ap.add_argument("--hardware", default="h200_calibrated",
+                    help="simulator hardware profile: a name in conf/hardware or a YAML file")
+    ap.add_argument("--overhead", default="schedlab_h200",
+                    help="simulator overhead profile: a name in conf/overhead or a YAML file")
     ap.add_argument("--device", default="cuda", help="real backend device")
     ap.add_argument("--workload", default="sharegpt")
     ap.add_argument("--num-prompts", type=int, default=1000)
@@ -139,6 +145,11 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         for p in args.policies.split(",")]
     measured = measured_from_dir(Path(args.measured_dir)) if args.measured_dir else None
     runs = Path(args.runs)
+    try:
+        profiles = {"hardware": load_conf("hardware", args.hardware),
+                    "overhead": load_conf("overhead", args.overhead)}
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     rows = []
     for policy, k in grid:
         for rate in rates:
@@ -153,8 +164,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 if meas is None:
                     print(f"no measured result for {policy} k={k} rate={rate:g}; skipped")
                     continue
-            pred = row_of(run_one(base + ["backend=sim", f"hardware={args.hardware}",
-                                          f"overhead={args.overhead}"], runs / "sim" / tag),
+            blocks = meas.get("num_blocks")
+            same_cache = [f"backend.num_blocks={int(blocks)}"] if blocks and blocks == blocks else []
+            pred = row_of(run_one(base + ["backend=sim"] + same_cache, runs / "sim" / tag, profiles),
                           runs / "sim" / tag / "result.json")
             for r in relative_errors(pred, meas):
                 rows.append({"policy": policy, "k": k, "request_rate": rate, **r})

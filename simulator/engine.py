@@ -102,7 +102,8 @@ class _Sim:
 def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
              model: ModelSpec, hw: HardwareSpec, overhead: OverheadSpec, *,
              block_size: int = 16, gpu_memory_utilization: float = 0.9,
-             max_model_len: int | None = None, stream_per_step: bool = False,
+             max_model_len: int | None = None, num_blocks: int | None = None,
+             stream_per_step: bool = False,
              progress: bool = True) -> SimResult:
     """Serve ``requests`` (fresh ones: their timings are filled in) and return the run's summary.
 
@@ -113,9 +114,12 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
         if req.state is not RequestState.WAITING or req.token_times or req.num_output_tokens:
             raise ValueError(f"simulate needs fresh requests: request {req.request_id} has "
                              "already been served")
-    num_blocks = blocks_per_engine(model, hw, block_size=block_size,
-                                   gpu_memory_utilization=gpu_memory_utilization,
-                                   max_model_len=max_model_len)
+    if num_blocks is None:
+        num_blocks = blocks_per_engine(model, hw, block_size=block_size,
+                                       gpu_memory_utilization=gpu_memory_utilization,
+                                       max_model_len=max_model_len)
+    elif num_blocks < 1:
+        raise ValueError(f"backend.num_blocks must be >= 1, got {num_blocks}")
     pp = hw.pp
     schedulers = [make_scheduler(num_blocks) for _ in range(pp)]
     order = sorted(requests, key=lambda r: r.arrival_time)

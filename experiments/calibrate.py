@@ -1,0 +1,367 @@
+"""Calibration: microbenchmarks on the real backend, fitted into simulator hardware/overhead profiles.
+
+    python -m experiments.calibrate                       # llama3_8b on cuda -> h200_calibrated
+    python -m experiments.calibrate --data calib.csv      # refit saved measurements, no GPU
+
+The profiling grid is made of hand-built windows (prefill chunks of many sizes, with and
+without a cached prefix; decode windows of k steps over batch sizes x context lengths; mixed
+batches) run through the real backend's ModelRunner, plus the CPU cost of the real Scheduler's
+schedule() + update() against batch size. The fit sees only these microbenchmarks, never an
+end-to-end run. It sets the coefficients of ``simulator.cost_model`` (a least-squares fit of
+log step time) and of ``simulator.overhead`` (linear least squares), reports each term's fit
+error, and writes ``conf/hardware/<name>.yaml`` and ``conf/overhead/<overhead_name>.yaml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from experiments.run import CONF_DIR
+from policies import Batch, ModelSpec, Request, ScheduledSeq, SchedulerConfig, make_scheduler
+from policies.block_manager import BlockManager
+from simulator.cost_model import StepShape, step_time, window_shapes
+from simulator.hardware import HardwareSpec
+
+# (key, lower bound, upper bound): the cost-model coefficients the fit sets
+FIT_KEYS = [("matmul_efficiency", 1e-7, 1.0), ("mem_bw_efficiency", 1e-7, 1.0),
+            ("attn_prefill_efficiency", 1e-7, 1.0), ("attn_decode_efficiency", 1e-7, 1.0),
+            ("kernel_launch_us", 0.0, 1e4), ("cuda_graph_replay_us", 0.0, 1e5),
+            ("advance_step_us", 0.0, 1e5), ("sampler_us", 0.0, 1e5)]
+SHAPE_COLS = ["num_tokens", "num_seqs", "num_prefill_tokens", "num_sampled", "attn_pairs",
+              "kv_tokens", "is_first"]
+
+
+# ---------------------------------------------------------------------------- profiling grid
+def grid(quick: bool, max_len: int) -> dict[str, list]:
+    if quick:  # a CPU smoke grid for CI
+        return {"prefill": [(1, 16, 0), (1, 64, 0), (2, 32, 0), (1, 32, 64)],
+                "decode": [(1, 32, 4), (4, 64, 4), (8, 32, 1)],
+                "mixed": [(4, 32, 32, 0)],
+                "cpu": [1, 4, 8]}
+    fit = lambda pts: [p for p in pts if p[1] + p[2] <= max_len - 64]  # noqa: E731
+    return {
+        # (num_seqs, chunk tokens each, cached prefix)
+        "prefill": fit([(1, t, 0) for t in (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)]
+                       + [(4, 256, 0), (8, 512, 0), (16, 128, 0), (32, 64, 0), (2, 1024, 0)]
+                       + [(1, 512, 512), (1, 512, 2048), (1, 2048, 2048), (4, 512, 1024)]),
+        # (batch size, context length, k)
+        "decode": [(b, c, 4) for b in (1, 8, 32, 64, 128, 256) for c in (128, 512, 1024, 2048)]
+                  + [(b, 512, 1) for b in (16, 96, 200)] + [(256, 512, 8), (64, 1024, 16)],
+        # (decodes, their context, prefill chunk, the chunk's cached prefix)
+        "mixed": [(32, 512, 512, 0), (128, 512, 256, 0), (128, 512, 1536, 0), (256, 512, 1024, 0),
+                  (64, 1024, 512, 1024), (200, 256, 2048, 0)],
+        "cpu": [1, 8, 32, 64, 128, 256],
+    }
+
+
+class Profiler:
+    """Runs hand-built windows on a ModelRunner and records each step's shape and time."""
+
+    def __init__(self, spec: ModelSpec, backend: dict[str, Any], reps: int) -> None:
+        import torch
+
+        from real_backend.config import BackendConfig
+        from real_backend.engine import build_runner
+
+        self.torch = torch
+        self.spec = spec
+        self.cfg = BackendConfig.from_mapping(backend)
+        probe = make_scheduler("multi_step", {"num_steps": 16},
+                               SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192), 1,
+                               spec.max_model_len)
+        self.runner = build_runner(spec, self.cfg, probe)
+        self.cuda = self.runner.device.type == "cuda"
+        kv = self.runner.kv_cache
+        for t in kv.k + kv.v:  # not zeros: real-looking data in every block that is read
+            t.normal_(0.0, 0.5)
+        self.blocks = BlockManager(kv.num_blocks, self.runner.block_size, 0.0)
+        self.rng = np.random.default_rng(0)
+        self.reps = reps
+        self.rows: list[dict[str, Any]] = []
+
+    def _request(self, rid: int, prompt: int) -> Request:
+        ids = self.rng.integers(0, self.spec.vocab_size, prompt).tolist()
+        return Request(rid, 0.0, prompt, 1 << 20, prompt_token_ids=ids)
+
+    def prefill_seq(self, rid: int, q: int, cached: int) -> ScheduledSeq:
+        req = self._request(rid, q + cached)
+        req.num_computed_tokens = cached
+        if not self.blocks.ensure_slots(req, q + cached):
+            raise ValueError("calibration: the KV cache is too small for the profiling grid")
+        return ScheduledSeq(req, q, cached, 1, True)
+
+    def decode_seq(self, rid: int, ctx: int, k: int) -> ScheduledSeq:
+        req = self._request(rid, ctx)
+        req.output_token_ids.append(int(self.rng.integers(0, self.spec.vocab_size)))
+        req.num_output_tokens = 1
+        req.num_computed_tokens = ctx
+        if not self.blocks.ensure_slots(req, ctx + k):
+            raise ValueError("calibration: the KV cache is too small for the profiling grid")
+        return ScheduledSeq(req, 1, ctx, k, False)
+
+    def measure(self, kind: str, seqs: list[ScheduledSeq], k: int) -> None:
+        batch = Batch(seqs, k)
+        runner = self.runner
+        runner.run_window(batch)  # warm-up (and graph/kernel selection)
+        per_step, prepare, pythonize = [], [], []
+        for _ in range(self.reps):
+            if self.cuda:
+                self.torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = runner.run_window(batch)
+            wall = time.perf_counter() - t0
+            gpu = out.gpu_step_s if self.cuda else [(wall - out.prepare_s) / k] * k
+            per_step.append(gpu)
+            prepare.append(out.prepare_s)
+            pythonize.append(out.pythonize_s)
+        for s in seqs:
+            self.blocks.free(s.request)
+        shapes = window_shapes(batch)
+        for j, shape in enumerate(shapes):
+            self.rows.append({"kind": kind, "k": k, "step": j,
+                              **{c: getattr(shape, c) for c in SHAPE_COLS},
+                              "gpu_s": statistics.median(r[j] for r in per_step),
+                              "prepare_s": statistics.median(prepare) if j == 0 else math.nan,
+                              "pythonize_s": statistics.median(pythonize) / k})
+
+    def cpu_scheduler(self, num_seqs: int, k: int, windows: int = 50) -> None:
+        """schedule() + update() of the real Scheduler with num_seqs decoding requests."""
+        s = make_scheduler("multi_step", {"num_steps": k}, SchedulerConfig(
+            max_num_seqs=max(num_seqs, 1), max_num_batched_tokens=1 << 20), 1 << 20, 1 << 20)
+        for i in range(num_seqs):
+            s.add_request(Request(i, 0.0, 256, 1 << 19))
+        while s.num_waiting:
+            b = s.schedule(0.0)
+            s.update(b, [0.0] * b.num_steps)
+        costs = []
+        now = 0.0
+        for _ in range(windows):
+            t0 = time.perf_counter()
+            b = s.schedule(now)
+            s.update(b, [now + j for j in range(b.num_steps)])
+            costs.append(time.perf_counter() - t0)
+            now += k
+        self.rows.append({"kind": "scheduler", "k": k, "step": 0, "num_seqs": num_seqs,
+                          "num_tokens": num_seqs, "sched_s": statistics.median(costs)})
+
+
+def profile(spec: ModelSpec, backend: dict[str, Any], quick: bool, reps: int,
+            progress: bool = True) -> pd.DataFrame:
+    from tqdm import tqdm
+
+    p = Profiler(spec, backend, reps)
+    g = grid(quick, spec.max_model_len)
+    rid = 0
+    total = sum(len(v) for v in g.values())
+    with tqdm(total=total, desc="calibrating", disable=not progress) as bar:
+        for n, q, cached in g["prefill"]:
+            p.measure("prefill", [p.prefill_seq(rid + i, q, cached) for i in range(n)], 1)
+            rid += n
+            bar.update()
+        for b, ctx, k in g["decode"]:
+            p.measure("decode", [p.decode_seq(rid + i, ctx, k) for i in range(b)], k)
+            rid += b
+            bar.update()
+        for b, ctx, q, cached in g["mixed"]:
+            seqs = [p.decode_seq(rid + i, ctx, 1) for i in range(b)]
+            p.measure("mixed", seqs + [p.prefill_seq(rid + b, q, cached)], 1)
+            rid += b + 1
+            bar.update()
+        for n in g["cpu"]:
+            for k in (1, 8):
+                p.cpu_scheduler(n, k)
+            bar.update()
+    return pd.DataFrame(p.rows)
+
+
+# ---------------------------------------------------------------------------- fitting
+def _shape(row: pd.Series) -> StepShape:
+    return StepShape(int(row.num_tokens), int(row.num_seqs), int(row.num_prefill_tokens),
+                     int(row.num_sampled), float(row.attn_pairs), int(row.kv_tokens),
+                     bool(row.is_first))
+
+
+def fit_gpu(data: pd.DataFrame, spec: ModelSpec, base: HardwareSpec) -> tuple[HardwareSpec, pd.DataFrame]:
+    """Least squares on log step time over the cost model's coefficients (bounded)."""
+    from scipy.optimize import least_squares
+
+    steps = data[data["kind"].isin(["prefill", "decode", "mixed"])].reset_index(drop=True)
+    shapes = [_shape(r) for r in steps.itertuples()]
+    measured = steps["gpu_s"].to_numpy()
+    if len(shapes) < len(FIT_KEYS) or not np.all(measured > 0):
+        raise ValueError("calibration data: need positive step times for at least "
+                         f"{len(FIT_KEYS)} steps, got {len(shapes)}")
+    base_d = {f: getattr(base, f) for f in base.__dataclass_fields__}
+
+    def spec_of(x: np.ndarray) -> HardwareSpec:
+        return HardwareSpec(**{**base_d, **{k: float(v) for (k, _, _), v in zip(FIT_KEYS, x, strict=False)}})
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        hw = spec_of(x)
+        pred = np.array([step_time(s, spec, hw) for s in shapes])
+        return np.log(np.maximum(pred, 1e-12)) - np.log(measured)
+
+    lo = np.array([b[1] for b in FIT_KEYS])
+    hi = np.array([b[2] for b in FIT_KEYS])
+    x0 = np.clip(np.array([base_d[k] for k, _, _ in FIT_KEYS], dtype=float), lo + 1e-9, hi)
+    sol = least_squares(resid, x0, bounds=(lo, hi), x_scale="jac", max_nfev=4000)
+    hw = spec_of(sol.x)
+    steps = steps.assign(predicted_s=[step_time(s, spec, hw) for s in shapes])
+    steps["rel_error"] = steps["predicted_s"] / steps["gpu_s"] - 1
+    return hw, steps
+
+
+def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[str, float]]:
+    """Per invocation: schedule + update (Scheduler bench) + input preparation (runner), fitted
+    as a + b*num_seqs + c*num_tokens; per step: pythonization, d + e*num_seqs."""
+    sched = data[data["kind"] == "scheduler"]
+    # schedule()+update() per window, as a function of num_seqs (k=1 rows: one token each)
+    s1 = sched[sched["k"] == 1]
+    sb = np.polyfit(s1["num_seqs"], s1["sched_s"], 1) if len(s1) >= 2 else np.array([0.0, 0.0])
+    steps = data[data["kind"].isin(["prefill", "decode", "mixed"]) & (data["step"] == 0)]
+    X = np.column_stack([np.ones(len(steps)), steps["num_seqs"], steps["num_tokens"]])
+    y = steps["prepare_s"].to_numpy() + np.polyval(sb, steps["num_seqs"].to_numpy())
+    coef = _nnls(X, y)
+    out_rows = data[data["kind"].isin(["decode"])]
+    Xo = np.column_stack([np.ones(len(out_rows)), out_rows["num_seqs"]])
+    coef_o = _nnls(Xo, out_rows["pythonize_s"].to_numpy())
+    prof = {"name": name,
+            "schedule_base_us": round(float(coef[0]) * 1e6, 3),
+            "schedule_per_seq_us": round(float(coef[1]) * 1e6, 4),
+            "schedule_per_token_us": round(float(coef[2]) * 1e6, 5),
+            "output_base_us": round(float(coef_o[0]) * 1e6, 3),
+            "output_per_seq_us": round(float(coef_o[1]) * 1e6, 4),
+            "api_per_token_us": 0.0,  # schedlab's engine has no API server
+            "async_output_processing": True,
+            "api_server_on_critical_path": True}
+    err = {"schedule_and_prepare": _median_abs_rel(X @ coef, y),
+           "output_processing": _median_abs_rel(Xo @ coef_o, out_rows["pythonize_s"].to_numpy())}
+    return prof, err
+
+
+def _nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    from scipy.optimize import nnls
+
+    return nnls(X, y)[0]
+
+
+def _median_abs_rel(pred: np.ndarray, meas: np.ndarray) -> float:
+    ok = meas > 0
+    return float(np.median(np.abs(pred[ok] / meas[ok] - 1))) if ok.any() else math.nan
+
+
+def term_errors(steps: pd.DataFrame) -> pd.DataFrame:
+    """Fit error per term group: the rows where that term dominates the step."""
+    groups = {
+        "linear + prefill attention (prefill steps)": steps["kind"] == "prefill",
+        "decode, KV reads, CUDA graph (decode step 1)": (steps["kind"] == "decode") & (steps["step"] == 0),
+        "advance_step (decode steps 2..k)": (steps["kind"] == "decode") & (steps["step"] > 0),
+        "mixed prefill + decode": steps["kind"] == "mixed",
+    }
+    rows = []
+    for term, mask in groups.items():
+        e = steps.loc[mask, "rel_error"].abs()
+        if len(e):
+            rows.append({"term": term, "points": len(e), "median_abs_rel_error": e.median(),
+                         "max_abs_rel_error": e.max()})
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------- outputs
+def write_yaml(path: Path, data: dict[str, Any], header: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(f"# {line}\n" if line else "#\n" for line in header.splitlines()))
+        yaml.safe_dump(data, f, sort_keys=False)
+    os.replace(tmp, path)
+
+
+def load_conf(group: str, name_or_path: str, conf_dir: str = CONF_DIR) -> dict[str, Any]:
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = Path(conf_dir) / group / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise ValueError(f"{group} profile {name_or_path!r} not found ({path})")
+    return yaml.safe_load(path.read_text())
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="llama3_8b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--num-blocks", type=int, default=None, help="KV blocks (required on cpu)")
+    ap.add_argument("--base-hardware", default=None,
+                    help="profile whose datasheet numbers are kept (default h200; cpu on cpu)")
+    ap.add_argument("--name", default="h200_calibrated", help="name of the hardware profile written")
+    ap.add_argument("--overhead-name", default="schedlab_h200", help="name of the overhead profile")
+    ap.add_argument("--conf-dir", default=CONF_DIR, help="where hardware/ and overhead/ go")
+    ap.add_argument("--data", default=None, help="refit saved measurements (CSV), no profiling")
+    ap.add_argument("--save-data", default=None, help="CSV for the measurements (default: conf "
+                    "dir's calibration/<name>.csv)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="a tiny grid (CPU smoke test)")
+    args = ap.parse_args(argv)
+    try:
+        spec = ModelSpec.from_dict(load_conf("model", args.model))
+        base_name = args.base_hardware or ("cpu" if args.device == "cpu" else "h200")
+        base = HardwareSpec.from_dict(load_conf("hardware", base_name))
+        if args.data:
+            data = pd.read_csv(args.data)
+        else:
+            backend = {"device": args.device, "num_blocks": args.num_blocks}
+            data = profile(spec, backend, args.quick, args.reps)
+        save = Path(args.save_data or Path(args.conf_dir) / "calibration" / f"{args.name}.csv")
+        save.parent.mkdir(parents=True, exist_ok=True)
+        if not args.data:
+            fd, tmp = tempfile.mkstemp(dir=save.parent, prefix=f".{save.name}.")
+            os.close(fd)
+            data.to_csv(tmp, index=False)
+            os.replace(tmp, save)
+        hw, steps = fit_gpu(data, spec, base)
+        overhead, oerr = fit_overhead(data, args.overhead_name)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+    terms = term_errors(steps)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = "python -m experiments.calibrate " + " ".join(argv if argv is not None else
+                                                            __import__("sys").argv[1:])
+    err_lines = "\n".join(f"  {r.term}: median |err| {r.median_abs_rel_error:.1%}, max "
+                          f"{r.max_abs_rel_error:.1%} over {r.points} steps"
+                          for r in terms.itertuples())
+    hw_d = {f: getattr(hw, f) for f in hw.__dataclass_fields__}
+    hw_d["name"] = args.name
+    for k, _, _ in FIT_KEYS:
+        hw_d[k] = float(f"{hw_d[k]:.6g}")
+    header = (f"Calibrated by `{command}` on {stamp}, model {spec.name}.\n"
+              f"Datasheet numbers from {base_name}; the fitted keys: "
+              + ", ".join(k for k, _, _ in FIT_KEYS) + ".\n"
+              f"Fit error of step time (microbenchmarks only):\n{err_lines}\n"
+              f"Data: {save}")
+    write_yaml(Path(args.conf_dir) / "hardware" / f"{args.name}.yaml", hw_d, header)
+    oheader = (f"Calibrated by `{command}` on {stamp}: schedlab's real backend's CPU costs.\n"
+               "schedule_*: Scheduler.schedule()+update() plus the runner's input preparation,\n"
+               "per window; output_*: pythonization per step (async: overlaps the next step).\n"
+               + "\n".join(f"  {k}: median |err| {v:.1%}" for k, v in oerr.items()))
+    write_yaml(Path(args.conf_dir) / "overhead" / f"{args.overhead_name}.yaml", overhead, oheader)
+    print(terms.to_string(index=False))
+    print("overhead fit: " + ", ".join(f"{k} {v:.1%}" for k, v in oerr.items()))
+    print(f"wrote {Path(args.conf_dir) / 'hardware' / (args.name + '.yaml')} and "
+          f"{Path(args.conf_dir) / 'overhead' / (args.overhead_name + '.yaml')}")
+    return {"hardware": hw_d, "overhead": overhead, "terms": terms, "overhead_errors": oerr}
+
+
+if __name__ == "__main__":
+    main()

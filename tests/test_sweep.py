@@ -1,0 +1,50 @@
+"""The README's sweep commands: a Hydra multirun ends in one aggregated table, plots follow."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_steps_sweep_aggregates_skips_and_plots(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "experiments.run", "-m", "+experiment=steps_sweep", f"hydra.sweep.dir={sweep}",
+            "policy=multi_step,cp2", "policy.num_steps=1,4", "hardware=h200",
+            "workload.num_prompts=60", "hydra.launcher.n_jobs=1"]
+    p = run(*args)
+    assert p.returncode == 0, p.stderr[-2000:]
+    df = pd.read_csv(sweep / "aggregate.csv")
+    assert len(df) == 4 and set(df["k"]) == {1, 4} and set(df["policy"]) == {"multi_step", "cp2"}
+    assert (df["completed"] == 60).all() and (df["request_throughput"] > 0).all()
+    assert len(pd.read_parquet(sweep / "aggregate.parquet")) == 4
+    stamp = {p: p.stat().st_mtime_ns for p in sweep.rglob("result.json")}
+    p = run(*args)  # a re-run skips the finished runs
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert {p: p.stat().st_mtime_ns for p in sweep.rglob("result.json")} == stamp
+    assert "skipping" in p.stdout
+    p = run("-m", "experiments.plot", str(sweep / "aggregate.csv"), "--out", str(tmp_path / "f"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert list((tmp_path / "f").glob("reqs_vs_k_*.png")) and list((tmp_path / "f").glob("*.svg"))
+
+
+def test_bad_settings_are_one_line_errors(tmp_path):
+    for override, needle in [("policy.num_steps=0", "policy.num_steps"),
+                             ("workload.request_rate=-1", "workload.request_rate"),
+                             ("scheduler.max_num_batched_tokens=0", "scheduler.max_num_batched_tokens"),
+                             ("model=llama3_70b", "llama3_70b")]:
+        p = run("-m", "experiments.run", override, f"hydra.run.dir={tmp_path / 'r'}",
+                "workload.num_prompts=10", "progress=false")
+        assert p.returncode != 0, override
+        err = p.stderr.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and needle in err[0], (override, err)
+        assert "Traceback" not in p.stderr
