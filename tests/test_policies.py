@@ -147,7 +147,7 @@ def test_adaptive_rule():
     class View:
         def __init__(self, rems, waiting=()):
             self.running = [Request(i, 0.0, 4, 100) for i in range(len(rems))]
-            for r, rem in zip(self.running, rems):
+            for r, rem in zip(self.running, rems, strict=False):
                 r.num_output_tokens = 100 - rem
             self.waiting = list(waiting)
 

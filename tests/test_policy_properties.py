@@ -70,7 +70,7 @@ def check(name: str, w: dict) -> None:
     for r in reqs:
         assert r.is_finished and r.num_output_tokens == r.max_tokens
         assert len(r.token_times) == r.max_tokens
-        assert all(a <= b for a, b in zip(r.token_times, r.token_times[1:]))
+        assert all(a <= b for a, b in zip(r.token_times, r.token_times[1:], strict=False))
         assert r.token_times[0] >= r.arrival_time and r.finish_time == r.token_times[-1]
         assert r.first_scheduled_time is not None and r.first_scheduled_time >= r.arrival_time
         assert r.block_table == []
