@@ -1,0 +1,89 @@
+"""The real backend's settings (the ``backend`` config group), validated into one frozen dataclass."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+from real_backend.sampling import SamplingParams
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class BackendConfig:
+    device: str = "cuda"
+    dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
+    num_blocks: int | None = None  # KV blocks; required on cpu, else an override of profiling
+    gpu_memory_utilization: float = 0.9
+    cuda_graphs: bool = True  # decode steps replay CUDA graphs (cuda only)
+    async_output: bool = True  # pythonize step n while step n+1 runs
+    weights: str | None = None  # None: seeded random weights; else a Hugging Face directory
+    seed: int = 0
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    save_token_ids: bool = False  # return every request's output token ids in RealResult
+    kernels: str = "auto"  # auto: triton on cuda, torch (the reference ops) on cpu
+
+    def __post_init__(self) -> None:
+        try:
+            dev = torch.device(self.device)
+        except RuntimeError:
+            raise ValueError(
+                f"backend.device must be 'cpu' or 'cuda[:N]', got {self.device!r}") from None
+        if dev.type not in ("cpu", "cuda"):
+            raise ValueError(f"backend.device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"backend.device is {self.device} but this machine has no CUDA device")
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(f"backend.dtype must be auto or one of {', '.join(_DTYPES)}, "
+                             f"got {self.dtype!r}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"backend.num_blocks must be >= 1, got {self.num_blocks}")
+        if dev.type == "cpu" and self.num_blocks is None:
+            raise ValueError("backend.num_blocks must be set when backend.device is cpu "
+                             "(there is no GPU memory to size the KV cache from)")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("backend.gpu_memory_utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}")
+        if self.kernels not in ("auto", "torch", "triton"):
+            raise ValueError(f"backend.kernels must be auto, torch or triton, got {self.kernels!r}")
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any] | None) -> BackendConfig:
+        d = dict(d or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"backend has no setting {unknown[0]!r}; its settings: "
+                             + ", ".join(sorted(known)))
+        if "sampling" in d:
+            d["sampling"] = SamplingParams.from_mapping(d["sampling"])
+        return cls(**d)
+
+    @property
+    def torch_device(self) -> torch.device:
+        dev = torch.device(self.device)
+        if dev.type == "cuda" and dev.index is None:
+            return torch.device("cuda", torch.cuda.current_device())
+        return dev
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
+        return _DTYPES[self.dtype]
+
+    @property
+    def kernel_set(self) -> str:
+        if self.kernels == "auto":
+            return "triton" if self.torch_device.type == "cuda" else "torch"
+        return self.kernels
+
+    @property
+    def use_cuda_graphs(self) -> bool:
+        # The torch reference ops read lengths back to the host, which a graph cannot capture.
+        return self.cuda_graphs and self.torch_device.type == "cuda" and self.kernel_set == "triton"

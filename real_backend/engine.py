@@ -1,0 +1,178 @@
+"""The real backend's wall-clock serving loop: release requests on arrival, run each scheduler
+window on the device, hand every step's tokens to the scheduler with their delivery times."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+import torch
+
+from policies.batch import Batch
+from policies.model_spec import ModelSpec
+from policies.request import Request
+from policies.scheduler import Scheduler
+from real_backend.config import BackendConfig
+from real_backend.kv_cache import GB, block_bytes, check_weights_fit, profile_num_blocks
+from real_backend.runner import ModelRunner, WindowResult
+from real_backend.weights import load_hf_model, random_model
+
+
+@dataclass(slots=True)
+class RealResult:
+    duration: float  # seconds from the run's start to the last token
+    stats: dict[str, Any]
+    steps: list[dict[str, Any]]  # one row per window, for steps.csv
+    token_ids: dict[int, list[int]] | None = None  # request_id -> output ids (save_token_ids)
+
+
+class Clock:
+    """Seconds since ``start()``: the clock of arrival times, delivery times and the duration."""
+
+    def __init__(self) -> None:
+        self.t0 = perf_counter()
+
+    def start(self) -> None:
+        self.t0 = perf_counter()
+
+    def __call__(self) -> float:
+        return perf_counter() - self.t0
+
+
+def build_runner(spec: ModelSpec, cfg: BackendConfig, probe: Scheduler,
+                 clock: Callable[[], float] = perf_counter) -> ModelRunner:
+    """Weights, then a KV cache sized by memory profiling (or backend.num_blocks), then CUDA
+    graphs; ``probe`` is a scheduler whose limits (block size, seats, token budget, k) the
+    cache, the profile and the graphs must serve."""
+    device, dtype = cfg.torch_device, cfg.torch_dtype
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    check_weights_fit(spec, device, dtype, cfg.gpu_memory_utilization)
+    if cfg.weights:
+        model = load_hf_model(spec, cfg.weights, device, dtype)
+    else:
+        model = random_model(spec, device, dtype, cfg.seed)
+    block_size = probe.config.block_size
+    max_seqs = probe.config.max_num_seqs
+    runner = ModelRunner(model, cfg, block_size, max_seqs, probe.policy.max_steps, clock)
+    num_blocks = cfg.num_blocks
+    if device.type == "cuda":
+        # Also the warm-up: every Triton kernel is compiled before the clock starts.
+        fits = profile_num_blocks(spec, device, dtype, cfg.gpu_memory_utilization, block_size,
+                                  lambda: runner.profile_run(probe.max_num_batched_tokens, max_seqs))
+        if num_blocks is not None and num_blocks > fits:
+            need = num_blocks * block_bytes(spec, block_size, dtype) / GB
+            raise ValueError(f"backend.num_blocks {num_blocks} needs {need:.1f} GB of KV cache but "
+                             f"only {fits} blocks fit in gpu_memory_utilization "
+                             f"{cfg.gpu_memory_utilization} on {device}")
+        num_blocks = num_blocks or fits
+    runner.allocate_kv_cache(num_blocks)
+    runner.capture_graphs()
+    return runner
+
+
+def fill_prompt_tokens(requests: list[Request], spec: ModelSpec, seed: int) -> None:
+    """Give length-only requests seeded random prompt ids; check given ids fit the vocabulary."""
+    rng = np.random.default_rng(seed)
+    for r in requests:
+        if r.prompt_token_ids is None:
+            r.prompt_token_ids = rng.integers(0, spec.vocab_size, r.prompt_len).tolist()
+        elif max(r.prompt_token_ids) >= spec.vocab_size:
+            raise ValueError(f"request {r.request_id} has token id {max(r.prompt_token_ids)} but "
+                             f"model {spec.name} has vocab_size {spec.vocab_size}")
+
+
+def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
+             model: ModelSpec, backend_cfg: Mapping[str, Any], *,
+             progress: bool = True) -> RealResult:
+    """Serve ``requests`` (arrival_time: seconds after the start; all 0 = offline) on the device.
+
+    ``make_scheduler`` is called twice: once with num_blocks=1 to read the scheduler's limits
+    for profiling, then with the profiled number of KV blocks for the run itself.
+    """
+    cfg = BackendConfig.from_mapping(backend_cfg)
+    clock = Clock()
+    t_setup = perf_counter()
+    release_device_memory()  # what an earlier run in this process left in torch's cache
+    runner = build_runner(model, cfg, make_scheduler(1), clock)
+    try:
+        return _serving_loop(requests, make_scheduler, model, cfg, runner, clock, t_setup, progress)
+    finally:
+        del runner
+        release_device_memory()
+
+
+def release_device_memory() -> None:
+    gc.collect()  # runner objects hold reference cycles (closures over the runner)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
+                  model: ModelSpec, cfg: BackendConfig, runner: ModelRunner, clock: Clock,
+                  t_setup: float, progress: bool) -> RealResult:
+    sched = make_scheduler(runner.kv_cache.num_blocks)
+    if sched.config.block_size != runner.block_size:
+        raise ValueError("make_scheduler gave scheduler.block_size "
+                         f"{sched.config.block_size}, then {runner.block_size}")
+    fill_prompt_tokens(requests, model, cfg.seed)
+    setup_s = perf_counter() - t_setup
+    pending = deque(sorted(requests, key=lambda r: r.arrival_time))
+    steps: list[dict[str, Any]] = []
+    last_report = 0.0
+    clock.start()
+    while pending or sched.has_unfinished:
+        while pending and pending[0].arrival_time <= clock():
+            sched.add_request(pending.popleft())
+        t = clock()
+        batch = sched.schedule(t)
+        schedule_s = clock() - t
+        if batch is None:
+            if not pending:
+                raise RuntimeError(f"scheduler formed no window with {sched.num_running} running "
+                                   f"and {sched.num_waiting} waiting requests")
+            time.sleep(max(0.0, pending[0].arrival_time - clock()))
+            continue
+        out = runner.run_window(batch)
+        t_update = clock()
+        sched.update(batch, out.step_times, out.sampled)
+        steps.append(_window_row(batch, out, t, schedule_s, clock() - t_update))
+        if progress and clock() - last_report > 5.0:
+            last_report = clock()
+            _report(last_report, requests, sched)
+    duration = clock()
+    stats = {**dataclasses.asdict(sched.stats), "setup_s": setup_s,
+             "num_blocks": runner.kv_cache.num_blocks, "block_size": runner.block_size,
+             "device": str(runner.device), "dtype": str(runner.model.dtype).removeprefix("torch."),
+             "kernels": runner.kernels.name, "cuda_graph_sizes": sorted(runner.graphs.graphs),
+             "async_output": cfg.async_output, "weights": cfg.weights or "random"}
+    token_ids = ({r.request_id: list(r.output_token_ids) for r in requests}
+                 if cfg.save_token_ids else None)
+    return RealResult(duration, stats, steps, token_ids)
+
+
+def _window_row(batch: Batch, out: WindowResult, t_start: float, schedule_s: float,
+                update_s: float) -> dict[str, Any]:
+    return {
+        "window": batch.window_id, "t_start": t_start, "k": batch.num_steps,
+        "num_seqs": len(batch.seqs), "num_prefill_seqs": len(batch.seqs) - batch.num_decode_seqs,
+        "num_tokens": out.num_tokens, "num_preempted": len(batch.preempted),
+        "num_wasted_steps": batch.num_wasted_steps, "schedule_s": schedule_s,
+        "prepare_s": out.prepare_s, "pythonize_s": out.pythonize_s, "update_s": update_s,
+        "gpu_s": sum(out.gpu_step_s),
+        "gpu_step_s": ";".join(f"{g:.6f}" for g in out.gpu_step_s),
+    }
+
+
+def _report(now: float, requests: list[Request], sched: Scheduler) -> None:
+    done = sum(r.is_finished for r in requests)
+    print(f"[real] t={now:7.1f}s finished {done}/{len(requests)} running {sched.num_running} "
+          f"waiting {sched.num_waiting}", file=sys.stderr, flush=True)

@@ -1,0 +1,85 @@
+"""The paged KV cache: per-layer K/V block tensors and how many blocks the device's memory allows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from policies.model_spec import ModelSpec
+
+GB = 1e9
+
+
+@dataclass(slots=True)
+class KVCache:
+    """``k[layer]``, ``v[layer]``: [num_blocks, block_size, num_kv_heads, head_dim]."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k[0].shape[0]
+
+    @property
+    def block_size(self) -> int:
+        return self.k[0].shape[1]
+
+
+def block_bytes(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one block's K and V over all layers."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * spec.num_layers * block_size * spec.kv_size * itemsize
+
+
+def allocate_kv_cache(spec: ModelSpec, num_blocks: int, block_size: int, dtype: torch.dtype,
+                      device: torch.device | str) -> KVCache:
+    shape = (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
+    # Zeros, not empty: a stale NaN in a never-written slot must not leak through a 0 weight.
+    return KVCache([torch.zeros(shape, dtype=dtype, device=device) for _ in range(spec.num_layers)],
+                   [torch.zeros(shape, dtype=dtype, device=device) for _ in range(spec.num_layers)])
+
+
+def weight_bytes(spec: ModelSpec, dtype: torch.dtype) -> int:
+    return spec.num_params * torch.empty((), dtype=dtype).element_size()
+
+
+def check_weights_fit(spec: ModelSpec, device: torch.device, dtype: torch.dtype,
+                      utilization: float) -> None:
+    """Fail before allocating anything when the weights alone exceed the memory budget."""
+    if device.type != "cuda":
+        return
+    free, _ = torch.cuda.mem_get_info(device)
+    need = weight_bytes(spec, dtype)
+    if need > free * utilization:
+        raise ValueError(
+            f"model {spec.name} needs {need / GB:.0f} GB of weights but backend.device {device} "
+            f"has {free / GB:.0f} GB free x gpu_memory_utilization {utilization}")
+
+
+def profile_num_blocks(spec: ModelSpec, device: torch.device, dtype: torch.dtype,
+                       utilization: float, block_size: int,
+                       profile: Callable[[], None]) -> int:
+    """Blocks that fit in total memory x utilization once weights, the peak activations of
+    ``profile`` (the largest eager step) and memory held by others are taken out."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    profile()
+    torch.cuda.synchronize(device)
+    activations = torch.cuda.max_memory_allocated(device) - before
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    used = total - free  # weights, CUDA context, other processes
+    budget = total * utilization - used - activations
+    num_blocks = int(budget // block_bytes(spec, block_size, dtype))
+    if num_blocks < 1:
+        raise ValueError(
+            f"backend.gpu_memory_utilization {utilization} leaves no room for model {spec.name}'s "
+            f"KV cache on {device}: {total / GB:.1f} GB total, {used / GB:.1f} GB in use "
+            f"(weights {weight_bytes(spec, dtype) / GB:.1f} GB), activations "
+            f"{activations / GB:.1f} GB")
+    return num_blocks

@@ -1,0 +1,336 @@
+"""Runs one scheduler window on the model: host inputs built once, k device steps back to back with
+advance_step between them, each step's sampled ids pythonized as soon as they reach the host."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import chain
+from time import perf_counter
+
+import numpy as np
+import torch
+
+from policies.batch import Batch, ScheduledSeq
+from policies.request import Request
+from real_backend.async_output import StepOutputs
+from real_backend.attention import AttentionMetadata, DecodeMetadata, PrefillMetadata
+from real_backend.config import BackendConfig
+from real_backend.cuda_graphs import DecodeGraphs, capture_decode_graphs, graph_batch_sizes
+from real_backend.kernels import select_kernels
+from real_backend.kv_cache import KVCache, allocate_kv_cache
+from real_backend.model import Llama, compute_logits, forward
+from real_backend.ops import PAD_SLOT_ID
+from real_backend.sampling import sample
+
+
+@dataclass(slots=True)
+class WindowResult:
+    step_times: list[float]  # when step j's ids were pythonized (the clock's seconds)
+    sampled: list[list[int]]  # per batch.seqs[i]: one id per step it took part in, [] if none
+    prepare_s: float  # CPU: building and queueing the window's inputs
+    pythonize_s: float  # CPU: device ids -> Python ints
+    gpu_step_s: list[float]  # device time of each step (CUDA events); 0 on CPU
+    num_tokens: int  # tokens computed in step 1
+
+
+@dataclass(slots=True)
+class DecodeBuffers:
+    """Static device inputs of decode steps: CUDA graphs read them, advance_step rewrites them."""
+
+    input_ids: torch.Tensor  # [rows] int64
+    positions: torch.Tensor  # [rows] int64
+    slot_mapping: torch.Tensor  # [rows] int64
+    seq_lens: torch.Tensor  # [rows] int32
+    block_tables: torch.Tensor  # [rows, max_blocks_per_seq] int32
+    num_rows: int = 0  # rows holding real sequences now
+    padded_rows: int = 0  # rows the next decode step computes (a captured graph's size)
+
+    def meta(self, rows: int) -> AttentionMetadata:
+        return AttentionMetadata(self.slot_mapping[:rows], 0, None,
+                                 DecodeMetadata(self.seq_lens[:rows], self.block_tables[:rows]))
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """A step-1 batch with multi-token rows (prefill chunks first, then single tokens)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # the last token of every sequence that samples
+
+
+@dataclass(slots=True)
+class WindowPlan:
+    step_rows: list[list[int]]  # step j's sample rows as indices into batch.seqs
+    first: StepInputs | None  # None: step 1 is pure decode, loaded into the decode buffers
+    decode_loads: dict[int, Callable[[], None]] = field(default_factory=dict)  # step -> load
+    gathers: dict[int, torch.Tensor] = field(default_factory=dict)  # step -> rows of last samples
+    keep: list[torch.Tensor] = field(default_factory=list)  # pinned sources of queued copies
+
+
+def _slots(req: Request, start: int, end: int, block_size: int) -> np.ndarray:
+    pos = np.arange(start, end)
+    table = np.asarray(req.block_table, dtype=np.int64)
+    return table[pos // block_size] * block_size + pos % block_size
+
+
+def _table_rows(seqs: list[ScheduledSeq], width: int) -> np.ndarray:
+    """Block tables as one zero-padded [len(seqs), width] array, filled in a single scatter."""
+    tables = [s.request.block_table for s in seqs]
+    lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+    total = int(lens.sum())
+    flat = np.fromiter(chain.from_iterable(tables), dtype=np.int32, count=total)
+    rows = np.repeat(np.arange(len(tables)), lens)
+    cols = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
+    out = np.zeros((len(tables), width), dtype=np.int32)
+    out[rows, cols] = flat
+    return out
+
+
+class ModelRunner:
+    """Owns the device side: model, KV cache, decode buffers, CUDA graphs, sampler, outputs."""
+
+    def __init__(self, model: Llama, cfg: BackendConfig, block_size: int, max_num_seqs: int,
+                 max_lookahead: int, clock: Callable[[], float] = perf_counter) -> None:
+        self.model, self.cfg = model, cfg
+        self.device = model.device
+        self.cuda = self.device.type == "cuda"
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.kernels = select_kernels(cfg.kernel_set)
+        self.kv_cache: KVCache | None = None
+        self.graphs = DecodeGraphs()
+        self.outputs = StepOutputs(self.device, clock, cfg.async_output)
+        self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        # Wasted multi-step slots run up to max_lookahead positions past max_model_len.
+        width = -(-(model.spec.max_model_len + max_lookahead) // block_size)
+        rows = max(max_num_seqs, graph_batch_sizes(max_num_seqs)[-1])  # room for graph padding
+
+        def buf(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=self.device)
+
+        self.buffers = DecodeBuffers(buf(rows), buf(rows), buf(rows).fill_(PAD_SLOT_ID),
+                                     buf(rows, dtype=torch.int32),
+                                     buf(rows, width, dtype=torch.int32))
+
+    # ------------------------------------------------------------------ setup
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        self.kv_cache = allocate_kv_cache(self.model.spec, num_blocks, self.block_size,
+                                          self.model.dtype, self.device)
+
+    @torch.inference_mode()
+    def capture_graphs(self) -> None:
+        """Capture decode graphs for the padded batch sizes up to max_num_seqs (CUDA only)."""
+        if not (self.cfg.use_cuda_graphs and self.cuda):
+            return
+        self.graphs = DecodeGraphs()  # capture runs the eager path
+        b = self.buffers
+        b.seq_lens.zero_()  # rows of length 0 read nothing; slot -1 writes nothing
+        b.slot_mapping.fill_(PAD_SLOT_ID)
+        sizes = [s for s in graph_batch_sizes(self.max_num_seqs) if s <= b.input_ids.shape[0]]
+        self.graphs = capture_decode_graphs(self._decode_eager, sizes)
+
+    @torch.inference_mode()
+    def profile_run(self, num_tokens: int, num_seqs: int) -> None:
+        """The largest eager steps the scheduler can form (num_tokens of prefill over num_seqs
+        sequences, then a num_seqs decode), on a one-block scratch cache: for memory profiling."""
+        spec = self.model.spec
+        saved = self.kv_cache
+        self.kv_cache = allocate_kv_cache(spec, 1, self.block_size, self.model.dtype, self.device)
+        num_seqs = max(1, min(num_seqs, num_tokens))
+        lens = [num_tokens // num_seqs + (i < num_tokens % num_seqs) for i in range(num_seqs)]
+
+        def request(i: int, n: int) -> Request:
+            # Every block id is 0: contents are garbage, but shapes and memory are the real ones.
+            return Request(-1 - i, 0.0, n, 1, prompt_token_ids=[0] * n,
+                           block_table=[0] * (-(-(n + 2) // self.block_size)))
+
+        prefill = [ScheduledSeq(request(i, n), n, 0, 1, True) for i, n in enumerate(lens)]
+        self.run_window(Batch(prefill, 1))
+        decode = [ScheduledSeq(request(i, 1), 1, 0, 2, False) for i in range(num_seqs)]
+        self.run_window(Batch(decode, 2))  # two steps: advance_step is compiled here too
+        self.kv_cache = saved
+
+    # ------------------------------------------------------------------ the window
+    @torch.inference_mode()
+    def run_window(self, batch: Batch) -> WindowResult:
+        t0 = perf_counter()
+        plan = self._plan(batch)
+        prepare_s = perf_counter() - t0
+        outputs = self.outputs
+        outputs.start(batch.num_steps, max(len(plan.step_rows[0]), 1))
+        timers = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(batch.num_steps)] if self.cuda else []
+        sampled = None
+        for j in range(batch.num_steps):
+            if timers:
+                timers[j][0].record()
+            logits = self._first_step(plan) if j == 0 else self._next_step(plan, j, sampled)
+            sampled = sample(logits, self.cfg.sampling, self.generator)
+            if timers:
+                timers[j][1].record()
+            outputs.push(j, sampled)
+            outputs.poll()
+        outputs.drain()
+        gpu = [a.elapsed_time(b) / 1e3 for a, b in timers] if timers else [0.0] * batch.num_steps
+        return WindowResult(list(outputs.times), self._per_seq(batch, plan, outputs.ids),
+                            prepare_s, outputs.pythonize_s, gpu,
+                            sum(s.num_query_tokens for s in batch.seqs))
+
+    def _first_step(self, plan: WindowPlan) -> torch.Tensor:
+        if plan.first is None:
+            plan.decode_loads[0]()
+            return self._decode(self.buffers.num_rows)
+        f = plan.first
+        hidden = forward(self.model, f.input_ids, f.positions, f.meta, self.kv_cache, self.kernels)
+        return compute_logits(self.model, hidden[f.logits_indices])
+
+    def _next_step(self, plan: WindowPlan, j: int, sampled: torch.Tensor) -> torch.Tensor:
+        b = self.buffers
+        if j in plan.gathers:
+            sampled = sampled.index_select(0, plan.gathers[j])
+        if j in plan.decode_loads:
+            plan.decode_loads[j]()
+        self.kernels.advance_step(b.padded_rows, b.num_rows, self.block_size, b.input_ids,
+                                  sampled, b.positions, b.seq_lens, b.slot_mapping,
+                                  b.block_tables)
+        return self._decode(b.num_rows)
+
+    def _decode(self, n: int) -> torch.Tensor:
+        b = self.buffers
+        if b.padded_rows in self.graphs.graphs:
+            return self.graphs.replay(b.padded_rows)[:n]
+        return self._decode_eager(b.padded_rows)[:n]
+
+    def _decode_eager(self, rows: int) -> torch.Tensor:
+        b = self.buffers
+        hidden = forward(self.model, b.input_ids[:rows], b.positions[:rows], b.meta(rows),
+                         self.kv_cache, self.kernels)
+        return compute_logits(self.model, hidden)
+
+    # ------------------------------------------------------------------ host-side inputs
+    def _to_device(self, arr: np.ndarray, keep: list[torch.Tensor]) -> torch.Tensor:
+        t = torch.from_numpy(arr)
+        if not self.cuda:
+            return t
+        t = t.pin_memory()
+        keep.append(t)  # a non_blocking copy reads it later; it must outlive the copy
+        return t.to(self.device, non_blocking=True)
+
+    def _plan(self, batch: Batch) -> WindowPlan:
+        seqs = batch.seqs
+        multi = [i for i, s in enumerate(seqs) if s.num_query_tokens > 1]
+        single = [i for i, s in enumerate(seqs) if s.num_query_tokens == 1]
+        order = multi + single
+        if multi:
+            sample_rows = [i for i in order if seqs[i].samples]
+        else:
+            sample_rows = order  # a graph computes every row; non-sampling ones are ignored
+        step_rows = [sample_rows] + [[i for i in sample_rows if seqs[i].num_steps > j]
+                                     for j in range(1, batch.num_steps)]
+        plan = WindowPlan(step_rows, None)
+        if multi:
+            plan.first = self._mixed_inputs(seqs, multi, single, plan)
+        else:
+            plan.decode_loads[0] = self._decode_load(seqs, order, 0, plan)
+        loaded = order if not multi else None
+        for j in range(1, batch.num_steps):
+            rows = step_rows[j]
+            if rows != step_rows[j - 1]:
+                pos = {i: r for r, i in enumerate(step_rows[j - 1])}
+                plan.gathers[j] = self._to_device(
+                    np.array([pos[i] for i in rows], dtype=np.int64), plan.keep)
+            if rows != loaded:
+                plan.decode_loads[j] = self._decode_load(seqs, rows, j, plan)
+                loaded = rows
+        return plan
+
+    def _decode_load(self, seqs: list[ScheduledSeq], rows: list[int], step: int,
+                     plan: WindowPlan) -> Callable[[], None]:
+        """Host-built decode state for ``rows`` at ``step``, copied into the buffers when run.
+
+        Step 0 gets complete inputs (the newest token, its position and slot, seq_lens counting
+        it). A later step gets seq_lens = tokens cached so far and block tables; advance_step
+        derives the rest from the previous step's samples.
+        """
+        n = len(rows)
+        padded = (self.graphs.padded_size(n) if self.graphs.graphs else None) or n
+        rs = [seqs[i] for i in rows]
+        width = max((len(s.request.block_table) for s in rs), default=1)
+        tables = self._to_device(_table_rows(rs, width), plan.keep)
+        seq_lens = np.zeros(padded, dtype=np.int32)
+        seq_lens[:n] = [s.num_cached_tokens + s.num_query_tokens + step - 1 for s in rs]
+        if step == 0:
+            seq_lens[:n] += 1
+            tokens = np.zeros(padded, dtype=np.int64)
+            tokens[:n] = [s.request.token_ids(s.num_cached_tokens, s.num_cached_tokens + 1)[0]
+                          for s in rs]
+            positions = np.zeros(padded, dtype=np.int64)
+            positions[:n] = [s.num_cached_tokens for s in rs]
+            slots = np.full(padded, PAD_SLOT_ID, dtype=np.int64)
+            bs = self.block_size
+            slots[:n] = [s.request.block_table[s.num_cached_tokens // bs] * bs
+                         + s.num_cached_tokens % bs for s in rs]
+            tokens, positions, slots = (self._to_device(a, plan.keep)
+                                        for a in (tokens, positions, slots))
+        seq_lens_dev = self._to_device(seq_lens, plan.keep)
+
+        def load() -> None:
+            b = self.buffers
+            b.num_rows, b.padded_rows = n, padded
+            b.seq_lens[:padded].copy_(seq_lens_dev, non_blocking=True)
+            b.block_tables[:n, :width].copy_(tables, non_blocking=True)
+            if step == 0:
+                b.input_ids[:padded].copy_(tokens, non_blocking=True)
+                b.positions[:padded].copy_(positions, non_blocking=True)
+                b.slot_mapping[:padded].copy_(slots, non_blocking=True)
+
+        return load
+
+    def _mixed_inputs(self, seqs: list[ScheduledSeq], multi: list[int], single: list[int],
+                      plan: WindowPlan) -> StepInputs:
+        bs = self.block_size
+        pre = [seqs[i] for i in multi]
+        dec = [seqs[i] for i in single]
+        every = pre + dec
+        tokens = np.concatenate([np.asarray(s.request.token_ids(
+            s.num_cached_tokens, s.num_cached_tokens + s.num_query_tokens), dtype=np.int64)
+            for s in every])
+        positions = np.concatenate([np.arange(s.num_cached_tokens,
+                                              s.num_cached_tokens + s.num_query_tokens)
+                                    for s in every])
+        slots = np.concatenate([_slots(s.request, s.num_cached_tokens,
+                                       s.num_cached_tokens + s.num_query_tokens, bs)
+                                for s in every])
+        q_lens = np.array([s.num_query_tokens for s in every], dtype=np.int64)
+        ends = np.cumsum(q_lens)
+        logits_indices = np.array([ends[r] - 1 for r, s in enumerate(every) if s.samples],
+                                  dtype=np.int64)
+        query_start = np.zeros(len(pre) + 1, dtype=np.int32)
+        query_start[1:] = ends[:len(pre)]
+        width = max(len(s.request.block_table) for s in every)
+        dev = self._to_device
+        keep = plan.keep
+        prefill = PrefillMetadata(
+            dev(query_start, keep),
+            dev(np.array([s.num_cached_tokens + s.num_query_tokens for s in pre],
+                         dtype=np.int32), keep),
+            dev(_table_rows(pre, width), keep), int(q_lens[:len(pre)].max()))
+        decode = DecodeMetadata(
+            dev(np.array([s.num_cached_tokens + 1 for s in dec], dtype=np.int32), keep),
+            dev(_table_rows(dec, width), keep)) if dec else None
+        meta = AttentionMetadata(dev(slots, keep), int(ends[len(pre) - 1]), prefill, decode)
+        return StepInputs(dev(tokens, keep), dev(positions, keep), meta, dev(logits_indices, keep))
+
+    @staticmethod
+    def _per_seq(batch: Batch, plan: WindowPlan, ids: list[list[int]]) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in batch.seqs]
+        for j, rows in enumerate(plan.step_rows):
+            step_ids = ids[j]
+            for r, i in enumerate(rows):
+                if batch.seqs[i].samples:
+                    out[i].append(step_ids[r])
+        return out
+

@@ -1,0 +1,156 @@
+"""End to end: every policy's greedy tokens equal the no-cache oracle's, preemptions included."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from rb_util import DEVICE, greedy_dense, load_spec
+
+from policies import Request, SchedulerConfig, make_scheduler
+from real_backend import run_real
+from real_backend.weights import random_model
+
+SPEC = load_spec("tiny")
+BLOCK_SIZE = 4
+NUM_BLOCKS = 24  # 96 token slots for 16 requests of up to 64 tokens: every policy preempts
+
+POLICIES = [
+    ("single_step", {}, None),
+    ("multi_step", {"num_steps": 2}, None),
+    ("multi_step", {"num_steps": 4}, None),
+    ("multi_step", {"num_steps": 8}, None),
+    ("chunked_prefill", {}, 16),  # 16-token budget: prompts of up to 40 tokens get chunked
+    ("cp1", {"num_steps": 4}, 16),
+    ("cp2", {"num_steps": 4}, 16),
+    ("cp_promote", {"num_steps": 4}, 64),
+    ("adaptive", {"num_steps": 8}, None),
+]
+
+
+def make_requests(n: int = 16, seed: int = 1, arrival_gap: float = 0.0) -> list[Request]:
+    r = random.Random(seed)
+    return [Request(i, i * arrival_gap, 0, r.randint(4, 24),
+                    prompt_token_ids=[r.randrange(SPEC.vocab_size) for _ in range(r.randint(1, 40))])
+            for i in range(n)]
+
+
+def _oracle(device: str) -> dict[int, list[int]]:
+    # The same seed draws different weights on each device's generator.
+    model = random_model(SPEC, device, torch.float32, seed=0)
+    return {r.request_id: greedy_dense(model, r.prompt_token_ids, r.max_tokens)
+            for r in make_requests()}
+
+
+@pytest.fixture(scope="module")
+def oracle() -> dict[int, list[int]]:
+    return _oracle("cpu")
+
+
+@pytest.fixture(scope="module")
+def device_oracle(oracle) -> dict[int, list[int]]:
+    return oracle if DEVICE == "cpu" else _oracle(DEVICE)
+
+
+def serve(requests, policy, params, budget, **backend):
+    cfg = SchedulerConfig(block_size=BLOCK_SIZE, max_num_batched_tokens=budget)
+    backend = {"device": "cpu", "num_blocks": NUM_BLOCKS, "save_token_ids": True, **backend}
+    return run_real(requests, lambda n: make_scheduler(policy, params, cfg, n, SPEC.max_model_len),
+                    SPEC, backend, progress=False)
+
+
+@pytest.mark.parametrize(("policy", "params", "budget"), POLICIES,
+                         ids=[f"{p}{v.get('num_steps', '')}" for p, v, _ in POLICIES])
+def test_greedy_tokens_equal_oracle(oracle, policy, params, budget) -> None:
+    requests = make_requests()
+    res = serve(requests, policy, params, budget)
+    assert res.stats["num_preemptions"] > 0
+    assert res.token_ids == oracle
+    assert all(len(r.token_times) == r.max_tokens for r in requests)
+    assert all(r.token_times == sorted(r.token_times) for r in requests)
+    assert max(r.finish_time for r in requests) <= res.duration
+    ks = {row["k"] for row in res.steps}
+    assert max(ks) == params.get("num_steps", 1) or policy == "adaptive"
+    if policy in ("cp2", "cp_promote"):  # prefills inside k-step windows really happened
+        assert any(row["k"] == 4 and row["num_prefill_seqs"] for row in res.steps)
+
+
+@pytest.mark.parametrize(("policy", "params", "budget"),
+                         [("cp2", {"num_steps": 4}, 16), ("multi_step", {"num_steps": 4}, None)])
+def test_triton_kernels_in_engine(device_oracle, policy, params, budget) -> None:
+    """The Triton path (interpreted on CPU) through prefill chunks, gathers and advance_step."""
+    requests = make_requests()[:6]
+    res = serve(requests, policy, params, budget, kernels="triton", num_blocks=16, device=DEVICE,
+                dtype="float32", cuda_graphs=False)
+    assert res.stats["kernels"] == "triton"
+    assert res.token_ids == {r.request_id: device_oracle[r.request_id] for r in requests}
+
+
+def test_blocking_output_and_online_arrivals(oracle) -> None:
+    requests = make_requests(arrival_gap=0.01)
+    res = serve(requests, "multi_step", {"num_steps": 4}, None, async_output=False)
+    assert res.token_ids == oracle
+    for r in requests:
+        assert r.first_scheduled_time >= r.arrival_time
+        assert r.token_times[0] > r.arrival_time
+    assert res.duration >= requests[-1].arrival_time
+
+
+def test_length_only_requests_get_seeded_prompts() -> None:
+    def run():
+        requests = [Request(i, 0.0, 5 + i, 6) for i in range(4)]
+        return serve(requests, "single_step", {}, None).token_ids
+
+    assert run() == run()
+
+
+def test_steps_rows_and_stats() -> None:
+    res = serve(make_requests(6), "cp2", {"num_steps": 4}, 16)
+    row = res.steps[0]
+    for key in ("window", "k", "num_seqs", "num_tokens", "schedule_s", "prepare_s",
+                "pythonize_s", "update_s", "gpu_s", "gpu_step_s"):
+        assert key in row
+    assert all(len(r["gpu_step_s"].split(";")) == r["k"] for r in res.steps)
+    assert res.stats["num_blocks"] == NUM_BLOCKS and res.stats["block_size"] == BLOCK_SIZE
+    assert res.stats["device"] == "cpu" and res.stats["dtype"] == "float32"
+    assert res.stats["cuda_graph_sizes"] == []
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"colour": 1}, "backend has no setting 'colour'"),
+    ({"num_blocks": None}, "backend.num_blocks must be set when backend.device is cpu"),
+    ({"gpu_memory_utilization": 1.5}, "backend.gpu_memory_utilization must be in"),
+    ({"sampling": {"top_p": 0.0}}, "backend.sampling.top_p must be in"),
+    ({"sampling": {"temp": 1.0}}, "backend.sampling has no setting 'temp'"),
+    ({"dtype": "int8"}, "backend.dtype must be auto or one of"),
+    ({"kernels": "cuda"}, "backend.kernels must be auto, torch or triton"),
+])
+def test_bad_settings_are_one_line_errors(setting, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        serve(make_requests(2), "single_step", {}, None, **setting)
+
+
+def test_request_that_never_fits_is_refused() -> None:
+    with pytest.raises(ValueError, match="KV blocks but the cache has"):
+        serve([Request(0, 0.0, 0, 200, prompt_token_ids=[1] * 10)], "single_step", {}, None)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs and memory profiling need a GPU")
+@pytest.mark.parametrize("graphs", [True, False])
+def test_gpu_fp32_graphs_equal_oracle(device_oracle, graphs: bool) -> None:
+    res = serve(make_requests(), "cp2", {"num_steps": 4}, 16, device="cuda", dtype="float32",
+                cuda_graphs=graphs)
+    assert res.token_ids == device_oracle
+    assert bool(res.stats["cuda_graph_sizes"]) == graphs
+    assert all(r["gpu_s"] > 0 for r in res.steps)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="memory profiling needs a GPU")
+def test_gpu_profiled_cache_and_bf16_multi_step() -> None:
+    requests = make_requests()
+    # A small share: the tiny model's 1 KB blocks would otherwise number in the tens of millions.
+    res = serve(requests, "multi_step", {"num_steps": 8}, None, device="cuda", num_blocks=None,
+                gpu_memory_utilization=0.05)
+    assert res.stats["num_blocks"] > 1000 and res.stats["dtype"] == "bfloat16"
+    assert all(len(r.output_token_ids) == r.max_tokens for r in requests)

@@ -1,0 +1,117 @@
+"""The window runner on hand-built windows, the sampler, and KV-cache sizing arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rb_util import greedy_dense, load_spec
+
+from policies import Batch, Request, ScheduledSeq
+from real_backend import kv_cache
+from real_backend.config import BackendConfig
+from real_backend.runner import ModelRunner
+from real_backend.sampling import SamplingParams, sample
+from real_backend.weights import random_model
+
+SPEC = load_spec("tiny")
+
+
+def test_windows_with_ragged_step_counts() -> None:
+    """Rows leave a window at different steps (4/2/1 steps, then 3/1/2), and a 1-token prefill
+    chunk that samples nothing rides in pure-decode windows: ids still equal the oracle's."""
+    model = random_model(SPEC, "cpu", torch.float32, seed=5)
+    runner = ModelRunner(model, BackendConfig(device="cpu", num_blocks=64), block_size=4,
+                         max_num_seqs=8, max_lookahead=8)
+    runner.allocate_kv_cache(64)
+    g = torch.Generator().manual_seed(0)
+    blocks = torch.randperm(64, generator=g).tolist()
+    prompts = [[int(t) for t in torch.randint(0, SPEC.vocab_size, (n,), generator=g)]
+               for n in (9, 3, 14, 5)]
+    reqs = [Request(i, 0.0, 0, 12, prompt_token_ids=p, block_table=blocks[i * 16:(i + 1) * 16])
+            for i, p in enumerate(prompts)]
+    oracle = [greedy_dense(model, p, 12) for p in prompts]
+
+    def run(entries):
+        """entries: (request, query tokens, steps); updates requests like Scheduler.update."""
+        seqs = [ScheduledSeq(r, q, r.num_computed_tokens, n, q > 1) for r, q, n in entries]
+        res = runner.run_window(Batch(seqs, max(n for _, _, n in entries)))
+        assert len(res.step_times) == max(n for _, _, n in entries)
+        for s, ids in zip(seqs, res.sampled, strict=True):
+            r = s.request
+            r.num_computed_tokens = s.num_cached_tokens + s.num_query_tokens + s.num_steps - 1
+            assert len(ids) == (s.num_steps if s.samples else 0)
+            r.output_token_ids += ids
+            r.num_output_tokens += len(ids)
+
+    a, b, c, d = reqs
+    run([(a, 9, 4), (b, 3, 2), (c, 14, 1), (d, 1, 1)])  # d: first token of its prompt only
+    run([(a, 1, 3), (b, 1, 1), (c, 1, 2), (d, 1, 1)])
+    run([(d, 3, 3), (a, 1, 2), (b, 1, 4)])  # mixed: d's last chunk, then it decodes
+    for r, want in zip(reqs, oracle, strict=True):
+        assert r.output_token_ids == want[:len(r.output_token_ids)]
+        assert len(r.output_token_ids) > 0
+    assert [len(r.output_token_ids) for r in reqs] == [9, 7, 3, 3]
+
+
+def test_greedy_and_seeded_sampling() -> None:
+    logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sample(logits, SamplingParams(), None), logits.argmax(-1))
+    hot = SamplingParams(temperature=1.5)
+
+    def draw(seed):
+        return sample(logits, hot, torch.Generator().manual_seed(seed))
+
+    assert torch.equal(draw(1), draw(1)) and not torch.equal(draw(1), draw(2))
+    one = SamplingParams(temperature=5.0, top_k=1)
+    assert torch.equal(sample(logits, one, torch.Generator().manual_seed(3)), logits.argmax(-1))
+    top3 = logits.topk(3, dim=-1).indices
+    got = sample(logits, SamplingParams(temperature=5.0, top_k=3), torch.Generator())
+    assert (top3 == got[:, None]).any(-1).all()
+
+
+def test_top_p_and_temperature_distribution() -> None:
+    probs = torch.tensor([0.6, 0.25, 0.1, 0.05])
+    logits = probs.log().repeat(4000, 1)
+    gen = torch.Generator().manual_seed(0)
+    # top_p 0.5: the first token alone reaches it; 0.8: the first two do.
+    assert (sample(logits, SamplingParams(1.0, -1, 0.5), gen) == 0).all()
+    assert set(sample(logits, SamplingParams(1.0, -1, 0.8), gen).tolist()) == {0, 1}
+    counts = torch.bincount(sample(logits, SamplingParams(1.0), gen), minlength=4) / 4000
+    torch.testing.assert_close(counts, probs, atol=0.03, rtol=0)
+
+
+def _fake_gpu(monkeypatch, *, total: float, free: float, activations: float) -> None:
+    cuda = torch.cuda
+    state = {"allocated": 20e9}
+    monkeypatch.setattr(cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(cuda, "reset_peak_memory_stats", lambda *a: None)
+    monkeypatch.setattr(cuda, "memory_allocated", lambda *a: state["allocated"])
+    monkeypatch.setattr(cuda, "max_memory_allocated", lambda *a: state["allocated"] + activations)
+    monkeypatch.setattr(cuda, "mem_get_info", lambda *a: (free, total))
+
+
+def test_kv_blocks_from_profiled_memory(monkeypatch) -> None:
+    spec = load_spec("llama3_8b")
+    _fake_gpu(monkeypatch, total=100e9, free=60e9, activations=5e9)
+    ran = []
+    n = kv_cache.profile_num_blocks(spec, torch.device("cuda", 0), torch.bfloat16, 0.9, 16,
+                                    lambda: ran.append(1))
+    assert ran == [1]
+    assert n == int((90e9 - 40e9 - 5e9) // (2 * 1024 * 1024))
+    _fake_gpu(monkeypatch, total=100e9, free=12e9, activations=5e9)
+    with pytest.raises(ValueError, match="gpu_memory_utilization 0.9 leaves no room for model "
+                                         "llama3_8b's KV cache"):
+        kv_cache.profile_num_blocks(spec, torch.device("cuda", 0), torch.bfloat16, 0.9, 16,
+                                    lambda: None)
+
+
+def test_weights_that_do_not_fit_are_refused(monkeypatch) -> None:
+    _fake_gpu(monkeypatch, total=143e9, free=139e9, activations=0)
+    with pytest.raises(ValueError, match=r"model llama3_70b needs 141 GB of weights but "
+                                         r"backend.device cuda:0 has 139 GB free x "
+                                         r"gpu_memory_utilization 0.9"):
+        kv_cache.check_weights_fit(load_spec("llama3_70b"), torch.device("cuda", 0),
+                                   torch.bfloat16, 0.9)
+    kv_cache.check_weights_fit(load_spec("llama3_8b"), torch.device("cuda", 0), torch.bfloat16,
+                               0.9)
