@@ -28,8 +28,11 @@ from experiments.validate import POLICIES, run_one  # noqa: E402
 GRID = POLICIES[:6] + [("chunked_prefill", None)] + POLICIES[6:]
 
 
+MODEL = ["model=llama3_8b"]
+
+
 def real(policy: str, k: int | None, rate: str, seed: int, prompts: int, extra=()) -> list[str]:
-    ov = ["backend=real", f"policy={policy}", "model=llama3_8b", "workload=sharegpt",
+    ov = ["backend=real", f"policy={policy}", *MODEL, "workload=sharegpt",
           f"workload.num_prompts={prompts}", f"workload.seed={seed}",
           f"workload.request_rate={rate}", "progress=false", *extra]
     return ov + ([f"policy.num_steps={k}"] if k else [])
@@ -49,8 +52,12 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=1000)
     ap.add_argument("--poisson-prompts", type=int, default=400)
     ap.add_argument("--rates", default="20,40")
+    ap.add_argument("--fp32-prompts", type=int, default=300)
     ap.add_argument("--policies", default=None, help="policy:k list for poisson (default: grid)")
+    ap.add_argument("--smoke", action="store_true", help="tiny model on cpu: check the script")
     args = ap.parse_args()
+    if args.smoke:
+        MODEL[:] = ["model=tiny", "backend.device=cpu", "backend.num_blocks=2048"]
     out = Path(args.out)
     parts = args.parts.split(",")
     table = []
@@ -74,7 +81,9 @@ def main() -> None:
         from experiments.calibrate import main as calibrate
 
         try:
-            calibrate(["--model", "llama3_8b", "--device", "cuda", "--conf-dir", str(out / "conf")])
+            calibrate(["--model", "tiny", "--device", "cpu", "--quick", "--num-blocks", "256",
+                       "--conf-dir", str(out / "conf")] if args.smoke else
+                      ["--model", "llama3_8b", "--device", "cuda", "--conf-dir", str(out / "conf")])
         except (Exception, SystemExit):
             traceback.print_exc()
             table.append("calibration FAILED")
@@ -94,7 +103,7 @@ def main() -> None:
         ids = {}
         for policy, k in (("single_step", None), ("multi_step", 8)):
             res = go(f"fp32/{policy}_k{k or 1}",
-                     real(policy, k, "inf", 0, 300, ["backend.dtype=float32",
+                     real(policy, k, "inf", 0, args.fp32_prompts, ["backend.dtype=float32",
                                                      "backend.save_token_ids=true"]))
             if res:
                 ids[policy] = res["output_token_ids"]

@@ -18,7 +18,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class BackendConfig:
     device: str = "cuda"
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
-    num_blocks: int | None = None  # KV blocks; required on cpu, else an override of profiling
+    num_blocks: int | None = None  # KV blocks; None: profiled on cuda, cpu_kv_cache_gib on cpu
+    cpu_kv_cache_gib: float = 1.0  # KV cache size on cpu (there is no device memory to profile)
     gpu_memory_utilization: float = 0.9
     cuda_graphs: bool = True  # decode steps replay CUDA graphs (cuda only)
     async_output: bool = True  # pythonize step n while step n+1 runs
@@ -43,9 +44,8 @@ class BackendConfig:
                              f"got {self.dtype!r}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"backend.num_blocks must be >= 1, got {self.num_blocks}")
-        if dev.type == "cpu" and self.num_blocks is None:
-            raise ValueError("backend.num_blocks must be set when backend.device is cpu "
-                             "(there is no GPU memory to size the KV cache from)")
+        if not self.cpu_kv_cache_gib > 0:
+            raise ValueError(f"backend.cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("backend.gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")

@@ -74,6 +74,8 @@ def build_runner(spec: ModelSpec, cfg: BackendConfig, probe: Scheduler,
                              f"only {fits} blocks fit in gpu_memory_utilization "
                              f"{cfg.gpu_memory_utilization} on {device}")
         num_blocks = num_blocks or fits
+    if num_blocks is None:  # cpu: a fixed budget, as vLLM's CPU backend does
+        num_blocks = max(1, int(cfg.cpu_kv_cache_gib * 2**30 // block_bytes(spec, block_size, dtype)))
     runner.allocate_kv_cache(num_blocks)
     runner.capture_graphs()
     return runner

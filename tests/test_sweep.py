@@ -48,3 +48,36 @@ def test_bad_settings_are_one_line_errors(tmp_path):
         err = p.stderr.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error:") and needle in err[0], (override, err)
         assert "Traceback" not in p.stderr
+
+
+def _strip_wall(res: dict) -> dict:
+    ext = dict(res["schedlab"])
+    for key in ("wall_seconds", "simulated_seconds_per_wall_second"):
+        ext.pop(key)
+    return {**res, "schedlab": ext}
+
+
+def test_main_command_is_deterministic(tmp_path):
+    """README's main job twice: the same result.json but for wall time."""
+    import json
+
+    results = []
+    for i in range(2):
+        p = run("-m", "experiments.run", f"hydra.run.dir={tmp_path / str(i)}")
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert "Serving Benchmark Result" in p.stdout
+        results.append(json.loads((tmp_path / str(i) / "result.json").read_text()))
+        assert (tmp_path / str(i) / "requests.csv").exists()
+    assert results[0]["completed"] == 1000
+    assert _strip_wall(results[0]) == _strip_wall(results[1])
+    assert results[0]["schedlab"]["simulated_seconds_per_wall_second"] > 1
+
+
+def test_real_backend_cpu_command(tmp_path):
+    """The real engine's CPU acceptance command writes the same result files."""
+    p = run("-m", "experiments.run", "backend=real", "model=tiny", "backend.device=cpu",
+            "workload=synthetic", "workload.num_prompts=16", f"hydra.run.dir={tmp_path}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    for name in ("result.json", "requests.csv", "steps.csv"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert pd.read_csv(tmp_path / "requests.csv").shape[0] == 16

@@ -119,7 +119,7 @@ def test_steps_rows_and_stats() -> None:
 
 @pytest.mark.parametrize(("setting", "message"), [
     ({"colour": 1}, "backend has no setting 'colour'"),
-    ({"num_blocks": None}, "backend.num_blocks must be set when backend.device is cpu"),
+    ({"cpu_kv_cache_gib": 0}, "backend.cpu_kv_cache_gib must be > 0"),
     ({"gpu_memory_utilization": 1.5}, "backend.gpu_memory_utilization must be in"),
     ({"sampling": {"top_p": 0.0}}, "backend.sampling.top_p must be in"),
     ({"sampling": {"temp": 1.0}}, "backend.sampling has no setting 'temp'"),
