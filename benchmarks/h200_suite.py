@@ -74,8 +74,10 @@ def main() -> None:
         print(table[-1], flush=True)
         return res
 
-    if "grid" in parts:
-        for policy, k in GRID:
+    if "grid" in parts or "warm" in parts:  # a first run compiles kernels for new shapes
+        go("warmup", real("single_step", None, "inf", 3, 100))
+    if "grid" in parts or "single" in parts:
+        for policy, k in (GRID if "grid" in parts else GRID[:1]):
             go(f"grid/{policy}_k{k or 1}", real(policy, k, "inf", 0, args.prompts))
     if "calib" in parts:
         from experiments.calibrate import main as calibrate

@@ -58,7 +58,9 @@ def grid(quick: bool, max_len: int) -> dict[str, list]:
                        + [(1, 512, 512), (1, 512, 2048), (1, 2048, 2048), (4, 512, 1024)]),
         # (batch size, context length, k)
         "decode": [(b, c, 4) for b in (1, 8, 32, 64, 128, 256) for c in (128, 512, 1024, 2048)]
-                  + [(b, 512, 1) for b in (16, 96, 200)] + [(256, 512, 8), (64, 1024, 16)],
+                  + [(b, 512, 1) for b in (16, 96, 200)] + [(256, 512, 8), (64, 1024, 16)]
+                  # ragged contexts (0: drawn from 32..2000 per sequence), as served batches are
+                  + [(b, 0, 4) for b in (32, 128, 192, 256)] + [(256, 0, 8)],
         # (decodes, their context, prefill chunk, the chunk's cached prefix)
         "mixed": [(32, 512, 512, 0), (128, 512, 256, 0), (128, 512, 1536, 0), (256, 512, 1024, 0),
                   (64, 1024, 512, 1024), (200, 256, 2048, 0)],
@@ -171,7 +173,8 @@ def profile(spec: ModelSpec, backend: dict[str, Any], quick: bool, reps: int,
             rid += n
             bar.update()
         for b, ctx, k in g["decode"]:
-            p.measure("decode", [p.decode_seq(rid + i, ctx, k) for i in range(b)], k)
+            ctxs = [ctx or int(c) for c in p.rng.integers(32, 2000, b)]
+            p.measure("decode", [p.decode_seq(rid + i, c, k) for i, c in enumerate(ctxs)], k)
             rid += b
             bar.update()
         for b, ctx, q, cached in g["mixed"]:

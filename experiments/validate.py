@@ -30,9 +30,10 @@ def parse_rate(text: str) -> float:
     return math.inf if text.strip().lower() in ("inf", ".inf") else float(text)
 
 
-def config_overrides(policy: str, k: int | None, rate: float, args) -> list[str]:
+def config_overrides(policy: str, k: int | None, rate: float, args, num_prompts: int,
+                     seed: int) -> list[str]:
     ov = [f"policy={policy}", f"model={args.model}", f"workload={args.workload}",
-          f"workload.num_prompts={args.num_prompts}", f"workload.seed={args.seed}",
+          f"workload.num_prompts={num_prompts}", f"workload.seed={seed}",
           f"workload.request_rate={'inf' if math.isinf(rate) else rate}", "progress=false"]
     if k is not None:
         ov.append(f"policy.num_steps={k}")
@@ -154,8 +155,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     for policy, k in grid:
         for rate in rates:
             tag = f"{policy}_k{k or 1}_rate{rate:g}"
-            base = config_overrides(policy, k, rate, args)
             if measured is None:
+                base = config_overrides(policy, k, rate, args, args.num_prompts, args.seed)
                 meas = row_of(run_one(base + ["backend=real", f"backend.device={args.device}"]
                                       + args.real_override, runs / "real" / tag),
                               runs / "real" / tag / "result.json")
@@ -164,6 +165,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 if meas is None:
                     print(f"no measured result for {policy} k={k} rate={rate:g}; skipped")
                     continue
+                # simulate the workload that was measured
+                n = meas.get("num_prompts")
+                seed = meas.get("seed")
+                base = config_overrides(policy, k, rate, args,
+                                        int(n) if n == n and n is not None else args.num_prompts,
+                                        int(seed) if seed == seed and seed is not None else 0)
             blocks = meas.get("num_blocks")
             same_cache = [f"backend.num_blocks={int(blocks)}"] if blocks and blocks == blocks else []
             pred = row_of(run_one(base + ["backend=sim"] + same_cache, runs / "sim" / tag, profiles),
