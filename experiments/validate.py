@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     ap.add_argument("--rates", default="inf,20,40", help="comma-separated request rates")
     ap.add_argument("--policies", default=None,
                     help="comma-separated policy:k items (default: the full grid)")
+    ap.add_argument("--stream-per-step", type=lambda v: v.lower() in ("1", "true", "yes"),
+                    default=True, help="simulate per-step streaming, as schedlab's engine does "
+                    "(true); false for vLLM V0, whose multi-step windows stream in bursts")
     ap.add_argument("--measured-dir", default=None,
                     help="take the measured side from result.json files here (ours or vLLM's)")
     ap.add_argument("--runs", default="validation_runs", help="where run directories go")
@@ -173,7 +176,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                                         int(seed) if seed == seed and seed is not None else 0)
             blocks = meas.get("num_blocks")
             same_cache = [f"backend.num_blocks={int(blocks)}"] if blocks and blocks == blocks else []
-            pred = row_of(run_one(base + ["backend=sim"] + same_cache, runs / "sim" / tag, profiles),
+            stream = [f"backend.stream_per_step={str(args.stream_per_step).lower()}"]
+            pred = row_of(run_one(base + ["backend=sim"] + same_cache + stream, runs / "sim" / tag,
+                                  profiles),
                           runs / "sim" / tag / "result.json")
             for r in relative_errors(pred, meas):
                 rows.append({"policy": policy, "k": k, "request_rate": rate, **r})

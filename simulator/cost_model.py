@@ -9,7 +9,8 @@ the coefficients by least squares (the two rooflines by choosing each step's bin
            + N_kv * b_kv / (W * eta_attn_decode)                      KV-cache reads
            + max(F_lm / (P * eta_mm), B_lm / (W * eta_mem))           LM head (sampled rows only)
            + t_sampler + N_s * V * b_logit / (W * eta_mem)            sampler
-           + N_k * t_launch            (eager)   or   t_replay + N_k * t_graph_kernel (CUDA graph)
+         + t_replay + N_k * t_graph_kernel                            (CUDA graph), or for
+                                        eager steps the whole sum so far is max(sum, N_k * t_launch)
            + t_advance_step            (steps 2..k of a multi-step window)
            + 2 L (t_ar + 2 (tp-1)/tp * T h d / (N * eta_ar))          TP all-reduces (tp > 1)
            + t_ar + (tp-1)/tp * N_s V d / (N * eta_ar)                logits gather (tp > 1)
@@ -135,7 +136,9 @@ def step_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> float:
     if graph:
         t += (hw.cuda_graph_replay_us + n_kernels * hw.graph_kernel_us) * _US
     else:
-        t += n_kernels * hw.kernel_launch_us * _US
+        # Eager kernels are launched by the CPU while earlier ones run: the GPU waits only
+        # when launching is the slower of the two (small prefills are launch-bound).
+        t = max(t, n_kernels * hw.kernel_launch_us * _US)
     if not shape.is_first:
         t += hw.advance_step_us * _US
     if tp > 1:

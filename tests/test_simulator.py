@@ -154,12 +154,12 @@ def test_async_multi_step_processes_each_step_during_the_next():
 def test_pipeline_stages_fill_with_two_virtual_engines():
     """pp=2: each step crosses two stages; a second micro-batch fills the bubble."""
     hw = dataclasses.replace(H100, pp=2)
-    alone = Request(0, 0.0, 100, 2)
+    alone = Request(0, 0.0, 600, 2)
     res1 = run("single_step", [alone], hw=hw)
-    s_pre, s_dec = (stage_time(sh, MODEL, hw) for sh in (prefill_shape(100), decode_shape(101)))
+    s_pre, s_dec = (stage_time(sh, MODEL, hw) for sh in (prefill_shape(600), decode_shape(601)))
     assert alone.token_times == pytest.approx([2 * s_pre, 2 * s_pre + 2 * s_dec])
     assert res1.gpu_busy_fraction == pytest.approx(0.5)  # one micro-batch: half the stages idle
-    pair = [Request(0, 0.0, 100, 2), Request(1, 0.0, 100, 2)]  # round-robin: one per engine
+    pair = [Request(0, 0.0, 600, 2), Request(1, 0.0, 600, 2)]  # round-robin: one per engine
     res2 = run("single_step", pair, hw=hw)
     # Engine 1's prefill waits for stage 0 until s_pre and holds stage 1 until 3 s_pre, so
     # engine 0's (shorter) decode waits for stage 1 in turn; engine 1's decode then follows it.
