@@ -81,3 +81,11 @@ def test_real_backend_cpu_command(tmp_path):
     for name in ("result.json", "requests.csv", "steps.csv"):
         assert (tmp_path / name).stat().st_size > 0
     assert pd.read_csv(tmp_path / "requests.csv").shape[0] == 16
+
+
+def test_any_multirun_ends_in_an_aggregated_table(tmp_path):
+    p = run("-m", "experiments.run", "-m", "policy.num_steps=1,2", "workload.num_prompts=30",
+            "progress=false", f"hydra.sweep.dir={tmp_path}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    df = pd.read_csv(tmp_path / "aggregate.csv")
+    assert sorted(df["k"]) == [1, 2] and (df["completed"] == 30).all()
