@@ -49,14 +49,32 @@ def weight_bytes(spec: ModelSpec, dtype: torch.dtype) -> int:
 def check_weights_fit(spec: ModelSpec, device: torch.device, dtype: torch.dtype,
                       utilization: float) -> None:
     """Fail before allocating anything when the weights alone exceed the memory budget."""
-    if device.type != "cuda":
-        return
-    free, _ = torch.cuda.mem_get_info(device)
     need = weight_bytes(spec, dtype)
-    if need > free * utilization:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        if need > free * utilization:
+            raise ValueError(
+                f"model {spec.name} needs {need / GB:.0f} GB of weights but backend.device "
+                f"{device} has {free / GB:.0f} GB free x gpu_memory_utilization {utilization}")
+        return
+    free = host_available_bytes()
+    if free is not None and need > free * utilization:
         raise ValueError(
-            f"model {spec.name} needs {need / GB:.0f} GB of weights but backend.device {device} "
-            f"has {free / GB:.0f} GB free x gpu_memory_utilization {utilization}")
+            f"model {spec.name} needs {need / GB:.1f} GB of {str(dtype).removeprefix('torch.')} "
+            f"weights but backend.device cpu has {free / GB:.1f} GB of memory available x "
+            f"gpu_memory_utilization {utilization}")
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def profile_num_blocks(spec: ModelSpec, device: torch.device, dtype: torch.dtype,

@@ -89,3 +89,11 @@ def test_any_multirun_ends_in_an_aggregated_table(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     df = pd.read_csv(tmp_path / "aggregate.csv")
     assert sorted(df["k"]) == [1, 2] and (df["completed"] == 30).all()
+
+
+def test_model_too_big_for_cpu_is_a_one_line_error(tmp_path):
+    p = run("-m", "experiments.run", "backend=real", "model=llama3_70b", "backend.device=cpu",
+            "workload.num_prompts=2", "progress=false", f"hydra.run.dir={tmp_path}")
+    assert p.returncode == 2
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and "llama3_70b needs" in err[0] and "Traceback" not in p.stderr
