@@ -16,8 +16,16 @@ The rule, and why:
    the remaining outputs without letting one nearly-done request force k = 1.
 3. While requests wait (their prompts did not fit the free blocks or seats), every step the
    window runs past the first finish keeps a finished request's seat and blocks away from
-   them: k shrinks to the earliest finish, but not below ``min_steps``, so a steady trickle of
-   finishes cannot collapse the window to a single step and give back the CPU overhead.
+   them: k shrinks to the earliest finish, but not below ``backlog_min_steps``, so a steady
+   trickle of finishes cannot collapse the window to a few steps and give back the CPU
+   overhead (offline, with a long queue, every window would otherwise end after 1-2 steps).
+
+4. Requests that arrive during a window wait for its end (up to k - 1 steps of TTFT). From
+   the arrival rate of the last second (lambda) and the measured time per step (s), a window
+   of k steps expects lambda * s * k arrivals; k is capped so that about
+   ``arrivals_per_window`` of them wait (never below ``min_steps``). Offline, nothing arrives
+   after the start and the cap vanishes; under online load, windows shorten as load rises
+   until the backlog itself (rule 3) takes over.
 
 Remaining tokens are an upper bound when requests stop on EOS; the rule then errs toward
 longer windows, whose cost is wasted slots, not wrong tokens.
@@ -37,12 +45,18 @@ class Adaptive(KStepPolicy):
     num_steps: int = 16  # the longest window (k_max)
     min_steps: int = 2
     overhead_steps: float = 1.0
+    arrivals_per_window: float = 0.5
+    backlog_min_steps: int = 8
 
     def __post_init__(self) -> None:
         check_steps("num_steps", self.num_steps)
         check_steps("min_steps", self.min_steps)
+        check_steps("backlog_min_steps", self.backlog_min_steps)
         if self.overhead_steps < 0:
             raise ValueError(f"policy.overhead_steps must be >= 0, got {self.overhead_steps}")
+        if not self.arrivals_per_window > 0:
+            raise ValueError("policy.arrivals_per_window must be > 0, got "
+                             f"{self.arrivals_per_window}")
 
     def window_steps(self, sched, has_prefill: bool) -> int:
         if has_prefill:
@@ -69,6 +83,10 @@ class Adaptive(KStepPolicy):
             rate = useful / (self.overhead_steps + k)
             if rate > best * (1 + 1e-9):
                 best_k, best = k, rate
+        floor = min(self.min_steps, k_max)
         if sched.waiting:
-            best_k = min(best_k, max(shortest, min(self.min_steps, k_max)))
+            best_k = min(best_k, max(shortest, min(self.backlog_min_steps, k_max)))
+        rate, step = sched.arrival_rate(), sched.step_time
+        if rate > 0 and step:
+            best_k = min(best_k, max(floor, int(self.arrivals_per_window / (rate * step))))
         return best_k

@@ -59,6 +59,12 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order: the tail is preempted first
         self.stats = SchedulerStats()
         self._window_id = 0
+        # What the engine's clock has shown the scheduler (the times passed to it): recent
+        # arrivals and the time per step of past windows. Policies may read them (adaptive).
+        self.now = 0.0
+        self.recent_arrivals: deque[float] = deque(maxlen=256)
+        self.step_time: float | None = None  # EWMA of seconds per step, idle gaps excluded
+        self._last_window: tuple[float, int] | None = None  # (start time, k)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: Request) -> None:
@@ -81,6 +87,7 @@ class Scheduler:
                 "memory (gpu_memory_utilization) or use shorter requests")
         req.state = RequestState.WAITING
         self.waiting.append(req)
+        self.recent_arrivals.append(req.arrival_time)
 
     @property
     def has_unfinished(self) -> bool:
@@ -97,13 +104,16 @@ class Scheduler:
     # ------------------------------------------------------------------ schedule
     def schedule(self, now: float) -> Batch | None:
         """Form the next window, or None when nothing can run."""
+        self._observe(now)
         preempted: list[Request] = []
         if self.policy.mixed_batches:
             seqs, k = self._schedule_mixed(preempted)
         else:
             seqs, k = self._schedule_separate(preempted)
         if not seqs:
+            self._last_window = None  # the engine idles: the next gap is not a step time
             return None
+        self._last_window = (now, k)
         for s in seqs:
             if s.request.first_scheduled_time is None:
                 s.request.first_scheduled_time = now
@@ -113,6 +123,25 @@ class Scheduler:
         st.num_windows += 1
         st.num_steps += k
         return Batch(seqs, k, self._window_id, preempted)
+
+    def _observe(self, now: float) -> None:
+        self.now = now
+        if self._last_window is not None:
+            start, k = self._last_window
+            if now > start:
+                per_step = (now - start) / k
+                self.step_time = per_step if self.step_time is None else \
+                    0.8 * self.step_time + 0.2 * per_step
+
+    def arrival_rate(self, horizon: float = 1.0) -> float:
+        """Requests per second that arrived in the last ``horizon`` seconds."""
+        arrivals = self.recent_arrivals
+        n = 0
+        for t in reversed(arrivals):
+            if t <= self.now - horizon:
+                break
+            n += 1
+        return n / horizon
 
     def _schedule_separate(self, preempted: list[Request]) -> tuple[list[ScheduledSeq], int]:
         """vLLM V0 default: a prefill-only batch (one step) when prompts fit, else a decode window."""

@@ -150,15 +150,44 @@ def test_adaptive_rule():
             for r, rem in zip(self.running, rems, strict=False):
                 r.num_output_tokens = 100 - rem
             self.waiting = list(waiting)
+            self.rate, self.step_time = 0.0, None
+
+        def arrival_rate(self):
+            return self.rate
 
     # one nearly-done request does not force k = 1: (1 + 2k) / (1 + k) grows with k
     assert pol.window_steps(View([1, 100, 100]), False) == 8
     # everybody owes 2 tokens: goodput(1) = n/2, goodput(2) = 2n/3, goodput(3) = 2n/4
     assert pol.window_steps(View([2, 2, 2]), False) == 2
-    # requests wait: shrink to the earliest finish, not below min_steps
+    # requests wait: shrink to the earliest finish, not below backlog_min_steps
+    pol = make_policy("adaptive", num_steps=8, overhead_steps=1.0, min_steps=2,
+                      backlog_min_steps=3)
     assert pol.window_steps(View([5, 100], waiting=[1]), False) == 5
-    assert pol.window_steps(View([1, 100, 100], waiting=[1]), False) == 2
+    assert pol.window_steps(View([1, 100, 100], waiting=[1]), False) == 3
     assert pol.window_steps(View([100]), True) == 1
+    # online: 20 req/s and 10 ms steps -> 0.2 arrivals per step; 0.5 per window -> k = 2
+    v = View([100, 100])
+    v.rate, v.step_time = 20.0, 0.010
+    assert make_policy("adaptive", num_steps=8, arrivals_per_window=0.5).window_steps(v, False) == 2
+    v.rate = 2.0  # 0.02 per step -> 25 steps allowed -> k_max
+    assert make_policy("adaptive", num_steps=8, arrivals_per_window=0.5).window_steps(v, False) == 8
+
+
+def test_scheduler_observes_arrival_rate_and_step_time():
+    s = sched("multi_step", {"num_steps": 4})
+    for i in range(3):
+        s.add_request(Request(i, 0.5 + 0.1 * i, 4, 20))
+    b = s.schedule(1.0)  # prefill window, k = 1
+    s.update(b, [1.0])
+    assert s.arrival_rate() == 3.0  # three arrivals within the last second
+    b = s.schedule(1.02)  # 20 ms after a 1-step window
+    assert s.step_time == pytest.approx(0.02)
+    s.update(b, [1.03, 1.04, 1.05, 1.06])
+    s.schedule(1.10)  # 80 ms after a 4-step window: EWMA 0.8 * 20 + 0.2 * 20 ms
+    assert s.step_time == pytest.approx(0.02)
+    assert s.arrival_rate() == pytest.approx(3.0)
+    s.now = 5.0
+    assert s.arrival_rate() == 0.0
 
 
 def test_preemption_recomputes_latest_admitted():
