@@ -83,7 +83,8 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
         "policy_settings": policy.describe(),
         "k": getattr(policy, "num_steps", 1),
         "model": model.name,
-        "hardware": plain(cfg["hardware"]).get("name") if backend["name"] == "sim" else backend.get("device"),
+        "hardware": (plain(cfg["hardware"]).get("name") if backend["name"] == "sim"
+                     else getattr(outcome, "stats", {}).get("device_name", backend.get("device"))),
         "overhead": plain(cfg["overhead"]).get("name") if backend["name"] == "sim" else None,
         "workload": plain(cfg["workload"]),
         "wall_seconds": wall,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -15,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from policies.batch import Batch
 from policies.model_spec import ModelSpec
@@ -129,7 +129,7 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
     setup_s = perf_counter() - t_setup
     pending = deque(sorted(requests, key=lambda r: r.arrival_time))
     steps: list[dict[str, Any]] = []
-    last_report = 0.0
+    bar = tqdm(total=len(requests), disable=not progress, unit="req", desc="serving")
     clock.start()
     while pending or sched.has_unfinished:
         while pending and pending[0].arrival_time <= clock():
@@ -145,15 +145,15 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
             continue
         out = runner.run_window(batch)
         t_update = clock()
-        sched.update(batch, out.step_times, out.sampled)
+        bar.update(len(sched.update(batch, out.step_times, out.sampled)))
         steps.append(_window_row(batch, out, t, schedule_s, clock() - t_update))
-        if progress and clock() - last_report > 5.0:
-            last_report = clock()
-            _report(last_report, requests, sched)
     duration = clock()
+    bar.close()
     stats = {**dataclasses.asdict(sched.stats), "setup_s": setup_s,
              "num_blocks": runner.kv_cache.num_blocks, "block_size": runner.block_size,
-             "device": str(runner.device), "dtype": str(runner.model.dtype).removeprefix("torch."),
+             "device": str(runner.device),
+             "device_name": (torch.cuda.get_device_name(runner.device) if runner.cuda else "cpu"),
+             "dtype": str(runner.model.dtype).removeprefix("torch."),
              "kernels": runner.kernels.name, "cuda_graph_sizes": sorted(runner.graphs.graphs),
              "async_output": cfg.async_output, "weights": cfg.weights or "random"}
     token_ids = ({r.request_id: list(r.output_token_ids) for r in requests}
@@ -172,9 +172,3 @@ def _window_row(batch: Batch, out: WindowResult, t_start: float, schedule_s: flo
         "gpu_s": sum(out.gpu_step_s),
         "gpu_step_s": ";".join(f"{g:.6f}" for g in out.gpu_step_s),
     }
-
-
-def _report(now: float, requests: list[Request], sched: Scheduler) -> None:
-    done = sum(r.is_finished for r in requests)
-    print(f"[real] t={now:7.1f}s finished {done}/{len(requests)} running {sched.num_running} "
-          f"waiting {sched.num_waiting}", file=sys.stderr, flush=True)
