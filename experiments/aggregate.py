@@ -29,7 +29,8 @@ def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
     ext = result.get("schedlab")
     if ext is None:  # a vLLM benchmark_serving file: what it says about itself
         row.update(backend="vllm", policy=result.get("policy"), k=result.get("num_scheduler_steps"),
-                   model=result.get("model_id"), request_rate=result.get("request_rate"))
+                   model=result.get("model_id"), request_rate=result.get("request_rate"),
+                   num_prompts=result.get("num_prompts") or result.get("completed"))
     else:
         row.update({k: ext.get(k) for k in SCHEDLAB_KEYS})
         wl = ext.get("workload") or {}
@@ -49,9 +50,12 @@ def collect(root: str | os.PathLike) -> pd.DataFrame:
     rows = []
     for p in paths:
         try:
-            rows.append(row_of(json.loads(p.read_text()), p))
+            res = json.loads(p.read_text())
         except json.JSONDecodeError as err:
             raise ValueError(f"{p}: not valid JSON ({err.msg} at line {err.lineno})") from None
+        if not isinstance(res, dict) or "request_throughput" not in res:
+            raise ValueError(f"{p}: not a benchmark result (no request_throughput)")
+        rows.append(row_of(res, p))
     return pd.DataFrame(rows)
 
 

@@ -323,10 +323,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         base = HardwareSpec.from_dict(load_conf("hardware", base_name))
         if args.data:
             data = pd.read_csv(args.data)
+            missing = {"kind", "k", "step", "gpu_s", *SHAPE_COLS} - set(data.columns)
+            if missing:
+                raise ValueError(f"--data {args.data}: not calibration data (missing "
+                                 f"{', '.join(sorted(missing))})")
         else:
             backend = {"device": args.device, "num_blocks": args.num_blocks}
             data = profile(spec, backend, args.quick, args.reps)
-        save = Path(args.save_data or Path(args.conf_dir) / "calibration" / f"{args.name}.csv")
+        save = Path(args.save_data or args.data or
+                    Path(args.conf_dir) / "calibration" / f"{args.name}.csv")
         save.parent.mkdir(parents=True, exist_ok=True)
         if not args.data:
             fd, tmp = tempfile.mkstemp(dir=save.parent, prefix=f".{save.name}.")
@@ -335,7 +340,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             os.replace(tmp, save)
         hw, steps = fit_gpu(data, spec, base)
         overhead, oerr = fit_overhead(data, args.overhead_name)
-    except ValueError as err:
+    except (ValueError, OSError, pd.errors.ParserError) as err:
         raise SystemExit(f"error: {err}") from None
     terms = term_errors(steps)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -68,7 +68,9 @@ def plot_steps(df: pd.DataFrame, out: Path) -> list[Path]:
     """req/s versus k (a line per policy, or per policy and GPU), and TTFT/TPOT versus k."""
     made: list[Path] = []
     df = df[df["k"].notna()]
-    for ctx, sub in _groups(df, ["backend", "model", "workload", "request_rate"]):
+    # every setting but k and the line's own keys splits figures, so no line mixes configs
+    for ctx, sub in _groups(df, ["backend", "model", "workload", "request_rate", "overhead",
+                                 "num_prompts", "seed", "burstiness"]):
         if sub["k"].nunique() < 2:
             continue
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -151,10 +153,17 @@ def plot_validation(df: pd.DataFrame, out: Path, title: str = "") -> list[Path]:
 
 def plot_table(table: str | os.PathLike, out: str | os.PathLike | None = None) -> list[Path]:
     table = Path(table)
-    if not table.exists():
+    if not table.is_file():
         raise ValueError(f"no table at {table}; run a sweep first "
                          "(python -m experiments.run -m +experiment=steps_sweep)")
-    df = pd.read_parquet(table) if table.suffix == ".parquet" else pd.read_csv(table)
+    try:
+        df = pd.read_parquet(table) if table.suffix == ".parquet" else pd.read_csv(table)
+    except Exception as err:  # pandas raises many kinds for a file that is not a table
+        raise ValueError(f"{table}: not a readable table ({type(err).__name__})") from None
+    need = {"metric", "predicted", "measured"} if "metric" in df else {
+        "k", "policy", "request_throughput", "median_ttft_ms", "median_tpot_ms", "request_rate"}
+    if need - set(df.columns):
+        raise ValueError(f"{table}: missing columns {', '.join(sorted(need - set(df.columns)))}")
     out = Path(out) if out else table.parent / "figures"
     if "metric" in df and "predicted" in df:
         return plot_validation(df, out)

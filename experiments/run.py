@@ -44,7 +44,12 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
     policy_cfg = plain(cfg["policy"])
     policy_name = policy_cfg.pop("name")
     policy = make_policy(policy_name, **policy_cfg)  # fail fast on bad settings
-    sched_cfg = SchedulerConfig(**plain(cfg["scheduler"]))
+    sched_settings = plain(cfg["scheduler"])
+    unknown = sorted(set(sched_settings) - set(SchedulerConfig.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"scheduler has no setting {unknown[0]!r}; its settings: "
+                         + ", ".join(SchedulerConfig.__dataclass_fields__))
+    sched_cfg = SchedulerConfig(**sched_settings)
     with_ids = backend["name"] == "real"  # the simulator needs lengths only
     specs = build_workload(plain(cfg["workload"]), vocab_size=model.vocab_size if with_ids else None,
                            max_model_len=model.max_model_len)
@@ -110,8 +115,11 @@ def main(cfg: DictConfig) -> None:
         return
     try:
         run(cfg, run_dir)
-    except ValueError as err:  # bad settings or input: one line, no traceback
+    except (ValueError, OSError) as err:  # bad settings or input: one line, no traceback
         print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except TypeError as err:  # a setting of the wrong type (e.g. a word where a number goes)
+        print(f"error: a setting has the wrong type: {err}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -43,13 +43,16 @@ def config_overrides(policy: str, k: int | None, rate: float, args, num_prompts:
 def run_one(overrides: list[str], run_dir: Path,
             replace: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Compose the config as the run command would, then run it (unless already done)."""
-    result = run_dir / "result.json"
-    if result.exists():  # resumable: a finished run is not repeated
-        return json.loads(result.read_text())
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
     cfg.update(replace or {})  # profiles given as files rather than names in conf/
-    return run(cfg, run_dir)
+    result, stamp = run_dir / "result.json", run_dir / "config.json"
+    key = json.dumps(cfg, sort_keys=True, default=str)
+    if result.exists() and stamp.exists() and stamp.read_text() == key:
+        return json.loads(result.read_text())  # resumable: the same run is not repeated
+    out = run(cfg, run_dir)
+    stamp.write_text(key)  # written last: a run cut short leaves no stamp and is redone
+    return out
 
 
 def measured_from_dir(root: Path) -> dict[tuple, dict[str, Any]]:
@@ -71,8 +74,18 @@ def measured_from_dir(root: Path) -> dict[tuple, dict[str, Any]]:
             steps = res.get("num_steps", res.get("num_scheduler_steps"))
             row["policy"] = res.get("policy") or ("multi_step" if steps else "single_step")
             row["k"] = int(steps) if steps else None
+            row["num_prompts"] = res.get("num_prompts") or res.get("completed")
+            row["seed"] = res.get("seed", 0)  # benchmark_serving's default
+        if row["request_rate"] is None:
+            raise ValueError(f"{p}: no request_rate; cannot match it to a configuration")
+        if row["policy"] != "single_step" and row["k"] is None:
+            raise ValueError(f"{p}: policy {row['policy']} without a step count "
+                             "(num_steps or num_scheduler_steps)")
         k = None if row["policy"] == "single_step" else int(row["k"])
-        out[(row["policy"], k, float(row["request_rate"]))] = row
+        key = (row["policy"], k, float(row["request_rate"]))
+        if key in out:
+            raise ValueError(f"{p} and {out[key]['run_dir']} both measure {key}")
+        out[key] = row
     return out
 
 
@@ -143,11 +156,16 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     ap.add_argument("--real-override", action="append", default=[],
                     help="extra Hydra override for the real backend only (repeatable)")
     args = ap.parse_args(argv)
-    rates = [parse_rate(r) for r in args.rates.split(",")]
-    grid = POLICIES if not args.policies else [
-        (p.split(":")[0], int(p.split(":")[1]) if ":" in p else None)
-        for p in args.policies.split(",")]
-    measured = measured_from_dir(Path(args.measured_dir)) if args.measured_dir else None
+    try:
+        rates = [parse_rate(r) for r in args.rates.split(",")]
+        grid = POLICIES if not args.policies else [
+            (p.split(":")[0], int(p.split(":")[1]) if ":" in p else None)
+            for p in args.policies.split(",")]
+        if args.measured_dir and not Path(args.measured_dir).is_dir():
+            raise ValueError(f"--measured-dir {args.measured_dir} is not a directory")
+        measured = measured_from_dir(Path(args.measured_dir)) if args.measured_dir else None
+    except ValueError as err:
+        raise SystemExit(f"error: --rates/--policies/--measured-dir: {err}") from None
     runs = Path(args.runs)
     try:
         profiles = {"hardware": load_conf("hardware", args.hardware),

@@ -110,10 +110,13 @@ class Scheduler:
             seqs, k = self._schedule_mixed(preempted)
         else:
             seqs, k = self._schedule_separate(preempted)
+        # As vLLM does, victims rejoin the queue head only now, so none is re-admitted (and
+        # recomputed) in the very window that preempted it; the earliest admitted goes first.
+        self.waiting.extendleft(preempted)
         if not seqs:
             self._last_window = None  # the engine idles: the next gap is not a step time
             return None
-        self._last_window = (now, k)
+        self._last_window = (now, k, any(s.is_prefill for s in seqs))
         for s in seqs:
             if s.request.first_scheduled_time is None:
                 s.request.first_scheduled_time = now
@@ -127,21 +130,29 @@ class Scheduler:
     def _observe(self, now: float) -> None:
         self.now = now
         if self._last_window is not None:
-            start, k = self._last_window
-            if now > start:
+            start, k, had_prefill = self._last_window
+            if now > start and not had_prefill:  # decode steps only
                 per_step = (now - start) / k
                 self.step_time = per_step if self.step_time is None else \
                     0.8 * self.step_time + 0.2 * per_step
 
     def arrival_rate(self, horizon: float = 1.0) -> float:
-        """Requests per second that arrived in the last ``horizon`` seconds."""
-        arrivals = self.recent_arrivals
+        """Requests per second of the arrival stream over the last ``horizon`` seconds.
+
+        Estimated from the spread of those arrivals, so a batch that arrived at one instant
+        (offline, request_rate=inf) is no stream: its rate is 0.
+        """
+        first = last = None
         n = 0
-        for t in reversed(arrivals):
+        for t in reversed(self.recent_arrivals):
             if t <= self.now - horizon:
                 break
+            first = t
+            last = last if last is not None else t
             n += 1
-        return n / horizon
+        if n < 2 or last <= first:
+            return 0.0
+        return (n - 1) / max(last - first, self.now - first)
 
     def _schedule_separate(self, preempted: list[Request]) -> tuple[list[ScheduledSeq], int]:
         """vLLM V0 default: a prefill-only batch (one step) when prompts fit, else a decode window."""
@@ -150,7 +161,7 @@ class Scheduler:
             if prefills:
                 return prefills, 1
         k = self.policy.window_steps(self, False)
-        return self._reserve_decodes(k, len(self.running), preempted), k
+        return self._reserve_decodes(k, self.max_num_batched_tokens, preempted), k
 
     def _schedule_mixed(self, preempted: list[Request]) -> tuple[list[ScheduledSeq], int]:
         """Chunked-prefill family: decodes first, then prefill chunks up to the token budget."""
@@ -239,14 +250,13 @@ class Scheduler:
         return out
 
     def _preempt(self, req: Request) -> None:
-        """Recompute-preemption: give the blocks back and return to the head of the queue."""
+        """Recompute-preemption: give the blocks back (schedule() returns it to the queue head)."""
         self.running.pop()  # callers only ever preempt the tail
         self.block_manager.free(req)
         req.state = RequestState.PREEMPTED
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.stats.num_preemptions += 1
-        self.waiting.appendleft(req)
 
     # ------------------------------------------------------------------ update
     def update(self, batch: Batch, step_times: Sequence[float],

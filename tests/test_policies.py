@@ -179,15 +179,21 @@ def test_scheduler_observes_arrival_rate_and_step_time():
         s.add_request(Request(i, 0.5 + 0.1 * i, 4, 20))
     b = s.schedule(1.0)  # prefill window, k = 1
     s.update(b, [1.0])
-    assert s.arrival_rate() == 3.0  # three arrivals within the last second
+    # three arrivals 0.1 s apart within the last second: 2 gaps over the 0.5 s since the first
+    assert s.arrival_rate() == pytest.approx(4.0)
     b = s.schedule(1.02)  # 20 ms after a 1-step window
-    assert s.step_time == pytest.approx(0.02)
+    assert s.step_time is None  # the gap after a prefill window is not a decode step
     s.update(b, [1.03, 1.04, 1.05, 1.06])
-    s.schedule(1.10)  # 80 ms after a 4-step window: EWMA 0.8 * 20 + 0.2 * 20 ms
+    s.schedule(1.10)  # 80 ms after a 4-step decode window
     assert s.step_time == pytest.approx(0.02)
-    assert s.arrival_rate() == pytest.approx(3.0)
+    assert s.arrival_rate() == pytest.approx(2 / 0.6)
     s.now = 5.0
     assert s.arrival_rate() == 0.0
+    offline = sched("multi_step")
+    for i in range(5):
+        offline.add_request(Request(i, 0.0, 4, 4))
+    offline.schedule(0.5)
+    assert offline.arrival_rate() == 0.0  # one batch at t=0 is no arrival stream
 
 
 def test_preemption_recomputes_latest_admitted():
@@ -260,3 +266,14 @@ def test_eos_stops_early_when_set():
     b = s.schedule(1.0)
     s.update(b, [2.0, 3.0, 4.0, 5.0], [[6, 7, 8, 9]])
     assert r.is_finished and r.output_token_ids == [5, 6, 7] and b.num_wasted_steps == 2
+
+
+def test_mixed_policy_does_not_readmit_a_victim_in_the_same_window():
+    s = sched("cp1", {"num_steps": 4}, blocks=4, budget=16)
+    r0, r1 = Request(0, 0.0, 5, 7), Request(1, 0.0, 3, 3)
+    s.add_request(r0)
+    s.add_request(r1)
+    run_window(s, s.schedule(0.0))  # both prefilled: r0 2 blocks, r1 1 block
+    b = s.schedule(1.0)  # decodes need 5+4 and 3+4 slots: 3 + 2 blocks > 4, r1 preempted
+    assert b.preempted == [r1] and shape(b) == [(0, 1, 5, 4)]
+    assert list(s.waiting) == [r1]

@@ -50,6 +50,8 @@ def run_workload(name: str, w: dict) -> tuple[list[Request], object]:
         assert windows < 5000, "no progress"
         ids = [x.request.request_id for x in batch.seqs]
         assert len(ids) == len(set(ids))
+        # a victim is never re-admitted (and recomputed) in the window that preempted it
+        assert not {r.request_id for r in batch.preempted} & set(ids)
         assert len(s.running) <= cfg.max_num_seqs
         assert sum(x.num_query_tokens for x in batch.seqs) <= s.max_num_batched_tokens
         for x in batch.seqs:
