@@ -227,8 +227,9 @@ def fit_gpu(data: pd.DataFrame, spec: ModelSpec, base: HardwareSpec) -> tuple[Ha
 
 
 def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[str, float]]:
-    """Per invocation: schedule + update (Scheduler bench) + input preparation (runner), fitted
-    as a + b*num_seqs + c*num_tokens; per step: pythonization, d + e*num_seqs."""
+    """Per invocation: schedule + update (Scheduler bench, k=1) + input preparation (runner),
+    fitted as a + b*num_seqs + c*num_tokens; per step: pythonization plus update()'s per-step
+    share (the k=8 bench against k=1), d + e*num_seqs."""
     sched = data[data["kind"] == "scheduler"]
     # schedule()+update() per window, as a function of num_seqs (k=1 rows: one token each)
     s1 = sched[sched["k"] == 1]
@@ -240,6 +241,14 @@ def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[st
     out_rows = data[data["kind"].isin(["decode"])]
     Xo = np.column_stack([np.ones(len(out_rows)), out_rows["num_seqs"]])
     coef_o = _nnls(Xo, out_rows["pythonize_s"].to_numpy())
+    coef_py = coef_o.copy()  # the pythonization fit alone, for its error
+    # update() appends every step's token to every request: the part of the scheduler's cost
+    # that grows with k is per step and per sequence, so it joins the per-step output cost
+    s8 = sched[sched["k"] == 8].set_index("num_seqs")["sched_s"]
+    both = s1.set_index("num_seqs")["sched_s"].index.intersection(s8.index)
+    if len(both) >= 2:
+        extra = (s8[both] - s1.set_index("num_seqs")["sched_s"][both]) / 7  # per extra step
+        coef_o[1] += max(float(np.polyfit(both.to_numpy(), extra.to_numpy(), 1)[0]), 0.0)
     prof = {"name": name,
             "schedule_base_us": round(float(coef[0]) * 1e6, 3),
             "schedule_per_seq_us": round(float(coef[1]) * 1e6, 4),
@@ -250,7 +259,7 @@ def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[st
             "async_output_processing": True,
             "api_server_on_critical_path": True}
     err = {"schedule_and_prepare": _median_abs_rel(X @ coef, y),
-           "output_processing": _median_abs_rel(Xo @ coef_o, out_rows["pythonize_s"].to_numpy())}
+           "output_processing": _median_abs_rel(Xo @ coef_py, out_rows["pythonize_s"].to_numpy())}
     return prof, err
 
 
@@ -361,7 +370,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     write_yaml(Path(args.conf_dir) / "hardware" / f"{args.name}.yaml", hw_d, header)
     oheader = (f"Calibrated by `{command}` on {stamp}: schedlab's real backend's CPU costs.\n"
                "schedule_*: Scheduler.schedule()+update() plus the runner's input preparation,\n"
-               "per window; output_*: pythonization per step (async: overlaps the next step).\n"
+               "per window; output_*: pythonization per step (async: overlaps the next step)\n"
+               "plus update()'s per-step share.\n"
                + "\n".join(f"  {k}: median |err| {v:.1%}" for k, v in oerr.items()))
     write_yaml(Path(args.conf_dir) / "overhead" / f"{args.overhead_name}.yaml", overhead, oheader)
     print(terms.to_string(index=False))
