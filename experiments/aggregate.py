@@ -6,12 +6,13 @@ import argparse
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from hydra.experimental.callback import Callback
+
+from experiments.files import atomic_path
 
 SUMMARY_KEYS = ["completed", "duration", "total_input_tokens", "total_output_tokens",
                 "request_throughput", "output_throughput", "total_token_throughput"]
@@ -21,6 +22,13 @@ SCHEDLAB_KEYS = ["backend", "policy", "k", "model", "hardware", "overhead", "wal
                  "num_blocks",
                  "num_invocations", "num_preemptions", "num_wasted_steps", "gpu_busy_fraction",
                  "simulated_seconds_per_wall_second"]
+
+
+def parse_rate(rate: str | float) -> float:
+    """A request rate as written in configs and result files: a number, or inf / .inf."""
+    if isinstance(rate, str) and rate.strip().lower() in ("inf", ".inf"):
+        return math.inf
+    return float(rate)
 
 
 def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -38,9 +46,7 @@ def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
                    burstiness=wl.get("burstiness"), num_prompts=wl.get("num_prompts"),
                    seed=wl.get("seed"))
     rate = row.get("request_rate")
-    if rate is None or (isinstance(rate, str) and rate.lower() in ("inf", ".inf")):
-        rate = math.inf if rate is not None else None
-    row["request_rate"] = float(rate) if rate is not None else None
+    row["request_rate"] = parse_rate(rate) if rate is not None else None
     row["run_dir"] = str(path.parent)
     return row
 
@@ -59,18 +65,12 @@ def collect(root: str | os.PathLike) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def write_atomic(df: pd.DataFrame, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+def write_table(df: pd.DataFrame, path: Path) -> None:
+    with atomic_path(path) as tmp:
         if path.suffix == ".parquet":
             df.to_parquet(tmp, index=False)
         else:
             df.to_csv(tmp, index=False)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def aggregate(root: str | os.PathLike) -> pd.DataFrame:
@@ -81,8 +81,8 @@ def aggregate(root: str | os.PathLike) -> pd.DataFrame:
         raise ValueError(f"no result.json below {root}")
     sort = [c for c in ("backend", "model", "hardware", "policy", "request_rate", "k") if c in df]
     df = df.sort_values(sort, kind="stable", na_position="last").reset_index(drop=True)
-    write_atomic(df, root / "aggregate.csv")
-    write_atomic(df, root / "aggregate.parquet")
+    write_table(df, root / "aggregate.csv")
+    write_table(df, root / "aggregate.parquet")
     return df
 
 

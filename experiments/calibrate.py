@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import math
-import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from experiments.files import atomic_path, write_text_atomic
 from experiments.run import CONF_DIR
 from policies import Batch, ModelSpec, Request, ScheduledSeq, SchedulerConfig, make_scheduler
 from policies.block_manager import BlockManager
@@ -294,11 +293,8 @@ def term_errors(steps: pd.DataFrame) -> pd.DataFrame:
 # ---------------------------------------------------------------------------- outputs
 def write_yaml(path: Path, data: dict[str, Any], header: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write("".join(f"# {line}\n" if line else "#\n" for line in header.splitlines()))
-        yaml.safe_dump(data, f, sort_keys=False)
-    os.replace(tmp, path)
+    comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    write_text_atomic(path, comment + yaml.safe_dump(data, sort_keys=False))
 
 
 def load_conf(group: str, name_or_path: str, conf_dir: str = CONF_DIR) -> dict[str, Any]:
@@ -343,10 +339,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     Path(args.conf_dir) / "calibration" / f"{args.name}.csv")
         save.parent.mkdir(parents=True, exist_ok=True)
         if not args.data:
-            fd, tmp = tempfile.mkstemp(dir=save.parent, prefix=f".{save.name}.")
-            os.close(fd)
-            data.to_csv(tmp, index=False)
-            os.replace(tmp, save)
+            with atomic_path(save) as tmp:
+                data.to_csv(tmp, index=False)
         hw, steps = fit_gpu(data, spec, base)
         overhead, oerr = fit_overhead(data, args.overhead_name)
     except (ValueError, OSError, pd.errors.ParserError) as err:

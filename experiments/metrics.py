@@ -10,13 +10,13 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from experiments.files import write_text_atomic
 from policies.request import Request
 
 METRICS = (("ttft", "TTFT", "Time to First Token"),
@@ -167,21 +167,6 @@ def _jsonable(x: Any) -> Any:
     raise ValueError(f"result value {x!r} of type {type(x).__name__} cannot be written as JSON")
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write via a temp file in the same directory, fsync, then rename over ``path``: a reader
-    (or a crash) sees the old file or the whole new one, never half of it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -252,7 +237,7 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
         texts.append(("steps.csv", _steps_csv(steps)))
     texts.append(("result.json", result))
     for name, text in texts:
-        _write_atomic(run_dir / name, text)
+        write_text_atomic(run_dir / name, text)
     _fsync_dir(run_dir)
     return run_dir / "result.json"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -13,6 +12,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+
+from experiments.files import atomic_path  # noqa: E402
 
 DEFAULT_TABLE = "multirun/steps_sweep/aggregate.csv"
 
@@ -23,14 +24,8 @@ def save(fig, out: Path, stem: str) -> list[Path]:
     paths = []
     for ext in ("png", "svg"):
         path = out / f"{stem}.{ext}"
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{stem}.", suffix=f".{ext}")
-        os.close(fd)
-        try:
+        with atomic_path(path) as tmp:
             fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight")
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
         paths.append(path)
     plt.close(fig)
     return paths

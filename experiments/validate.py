@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +12,9 @@ import pandas as pd
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from experiments.aggregate import row_of
+from experiments.aggregate import parse_rate, row_of
 from experiments.calibrate import load_conf
+from experiments.files import write_text_atomic
 from experiments.run import CONF_DIR, run
 
 METRICS = ["request_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
@@ -24,10 +23,6 @@ METRICS = ["request_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms"
 # (policy, k): the grid of the validation issue
 POLICIES = [("single_step", None), ("multi_step", 1), ("multi_step", 2), ("multi_step", 4),
             ("multi_step", 8), ("multi_step", 16), ("cp1", 8), ("cp2", 8)]
-
-
-def parse_rate(text: str) -> float:
-    return math.inf if text.strip().lower() in ("inf", ".inf") else float(text)
 
 
 def config_overrides(policy: str, k: int | None, rate: float, args, num_prompts: int,
@@ -104,10 +99,7 @@ def write_table(df: pd.DataFrame, out: Path, command: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, text in (("validation.csv", df.to_csv(index=False)),
                        ("validation.md", markdown(df, command))):
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, out / name)
+        write_text_atomic(out / name, text)
 
 
 def markdown(df: pd.DataFrame, command: str) -> str:

@@ -10,7 +10,6 @@ import math
 import os
 import random
 import re
-import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from experiments.files import atomic_path
 from policies.request import Request
 
 DEFAULT_TOKENIZER = "meta-llama/Meta-Llama-3-8B"
@@ -377,16 +377,10 @@ def sharegpt_token_counts(path: Path, enc: Any) -> np.ndarray:
     counts = _build_counts(path, enc)
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=cache.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.save(f, counts, allow_pickle=False)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, cache)  # readers see the old file or the whole new one, never half
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_path(cache) as tmp, open(tmp, "wb") as f:
+            np.save(f, counts, allow_pickle=False)  # a file object: np.save adds no suffix
+            f.flush()
+            os.fsync(f.fileno())
     except OSError as e:
         warnings.warn(f"could not write token-count cache {cache}: {e}", RuntimeWarning,
                       stacklevel=2)
