@@ -44,12 +44,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
     policy_cfg = plain(cfg["policy"])
     policy_name = policy_cfg.pop("name")
     policy = make_policy(policy_name, **policy_cfg)  # fail fast on bad settings
-    sched_settings = plain(cfg["scheduler"])
-    unknown = sorted(set(sched_settings) - set(SchedulerConfig.__dataclass_fields__))
-    if unknown:
-        raise ValueError(f"scheduler has no setting {unknown[0]!r}; its settings: "
-                         + ", ".join(SchedulerConfig.__dataclass_fields__))
-    sched_cfg = SchedulerConfig(**sched_settings)
+    sched_cfg = SchedulerConfig.from_dict(plain(cfg["scheduler"]))
     with_ids = backend["name"] == "real"  # the simulator needs lengths only
     specs = build_workload(plain(cfg["workload"]), vocab_size=model.vocab_size if with_ids else None,
                            max_model_len=model.max_model_len)

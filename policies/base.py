@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -60,6 +61,15 @@ class KStepPolicy(Policy):
         return self.num_steps
 
 
+def check_settings(section: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """A one-line error naming the first setting of ``section`` that is not one of ``known``."""
+    known = set(known)
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise ValueError(f"{section} has no setting {unknown[0]!r}; its settings: "
+                         + (", ".join(sorted(known)) or "none"))
+
+
 def check_steps(setting: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"policy.{setting} must be an integer >= 1, got {value!r}")
@@ -72,9 +82,5 @@ def make_policy(name: str, **params: Any) -> Policy:
     if cls is None:
         raise ValueError(f"unknown policy {name!r} (policy.name); choose one of: "
                          + ", ".join(sorted(POLICIES)))
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(params) - known)
-    if unknown:
-        raise ValueError(f"policy {name} has no setting {unknown[0]!r}; its settings: "
-                         + (", ".join(sorted(known)) or "none"))
+    check_settings(f"policy {name}", params, (f.name for f in fields(cls)))
     return cls(**params)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from policies.base import Policy
+from policies.base import Policy, check_settings
 from policies.batch import Batch, ScheduledSeq
 from policies.block_manager import BlockManager
 from policies.request import Request, RequestState
@@ -22,6 +23,11 @@ class SchedulerConfig:
     max_num_batched_tokens: int | None = None
     block_size: int = 16
     watermark: float = 0.01
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SchedulerConfig:
+        check_settings("scheduler", d, cls.__dataclass_fields__)
+        return cls(**d)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from policies.base import check_settings
 from real_backend.sampling import SamplingParams
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -55,11 +56,7 @@ class BackendConfig:
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any] | None) -> BackendConfig:
         d = dict(d or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"backend has no setting {unknown[0]!r}; its settings: "
-                             + ", ".join(sorted(known)))
+        check_settings("backend", d, (f.name for f in fields(cls)))
         if "sampling" in d:
             d["sampling"] = SamplingParams.from_mapping(d["sampling"])
         return cls(**d)

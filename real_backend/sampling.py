@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from policies.base import check_settings
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -26,10 +28,7 @@ class SamplingParams:
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any] | None) -> SamplingParams:
         d = dict(d or {})
-        unknown = sorted(set(d) - {"temperature", "top_k", "top_p"})
-        if unknown:
-            raise ValueError(f"backend.sampling has no setting {unknown[0]!r}; "
-                             "its settings: temperature, top_k, top_p")
+        check_settings("backend.sampling", d, ("temperature", "top_k", "top_p"))
         return cls(float(d.get("temperature", 0.0)), int(d.get("top_k", -1)),
                    float(d.get("top_p", 1.0)))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from policies.base import check_settings
 from policies.model_spec import ModelSpec
 
 _EFFICIENCIES = ("matmul_efficiency", "mem_bw_efficiency", "attn_prefill_efficiency",
@@ -66,11 +67,7 @@ class HardwareSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HardwareSpec:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"hardware has no setting {unknown[0]!r}; its settings: "
-                             + ", ".join(sorted(known)))
+        check_settings("hardware", d, (f.name for f in fields(cls)))
         return cls(**d)
 
     @property

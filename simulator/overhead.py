@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from policies.base import check_settings
+
 _US = 1e-6
 _COSTS = ("schedule_base_us", "schedule_per_seq_us", "schedule_per_token_us", "output_base_us",
           "output_per_seq_us", "api_per_token_us")
@@ -52,11 +54,7 @@ class OverheadSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OverheadSpec:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"overhead has no setting {unknown[0]!r}; its settings: "
-                             + ", ".join(sorted(known)))
+        check_settings("overhead", d, (f.name for f in fields(cls)))
         return cls(**d)
 
 
