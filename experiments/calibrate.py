@@ -243,10 +243,10 @@ def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[st
     coef_py = coef_o.copy()  # the pythonization fit alone, for its error
     # update() appends every step's token to every request: the part of the scheduler's cost
     # that grows with k is per step and per sequence, so it joins the per-step output cost
-    s8 = sched[sched["k"] == 8].set_index("num_seqs")["sched_s"]
-    both = s1.set_index("num_seqs")["sched_s"].index.intersection(s8.index)
+    by_k = {k: sched[sched["k"] == k].set_index("num_seqs")["sched_s"] for k in (1, 8)}
+    both = by_k[1].index.intersection(by_k[8].index)
     if len(both) >= 2:
-        extra = (s8[both] - s1.set_index("num_seqs")["sched_s"][both]) / 7  # per extra step
+        extra = (by_k[8][both] - by_k[1][both]) / 7  # per extra step
         coef_o[1] += max(float(np.polyfit(both.to_numpy(), extra.to_numpy(), 1)[0]), 0.0)
     prof = {"name": name,
             "schedule_base_us": round(float(coef[0]) * 1e6, 3),
