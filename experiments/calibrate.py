@@ -15,6 +15,7 @@ error, and writes ``conf/hardware/<name>.yaml`` and ``conf/overhead/<overhead_na
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import math
 import statistics
@@ -36,10 +37,11 @@ from simulator.hardware import HardwareSpec
 # (key, lower bound, upper bound): the cost-model coefficients the fit sets
 FIT_KEYS = [("matmul_efficiency", 1e-7, 1.0), ("mem_bw_efficiency", 1e-7, 1.0),
             ("attn_prefill_efficiency", 1e-7, 1.0), ("attn_decode_efficiency", 1e-7, 1.0),
+            ("roofline_overlap_loss", 0.0, 1.0), ("attn_seq_gbps", 1.0, 1e5),
             ("kernel_launch_us", 0.0, 1e4), ("cuda_graph_replay_us", 0.0, 1e5),
             ("advance_step_us", 0.0, 1e5), ("sampler_us", 0.0, 1e5)]
 SHAPE_COLS = ["num_tokens", "num_seqs", "num_prefill_tokens", "num_sampled", "attn_pairs",
-              "kv_tokens", "is_first"]
+              "kv_tokens", "is_first", "max_kv_tokens"]
 
 
 # ---------------------------------------------------------------------------- profiling grid
@@ -52,17 +54,23 @@ def grid(quick: bool, max_len: int) -> dict[str, list]:
     fit = lambda pts: [p for p in pts if p[1] + p[2] <= max_len - 64]  # noqa: E731
     return {
         # (num_seqs, chunk tokens each, cached prefix)
-        "prefill": fit([(1, t, 0) for t in (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)]
+        # (small prefill-only windows replay CUDA graphs; the rest run eagerly)
+        "prefill": fit([(1, t, 0) for t in (16, 64, 128, 200, 256, 400, 512, 600, 768, 1024,
+                                            2048, 4096, 8192)]
+                       + [(2, 100, 0), (3, 150, 0), (4, 60, 0), (8, 50, 0), (2, 250, 0)]
                        + [(4, 256, 0), (8, 512, 0), (16, 128, 0), (32, 64, 0), (2, 1024, 0)]
                        + [(1, 512, 512), (1, 512, 2048), (1, 2048, 2048), (4, 512, 1024)]),
         # (batch size, context length, k)
         "decode": [(b, c, 4) for b in (1, 8, 32, 64, 128, 256) for c in (128, 512, 1024, 2048)]
                   + [(b, 512, 1) for b in (16, 96, 200)] + [(256, 512, 8), (64, 1024, 16)]
                   # ragged contexts (0: drawn from 32..2000 per sequence), as served batches are
-                  + [(b, 0, 4) for b in (32, 128, 192, 256)] + [(256, 0, 8)],
+                  + [(b, 0, 4) for b in (32, 128, 192, 256)] + [(256, 0, 8)]
+                  # skewed contexts (-1: 32 + Exp(400), capped at 2000)
+                  + [(b, -1, 4) for b in (16, 48, 64, 96, 160, 256)],
         # (decodes, their context, prefill chunk, the chunk's cached prefix)
         "mixed": [(32, 512, 512, 0), (128, 512, 256, 0), (128, 512, 1536, 0), (256, 512, 1024, 0),
-                  (64, 1024, 512, 1024), (200, 256, 2048, 0)],
+                  (64, 1024, 512, 1024), (200, 256, 2048, 0), (8, 512, 64, 0), (32, 300, 128, 0),
+                  (64, 500, 200, 0), (16, 800, 500, 0)],
         "cpu": [1, 8, 32, 64, 128, 256],
     }
 
@@ -70,7 +78,8 @@ def grid(quick: bool, max_len: int) -> dict[str, list]:
 class Profiler:
     """Runs hand-built windows on a ModelRunner and records each step's shape and time."""
 
-    def __init__(self, spec: ModelSpec, backend: dict[str, Any], reps: int) -> None:
+    def __init__(self, spec: ModelSpec, backend: dict[str, Any], reps: int,
+                 scatter: bool = True, sustain_s: float = 0.0) -> None:
         import torch
 
         from real_backend.config import BackendConfig
@@ -79,6 +88,8 @@ class Profiler:
         self.torch = torch
         self.spec = spec
         self.cfg = BackendConfig.from_mapping(backend)
+        graphs = self.cfg.use_cuda_graphs
+        self.prefill_graph_max_tokens = self.cfg.prefill_graph_max_tokens if graphs else 0
         probe = make_scheduler("multi_step", {"num_steps": 16},
                                SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192), 1,
                                spec.max_model_len)
@@ -88,9 +99,14 @@ class Profiler:
         for t in kv.k + kv.v:  # not zeros: real-looking data in every block that is read
             t.normal_(0.0, 0.5)
         self.blocks = BlockManager(kv.num_blocks, self.runner.block_size, 0.0)
+        if scatter:  # served block tables are scattered over the cache, not contiguous
+            self.blocks.shuffle_free(0)
         self.rng = np.random.default_rng(0)
         self.reps = reps
+        self.sustain_s = sustain_s
         self.rows: list[dict[str, Any]] = []
+        # run before each repetition of a window with a prefill, as a served run orders them
+        self.between = Batch([self.decode_seq(-1 - i, 100, 1) for i in range(8)], 1)
 
     def _request(self, rid: int, prompt: int) -> Request:
         ids = self.rng.integers(0, self.spec.vocab_size, prompt).tolist()
@@ -116,8 +132,15 @@ class Profiler:
         batch = Batch(seqs, k)
         runner = self.runner
         runner.run_window(batch)  # warm-up (and graph/kernel selection)
+        # Then the same window back to back for a while: a served run keeps the GPU busy, and
+        # under sustained load it settles at lower clocks (power limit) than in short bursts.
+        t_end = time.perf_counter() + self.sustain_s
+        while time.perf_counter() < t_end:
+            runner.run_window(batch)
         per_step, prepare, pythonize = [], [], []
         for _ in range(self.reps):
+            if kind != "decode":
+                runner.run_window(self.between)  # as served: a prefill follows decode steps
             if self.cuda:
                 self.torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -133,6 +156,7 @@ class Profiler:
         for j, shape in enumerate(shapes):
             self.rows.append({"kind": kind, "k": k, "step": j,
                               **{c: getattr(shape, c) for c in SHAPE_COLS},
+                              "prefill_graph_max_tokens": self.prefill_graph_max_tokens,
                               "gpu_s": statistics.median(r[j] for r in per_step),
                               "prepare_s": statistics.median(prepare) if j == 0 else math.nan,
                               "pythonize_s": statistics.median(pythonize) / k})
@@ -159,10 +183,10 @@ class Profiler:
 
 
 def profile(spec: ModelSpec, backend: dict[str, Any], quick: bool, reps: int,
-            progress: bool = True) -> pd.DataFrame:
+            progress: bool = True, sustain_s: float = 0.0) -> pd.DataFrame:
     from tqdm import tqdm
 
-    p = Profiler(spec, backend, reps)
+    p = Profiler(spec, backend, reps, sustain_s=sustain_s)
     g = grid(quick, spec.max_model_len)
     rid = 0
     total = sum(len(v) for v in g.values())
@@ -172,7 +196,10 @@ def profile(spec: ModelSpec, backend: dict[str, Any], quick: bool, reps: int,
             rid += n
             bar.update()
         for b, ctx, k in g["decode"]:
-            ctxs = [ctx or int(c) for c in p.rng.integers(32, 2000, b)]
+            if ctx == -1:  # skewed as served: mostly short, a few long
+                ctxs = [int(c) for c in np.minimum(32 + p.rng.exponential(400, b), 2000)]
+            else:
+                ctxs = [ctx or int(c) for c in p.rng.integers(32, 2000, b)]
             p.measure("decode", [p.decode_seq(rid + i, c, k) for i, c in enumerate(ctxs)], k)
             rid += b
             bar.update()
@@ -190,9 +217,10 @@ def profile(spec: ModelSpec, backend: dict[str, Any], quick: bool, reps: int,
 
 # ---------------------------------------------------------------------------- fitting
 def _shape(row: pd.Series) -> StepShape:
+    longest = getattr(row, "max_kv_tokens", 0)
     return StepShape(int(row.num_tokens), int(row.num_seqs), int(row.num_prefill_tokens),
                      int(row.num_sampled), float(row.attn_pairs), int(row.kv_tokens),
-                     bool(row.is_first))
+                     bool(row.is_first), 0 if pd.isna(longest) else int(longest))
 
 
 def fit_gpu(data: pd.DataFrame, spec: ModelSpec, base: HardwareSpec) -> tuple[HardwareSpec, pd.DataFrame]:
@@ -206,18 +234,24 @@ def fit_gpu(data: pd.DataFrame, spec: ModelSpec, base: HardwareSpec) -> tuple[Ha
         raise ValueError("calibration data: need positive step times for at least "
                          f"{len(FIT_KEYS)} steps, got {len(shapes)}")
     base_d = {f: getattr(base, f) for f in base.__dataclass_fields__}
+    keys = FIT_KEYS
+    if not any(s.max_kv_tokens for s in shapes):  # older data: no longest-sequence term
+        keys = [k for k in FIT_KEYS if k[0] != "attn_seq_gbps"]
+        base_d["attn_seq_gbps"] = 0.0
+    elif not base_d["attn_seq_gbps"]:
+        base_d["attn_seq_gbps"] = 200.0  # a start for the fit
 
     def spec_of(x: np.ndarray) -> HardwareSpec:
-        return HardwareSpec(**{**base_d, **{k: float(v) for (k, _, _), v in zip(FIT_KEYS, x, strict=False)}})
+        return HardwareSpec(**{**base_d, **{k: float(v) for (k, _, _), v in zip(keys, x, strict=True)}})
 
     def resid(x: np.ndarray) -> np.ndarray:
         hw = spec_of(x)
         pred = np.array([step_time(s, spec, hw) for s in shapes])
         return np.log(np.maximum(pred, 1e-12)) - np.log(measured)
 
-    lo = np.array([b[1] for b in FIT_KEYS])
-    hi = np.array([b[2] for b in FIT_KEYS])
-    x0 = np.clip(np.array([base_d[k] for k, _, _ in FIT_KEYS], dtype=float), lo + 1e-9, hi)
+    lo = np.array([b[1] for b in keys])
+    hi = np.array([b[2] for b in keys])
+    x0 = np.clip(np.array([base_d[k] for k, _, _ in keys], dtype=float), lo + 1e-9, hi)
     sol = least_squares(resid, x0, bounds=(lo, hi), x_scale="jac", max_nfev=4000)
     hw = spec_of(sol.x)
     steps = steps.assign(predicted_s=[step_time(s, spec, hw) for s in shapes])
@@ -320,6 +354,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--save-data", default=None, help="CSV for the measurements (default: conf "
                     "dir's calibration/<name>.csv)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--sustain", type=float, default=None, help="seconds each window runs back "
+                    "to back before it is timed (default 0.4 on cuda, 0 on cpu)")
     ap.add_argument("--quick", action="store_true", help="a tiny grid (CPU smoke test)")
     args = ap.parse_args(argv)
     try:
@@ -328,19 +364,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         base = HardwareSpec.from_dict(load_conf("hardware", base_name))
         if args.data:
             data = pd.read_csv(args.data)
-            missing = {"kind", "k", "step", "gpu_s", *SHAPE_COLS} - set(data.columns)
+            missing = {"kind", "k", "step", "gpu_s", *SHAPE_COLS[:-1]} - set(data.columns)
             if missing:
                 raise ValueError(f"--data {args.data}: not calibration data (missing "
                                  f"{', '.join(sorted(missing))})")
         else:
             backend = {"device": args.device, "num_blocks": args.num_blocks}
-            data = profile(spec, backend, args.quick, args.reps)
+            sustain = args.sustain if args.sustain is not None else (
+                0.4 if args.device.startswith("cuda") else 0.0)
+            data = profile(spec, backend, args.quick, args.reps, sustain_s=sustain)
         save = Path(args.save_data or args.data or
                     Path(args.conf_dir) / "calibration" / f"{args.name}.csv")
         save.parent.mkdir(parents=True, exist_ok=True)
         if not args.data:
             with atomic_path(save) as tmp:
                 data.to_csv(tmp, index=False)
+        # the engine's prefill graphs, as profiled (older data: none)
+        graph_col = data.get("prefill_graph_max_tokens", pd.Series(dtype=float)).dropna()
+        base = dataclasses.replace(base, prefill_graph_max_tokens=int(graph_col.max())
+                                   if len(graph_col) else 0)
         hw, steps = fit_gpu(data, spec, base)
         overhead, oerr = fit_overhead(data, args.overhead_name)
     except (ValueError, OSError, pd.errors.ParserError) as err:

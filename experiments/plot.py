@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from pathlib import Path
 
 import matplotlib
@@ -59,6 +60,12 @@ def _title(ctx: dict, what: str) -> str:
     return f"{what}: " + ", ".join(p for p in parts if p) + (f" [{back}]" if back else "")
 
 
+def _stem(ctx: dict) -> str:
+    """A file-name stem from a figure's settings: safe characters only (GPU names have spaces)."""
+    stem = "_".join(str(v) for v in ctx.values() if v is not None).replace(" vs ", "+")
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", stem)
+
+
 def plot_steps(df: pd.DataFrame, out: Path) -> list[Path]:
     """req/s versus k (a line per policy, or per policy and GPU), and TTFT/TPOT versus k."""
     made: list[Path] = []
@@ -90,7 +97,7 @@ def plot_steps(df: pd.DataFrame, out: Path) -> list[Path]:
             a.legend()
             a.set_ylim(bottom=0)
         fig2.suptitle(_title(ctx, "Latency vs k"))
-        stem = "_".join(str(v) for v in ctx.values() if v is not None).replace(" vs ", "+")
+        stem = _stem(ctx)
         made += save(fig, out, f"reqs_vs_k_{stem}")
         made += save(fig2, out, f"latency_vs_k_{stem}")
     return made
@@ -117,7 +124,7 @@ def plot_rates(df: pd.DataFrame, out: Path) -> list[Path]:
             a.legend()
         fig.suptitle(_title({**ctx, "request_rate": None}, "Latency vs load").replace(
             " (all at t=0)", " (Poisson arrivals)"))
-        stem = "_".join(str(v) for v in ctx.values() if v is not None)
+        stem = _stem(ctx)
         made += save(fig, out, f"latency_vs_rate_{stem}")
     return made
 

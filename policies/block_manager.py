@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from policies.request import Request
 
 
@@ -27,6 +29,12 @@ class BlockManager:
         # Pop from the end: low block ids are handed out first, which keeps runs reproducible.
         self._free = list(range(num_blocks - 1, -1, -1))
         self._is_free = bytearray(b"\x01") * num_blocks
+
+    def shuffle_free(self, seed: int) -> None:
+        """Hand free blocks out in a seeded random order, as an engine's churn of requests
+        finishing and growing one block at a time leaves them: block tables then scatter over
+        the cache as in a long run (the calibration's microbenchmarks use this)."""
+        random.Random(seed).shuffle(self._free)
 
     @property
     def num_free_blocks(self) -> int:

@@ -23,6 +23,7 @@ class BackendConfig:
     cpu_kv_cache_gib: float = 1.0  # KV cache size on cpu (there is no device memory to profile)
     gpu_memory_utilization: float = 0.9
     cuda_graphs: bool = True  # decode steps replay CUDA graphs (cuda only)
+    prefill_graph_max_tokens: int = 512  # prefill-only steps up to this size replay graphs too; 0: none
     async_output: bool = True  # pythonize step n while step n+1 runs
     weights: str | None = None  # None: seeded random weights; else a Hugging Face directory
     seed: int = 0
@@ -50,6 +51,9 @@ class BackendConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("backend.gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")
+        if self.prefill_graph_max_tokens < 0:
+            raise ValueError("backend.prefill_graph_max_tokens must be >= 0, got "
+                             f"{self.prefill_graph_max_tokens}")
         if self.kernels not in ("auto", "torch", "triton"):
             raise ValueError(f"backend.kernels must be auto, torch or triton, got {self.kernels!r}")
 

@@ -16,7 +16,16 @@ from policies.request import Request
 from real_backend.async_output import StepOutputs
 from real_backend.attention import AttentionMetadata, DecodeMetadata, PrefillMetadata
 from real_backend.config import BackendConfig
-from real_backend.cuda_graphs import DecodeGraphs, capture_decode_graphs, graph_batch_sizes
+from real_backend.cuda_graphs import (
+    PREFILL_GRAPH_SEQS,
+    PREFILL_GRAPH_TOKENS,
+    DecodeGraphs,
+    PrefillGraphs,
+    capture_decode_graphs,
+    capture_prefill_graphs,
+    graph_batch_sizes,
+    prefill_graph_key,
+)
 from real_backend.kernels import select_kernels
 from real_backend.kv_cache import KVCache, allocate_kv_cache
 from real_backend.model import Llama, compute_logits, forward
@@ -32,6 +41,7 @@ class WindowResult:
     pythonize_s: float  # CPU: device ids -> Python ints
     gpu_step_s: list[float]  # device time of each step (CUDA events); 0 on CPU
     num_tokens: int  # tokens computed in step 1
+    launch_s: float = 0.0  # CPU: queueing step 1's kernels (eager steps are launch-bound)
 
 
 @dataclass(slots=True)
@@ -52,6 +62,41 @@ class DecodeBuffers:
 
 
 @dataclass(slots=True)
+class PrefillBuffers:
+    """Static device inputs of the prefill graphs: up to 8 prompts' tokens, padded."""
+
+    input_ids: torch.Tensor  # [tokens] int64
+    positions: torch.Tensor  # [tokens] int64
+    slot_mapping: torch.Tensor  # [tokens] int64, -1 on padding tokens
+    query_start_loc: torch.Tensor  # [seqs + 1] int32; padding sequences start and end at the end
+    seq_lens: torch.Tensor  # [seqs] int32, 0 on padding sequences
+    block_tables: torch.Tensor  # [seqs, max_blocks_per_seq] int32
+    logits_indices: torch.Tensor  # [seqs] int64, 0 on padding rows
+
+    def meta(self, tokens: int, seqs: int) -> AttentionMetadata:
+        return AttentionMetadata(self.slot_mapping[:tokens], tokens, PrefillMetadata(
+            self.query_start_loc[:seqs + 1], self.seq_lens[:seqs], self.block_tables[:seqs],
+            tokens), None)
+
+
+@dataclass(slots=True)
+class FlatInputs:
+    """Host arrays of a step-1 batch with multi-token rows (prefill chunks first, then decodes)."""
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    slots: np.ndarray
+    query_start: np.ndarray  # [P + 1] over the prefill rows
+    prefill_seq_lens: np.ndarray  # [P]
+    prefill_tables: np.ndarray  # [P, width]
+    decode_seq_lens: np.ndarray  # [D]
+    decode_tables: np.ndarray  # [D, width]
+    logits_indices: np.ndarray  # the last token of every sequence that samples
+    num_prefill_tokens: int
+    max_query_len: int
+
+
+@dataclass(slots=True)
 class StepInputs:
     """A step-1 batch with multi-token rows (prefill chunks first, then single tokens)."""
 
@@ -64,7 +109,9 @@ class StepInputs:
 @dataclass(slots=True)
 class WindowPlan:
     step_rows: list[list[int]]  # step j's sample rows as indices into batch.seqs
-    first: StepInputs | None  # None: step 1 is pure decode, loaded into the decode buffers
+    first: StepInputs | None  # None: step 1 is pure decode or a prefill graph (first_graph)
+    first_graph: tuple[int, int] | None = None  # step 1 replays this prefill graph
+    first_load: Callable[[], None] | None = None  # copies step 1's inputs into its graph's buffers
     decode_loads: dict[int, Callable[[], None]] = field(default_factory=dict)  # step -> load
     gathers: dict[int, torch.Tensor] = field(default_factory=dict)  # step -> rows of last samples
     keep: list[torch.Tensor] = field(default_factory=list)  # pinned sources of queued copies
@@ -114,6 +161,12 @@ class ModelRunner:
         self.buffers = DecodeBuffers(buf(rows), buf(rows), buf(rows).fill_(PAD_SLOT_ID),
                                      buf(rows, dtype=torch.int32),
                                      buf(rows, width, dtype=torch.int32))
+        self.prefill_graphs = PrefillGraphs()
+        tokens, seqs = PREFILL_GRAPH_TOKENS[-1], PREFILL_GRAPH_SEQS[-1]
+        self.prefill_buffers = PrefillBuffers(
+            buf(tokens), buf(tokens), buf(tokens).fill_(PAD_SLOT_ID),
+            buf(seqs + 1, dtype=torch.int32), buf(seqs, dtype=torch.int32),
+            buf(seqs, width, dtype=torch.int32), buf(seqs))
 
     # ------------------------------------------------------------------ setup
     def allocate_kv_cache(self, num_blocks: int) -> None:
@@ -131,6 +184,14 @@ class ModelRunner:
         b.slot_mapping.fill_(PAD_SLOT_ID)
         sizes = [s for s in graph_batch_sizes(self.max_num_seqs) if s <= b.input_ids.shape[0]]
         self.graphs = capture_decode_graphs(self._decode_eager, sizes)
+        self.prefill_graphs = PrefillGraphs()
+        if self.cfg.prefill_graph_max_tokens:
+            p = self.prefill_buffers
+            p.query_start_loc.zero_()  # every sequence empty: capture computes no attention
+            p.seq_lens.zero_()
+            p.slot_mapping.fill_(PAD_SLOT_ID)
+            self.prefill_graphs = capture_prefill_graphs(
+                self._prefill_static, self.cfg.prefill_graph_max_tokens, self.graphs.pool)
 
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, num_seqs: int) -> None:
@@ -164,22 +225,29 @@ class ModelRunner:
         timers = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(batch.num_steps)] if self.cuda else []
         sampled = None
+        launch_s = 0.0
         for j in range(batch.num_steps):
             if timers:
                 timers[j][0].record()
+            t_launch = perf_counter()
             logits = self._first_step(plan) if j == 0 else self._next_step(plan, j, sampled)
             sampled = sample(logits, self.cfg.sampling, self.generator)
             if timers:
                 timers[j][1].record()
+            if j == 0:
+                launch_s = perf_counter() - t_launch
             outputs.push(j, sampled)
             outputs.poll()
         outputs.drain()
         gpu = [a.elapsed_time(b) / 1e3 for a, b in timers] if timers else [0.0] * batch.num_steps
         return WindowResult(list(outputs.times), self._per_seq(batch, plan, outputs.ids),
                             prepare_s, outputs.pythonize_s, gpu,
-                            sum(s.num_query_tokens for s in batch.seqs))
+                            sum(s.num_query_tokens for s in batch.seqs), launch_s)
 
     def _first_step(self, plan: WindowPlan) -> torch.Tensor:
+        if plan.first_graph is not None:
+            plan.first_load()
+            return self.prefill_graphs.replay(plan.first_graph)[:len(plan.step_rows[0])]
         if plan.first is None:
             plan.decode_loads[0]()
             return self._decode(self.buffers.num_rows)
@@ -210,6 +278,14 @@ class ModelRunner:
                          self.kv_cache, self.kernels)
         return compute_logits(self.model, hidden)
 
+    def _prefill_static(self, tokens: int, seqs: int) -> torch.Tensor:
+        """A prefill step over the static prefill buffers (what a prefill graph captures):
+        logits [seqs, vocab] of the rows that logits_indices picks."""
+        p = self.prefill_buffers
+        hidden = forward(self.model, p.input_ids[:tokens], p.positions[:tokens],
+                         p.meta(tokens, seqs), self.kv_cache, self.kernels)
+        return compute_logits(self.model, hidden[p.logits_indices[:seqs]])
+
     # ------------------------------------------------------------------ host-side inputs
     def _to_device(self, arr: np.ndarray, keep: list[torch.Tensor]) -> torch.Tensor:
         t = torch.from_numpy(arr)
@@ -232,7 +308,14 @@ class ModelRunner:
                                      for j in range(1, batch.num_steps)]
         plan = WindowPlan(step_rows, None)
         if multi:
-            plan.first = self._mixed_inputs(seqs, multi, single, plan)
+            flat = self._flat_inputs(seqs, multi, single)
+            key = (prefill_graph_key(len(flat.tokens), len(multi), self.cfg.prefill_graph_max_tokens)
+                   if not single and self.prefill_graphs.graphs else None)
+            if key is not None:
+                plan.first_graph = key
+                plan.first_load = self._prefill_load(flat, key, plan)
+            else:
+                plan.first = self._step_inputs(flat, plan)
         else:
             plan.decode_loads[0] = self._decode_load(seqs, order, 0, plan)
         loaded = order if not multi else None
@@ -289,8 +372,8 @@ class ModelRunner:
 
         return load
 
-    def _mixed_inputs(self, seqs: list[ScheduledSeq], multi: list[int], single: list[int],
-                      plan: WindowPlan) -> StepInputs:
+    def _flat_inputs(self, seqs: list[ScheduledSeq], multi: list[int],
+                     single: list[int]) -> FlatInputs:
         bs = self.block_size
         pre = [seqs[i] for i in multi]
         dec = [seqs[i] for i in single]
@@ -311,18 +394,56 @@ class ModelRunner:
         query_start = np.zeros(len(pre) + 1, dtype=np.int32)
         query_start[1:] = ends[:len(pre)]
         width = max(len(s.request.block_table) for s in every)
+        return FlatInputs(
+            tokens, positions, slots, query_start,
+            np.array([s.num_cached_tokens + s.num_query_tokens for s in pre], dtype=np.int32),
+            _table_rows(pre, width),
+            np.array([s.num_cached_tokens + 1 for s in dec], dtype=np.int32),
+            _table_rows(dec, width), logits_indices, int(ends[len(pre) - 1]),
+            int(q_lens[:len(pre)].max()))
+
+    def _step_inputs(self, f: FlatInputs, plan: WindowPlan) -> StepInputs:
+        """Fresh device tensors for an eager step 1."""
         dev = self._to_device
         keep = plan.keep
-        prefill = PrefillMetadata(
-            dev(query_start, keep),
-            dev(np.array([s.num_cached_tokens + s.num_query_tokens for s in pre],
-                         dtype=np.int32), keep),
-            dev(_table_rows(pre, width), keep), int(q_lens[:len(pre)].max()))
-        decode = DecodeMetadata(
-            dev(np.array([s.num_cached_tokens + 1 for s in dec], dtype=np.int32), keep),
-            dev(_table_rows(dec, width), keep)) if dec else None
-        meta = AttentionMetadata(dev(slots, keep), int(ends[len(pre) - 1]), prefill, decode)
-        return StepInputs(dev(tokens, keep), dev(positions, keep), meta, dev(logits_indices, keep))
+        prefill = PrefillMetadata(dev(f.query_start, keep), dev(f.prefill_seq_lens, keep),
+                                  dev(f.prefill_tables, keep), f.max_query_len)
+        decode = DecodeMetadata(dev(f.decode_seq_lens, keep), dev(f.decode_tables, keep)) \
+            if len(f.decode_seq_lens) else None
+        meta = AttentionMetadata(dev(f.slots, keep), f.num_prefill_tokens, prefill, decode)
+        return StepInputs(dev(f.tokens, keep), dev(f.positions, keep), meta,
+                          dev(f.logits_indices, keep))
+
+    def _prefill_load(self, f: FlatInputs, key: tuple[int, int],
+                      plan: WindowPlan) -> Callable[[], None]:
+        """Padded host copies of a prefill-only step 1, copied into the graph buffers when run.
+        Padding tokens write no KV (slot -1) and belong to no sequence; padding sequences are
+        empty (they start at the last real token's end) and sample row 0, which is ignored."""
+        tokens, seqs = key
+        n, p = len(f.tokens), len(f.prefill_seq_lens)
+
+        def pad(a: np.ndarray, size: int, value: int) -> np.ndarray:
+            out = np.full(size, value, dtype=a.dtype)
+            out[:len(a)] = a
+            return out
+
+        width = f.prefill_tables.shape[1]
+        tables = np.zeros((seqs, width), dtype=np.int32)
+        tables[:p] = f.prefill_tables
+        host = [pad(f.tokens, tokens, 0), pad(f.positions, tokens, 0),
+                pad(f.slots, tokens, PAD_SLOT_ID), pad(f.query_start, seqs + 1, n),
+                pad(f.prefill_seq_lens, seqs, 0), tables, pad(f.logits_indices, seqs, 0)]
+        srcs = [self._to_device(a, plan.keep) for a in host]
+
+        def load() -> None:
+            b = self.prefill_buffers
+            dsts = [b.input_ids[:tokens], b.positions[:tokens], b.slot_mapping[:tokens],
+                    b.query_start_loc[:seqs + 1], b.seq_lens[:seqs], b.block_tables[:seqs, :width],
+                    b.logits_indices[:seqs]]
+            for dst, src in zip(dsts, srcs, strict=True):
+                dst.copy_(src, non_blocking=True)
+
+        return load
 
     @staticmethod
     def _per_seq(batch: Batch, plan: WindowPlan, ids: list[list[int]]) -> list[list[int]]:

@@ -4,10 +4,11 @@ A step's time on one GPU of a ``tp``-way group is a sum of terms, each a hardwar
 coefficient times a feature of the step (``StepShape``), so that a calibrated profile can set
 the coefficients by least squares (the two rooflines by choosing each step's binding side):
 
-    t_step = max(F_lin / (P * eta_mm), B_w / (W * eta_mem))          linear layers
+    t_step = R(F_lin / (P * eta_mm), B_w / (W * eta_mem))            linear layers
            + F_attn / (P * eta_attn_prefill)                          prefill attention
-           + N_kv * b_kv / (W * eta_attn_decode)                      KV-cache reads
-           + max(F_lm / (P * eta_mm), B_lm / (W * eta_mem))           LM head (sampled rows only)
+           + max(N_kv * b_kv / (W * eta_attn_decode),                 KV-cache reads, or the
+                 C_max * b_kv / (S * B_seq))                           longest sequence's
+           + R(F_lm / (P * eta_mm), B_lm / (W * eta_mem))             LM head (sampled rows only)
            + t_sampler + N_s * V * b_logit / (W * eta_mem)            sampler
          + t_replay + N_k * t_graph_kernel                            (CUDA graph), or for
                                         eager steps the whole sum so far is max(sum, N_k * t_launch)
@@ -15,7 +16,10 @@ the coefficients by least squares (the two rooflines by choosing each step's bin
            + 2 L (t_ar + 2 (tp-1)/tp * T h d / (N * eta_ar))          TP all-reduces (tp > 1)
            + t_ar + (tp-1)/tp * N_s V d / (N * eta_ar)                logits gather (tp > 1)
 
-with P the dense bf16 peak (FLOP/s), W the HBM bandwidth, N the NVLink bandwidth per
+(C_max: the longest decoding context, S: its key splits, B_seq: the rate one sequence's
+context is read at, attn_seq_gbps; 0: the term is off), R(c, m) = max(c, m) + lambda * min(c, m) a matmul's roofline (lambda, roofline_overlap_loss,
+0 by default: the plain max; the calibration fits it, as mid-sized batches sit at the knee where
+neither bound hides the other), P the dense bf16 peak (FLOP/s), W the HBM bandwidth, N the NVLink bandwidth per
 direction, L layers, h hidden size, V vocabulary, d bytes per element, and per step:
 
     F_lin  = 2 T L p_mm / tp         (p_mm: matmul parameters per layer; T: query tokens,
@@ -55,6 +59,7 @@ class StepShape:
     attn_pairs: float  # sum over prefill chunks of q (q + 1) / 2 + q c
     kv_tokens: int  # KV-cache tokens the step's attention touches
     is_first: bool  # step 1 of its window (later steps follow an advance_step)
+    max_kv_tokens: int = 0  # the longest decoding sequence's context (0: not known)
 
 
 def window_shapes(batch: Batch) -> list[StepShape]:
@@ -63,7 +68,8 @@ def window_shapes(batch: Batch) -> list[StepShape]:
     seqs = batch.seqs
     leaving = [0] * (k + 1)  # leaving[m]: sequences taking part in exactly m steps
     leaving_ctx = [0] * (k + 1)  # their tokens in the cache after step 1 (c + q)
-    tokens = prefill_tokens = sampled = kv = pairs = 0
+    leaving_max = [0] * (k + 1)  # the longest of them
+    tokens = prefill_tokens = sampled = kv = pairs = longest = 0
     for s in seqs:
         q = s.num_query_tokens
         c = s.num_cached_tokens
@@ -73,6 +79,8 @@ def window_shapes(batch: Batch) -> list[StepShape]:
         if s.is_prefill:
             prefill_tokens += q
             pairs += q * (q + 1) // 2 + q * c
+        elif cq > longest:
+            longest = cq
         req = s.request
         if cq >= req.prompt_len + req.num_output_tokens:  # the chunk completes the sequence
             sampled += 1
@@ -80,18 +88,29 @@ def window_shapes(batch: Batch) -> list[StepShape]:
             m = s.num_steps if s.num_steps <= k else k
             leaving[m] += 1
             leaving_ctx[m] += cq
-    shapes = [StepShape(tokens, len(seqs), prefill_tokens, sampled, float(pairs), kv, True)]
+            if cq > leaving_max[m]:
+                leaving_max[m] = cq
+    shapes = [StepShape(tokens, len(seqs), prefill_tokens, sampled, float(pairs), kv, True,
+                        longest)]
     if k == 1:
         return shapes
+    for m in range(k - 1, -1, -1):  # leaving_max[m]: the longest sequence taking >= m steps
+        leaving_max[m] = max(leaving_max[m], leaving_max[m + 1])
     # Step j (0-based, j >= 1): the sequences with more than j steps each decode one token
     # over a context of c + q + j, so the step's KV tokens are sum(c + q) + j * alive.
     alive = len(seqs) - leaving[1] - leaving[0]
     alive_ctx = kv - leaving_ctx[1] - leaving_ctx[0]
     for j in range(1, k):
-        shapes.append(StepShape(alive, alive, 0, alive, 0.0, alive_ctx + j * alive, False))
+        shapes.append(StepShape(alive, alive, 0, alive, 0.0, alive_ctx + j * alive, False,
+                                leaving_max[j + 1] + j if alive else 0))
         alive -= leaving[j + 1]
         alive_ctx -= leaving_ctx[j + 1]
     return shapes
+
+
+# The padded sizes of real_backend.cuda_graphs (a test holds the two equal).
+PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 192, 256, 384, 512)
+PREFILL_GRAPH_MAX_SEQS = 8
 
 
 def graph_batch_size(num_seqs: int) -> int:
@@ -103,9 +122,35 @@ def graph_batch_size(num_seqs: int) -> int:
     return -(-num_seqs // 8) * 8
 
 
+def graph_tokens(shape: StepShape, hw: HardwareSpec) -> int | None:
+    """The padded token count of the CUDA graph the step replays, or None if it runs eagerly:
+    pure-decode steps up to ``cuda_graph_max_batch`` sequences, and prefill-only steps of at
+    most 8 sequences up to ``prefill_graph_max_tokens`` tokens."""
+    if shape.num_seqs == 0:
+        return None
+    if shape.num_prefill_tokens == 0:
+        return graph_batch_size(shape.num_tokens) if shape.num_seqs <= hw.cuda_graph_max_batch \
+            else None
+    if shape.num_prefill_tokens < shape.num_tokens or shape.num_seqs > PREFILL_GRAPH_MAX_SEQS:
+        return None
+    return next((b for b in PREFILL_GRAPH_TOKENS
+                 if shape.num_tokens <= b <= hw.prefill_graph_max_tokens), None)
+
+
 def uses_cuda_graph(shape: StepShape, hw: HardwareSpec) -> bool:
-    """Pure-decode steps small enough for a captured graph replay one graph."""
-    return shape.num_prefill_tokens == 0 and 0 < shape.num_seqs <= hw.cuda_graph_max_batch
+    return graph_tokens(shape, hw) is not None
+
+
+def decode_splits(num_seqs: int, kv_heads: int, num_sms: int) -> int:
+    """Key-range splits per (sequence, KV head) of the engine's decode attention
+    (real_backend.triton_ops.decode_splits): about two programs per multiprocessor, <= 16."""
+    return max(1, min(16, -(-2 * num_sms // max(num_seqs * kv_heads, 1))))
+
+
+def _roofline(compute_s: float, memory_s: float, hw: HardwareSpec) -> float:
+    """A matmul's time from its two bounds: the larger, plus the share of the smaller that
+    does not overlap it (mid-sized batches sit at the knee, where neither side hides the other)."""
+    return max(compute_s, memory_s) + hw.roofline_overlap_loss * min(compute_s, memory_s)
 
 
 def step_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> float:
@@ -118,19 +163,25 @@ def step_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> float:
     bw = hw.hbm_bytes_per_s
     mm_rate = flops * hw.matmul_efficiency
     mem_rate = bw * hw.mem_bw_efficiency
-    graph = uses_cuda_graph(shape, hw)
-    T = graph_batch_size(shape.num_tokens) if graph else shape.num_tokens
+    padded = graph_tokens(shape, hw)
+    graph = padded is not None
+    T = padded if graph else shape.num_tokens
     p_layer = model.params_per_layer
     p_mm = p_layer - 2 * h  # the RMSNorm weights are not matmuls
 
-    t = max(2.0 * T * L * p_mm / tp / mm_rate, L * p_layer * d / tp / mem_rate)
+    t = _roofline(2.0 * T * L * p_mm / tp / mm_rate, L * p_layer * d / tp / mem_rate, hw)
     t += 4.0 * model.head_dim * model.num_heads * L / tp * shape.attn_pairs / (
         flops * hw.attn_prefill_efficiency)
     kv_bytes = 2 * L * kv_heads_per_gpu(model, tp) * model.head_dim * d
-    t += shape.kv_tokens * kv_bytes / (bw * hw.attn_decode_efficiency)
+    t_kv = shape.kv_tokens * kv_bytes / (bw * hw.attn_decode_efficiency)
+    if hw.attn_seq_gbps and shape.max_kv_tokens:
+        # A ragged batch waits for its longest sequence, read by (splits x kv heads) programs.
+        splits = decode_splits(shape.num_seqs, kv_heads_per_gpu(model, tp), hw.num_sms)
+        t_kv = max(t_kv, shape.max_kv_tokens * kv_bytes / (splits * hw.attn_seq_gbps * 1e9))
+    t += t_kv
     n_s = shape.num_sampled
     if n_s:
-        t += max(2.0 * n_s * h * V / tp / mm_rate, h * V * d / tp / mem_rate)
+        t += _roofline(2.0 * n_s * h * V / tp / mm_rate, h * V * d / tp / mem_rate, hw)
         t += hw.sampler_us * _US + n_s * V * hw.sampler_bytes_per_logit / mem_rate
     n_kernels = hw.kernels_per_layer * L
     if graph:

@@ -33,11 +33,17 @@ class HardwareSpec:
     attn_prefill_efficiency: float = 0.45
     attn_decode_efficiency: float = 0.65
     allreduce_efficiency: float = 0.7
+    roofline_overlap_loss: float = 0.0  # matmuls: the share of the smaller bound not hidden
+    attn_seq_gbps: float = 0.0  # decode: rate one sequence's KV is read at (0: no such bound)
+    num_sms: int = 132  # streaming multiprocessors (decode attention's key splits)
     kernel_launch_us: float = 5.0  # one eager kernel (launch-bound when the work is small)
     kernels_per_layer: int = 10
     graph_kernel_us: float = 1.0  # one kernel inside a CUDA graph (the GPU-side gap)
     cuda_graph_replay_us: float = 20.0
     cuda_graph_max_batch: int = 256  # decode batches above this run eagerly; 0: no CUDA graphs
+    # prefill-only steps (<= 8 sequences) up to this many tokens replay a CUDA graph too
+    # (schedlab's engine: 512; vLLM V0 runs every prefill eagerly: 0)
+    prefill_graph_max_tokens: int = 0
     advance_step_us: float = 15.0  # multi-step: the advance_step kernel before steps 2..k
     sampler_us: float = 50.0
     sampler_bytes_per_logit: float = 12.0  # fp32 logits written, read by softmax, read by argmax
@@ -49,21 +55,24 @@ class HardwareSpec:
         for name in ("peak_tflops", "hbm_gib", "hbm_tbps", "nvlink_gbps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"hardware.{name} must be > 0, got {getattr(self, name)}")
-        for name in ("tp", "pp", "kernels_per_layer"):
+        for name in ("tp", "pp", "kernels_per_layer", "num_sms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"hardware.{name} must be an integer >= 1, got {value!r}")
         for name in _EFFICIENCIES:
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"hardware.{name} must be in (0, 1], got {getattr(self, name)}")
-        for name in ("kernel_launch_us", "graph_kernel_us", "cuda_graph_replay_us",
+        if not 0.0 <= self.roofline_overlap_loss <= 1.0:
+            raise ValueError("hardware.roofline_overlap_loss must be in [0, 1], got "
+                             f"{self.roofline_overlap_loss}")
+        for name in ("attn_seq_gbps", "kernel_launch_us", "graph_kernel_us", "cuda_graph_replay_us",
                      "advance_step_us", "sampler_us", "sampler_bytes_per_logit",
                      "allreduce_latency_us", "p2p_latency_us", "activation_reserve_gib"):
             if getattr(self, name) < 0:
                 raise ValueError(f"hardware.{name} must be >= 0, got {getattr(self, name)}")
-        if self.cuda_graph_max_batch < 0:
-            raise ValueError(
-                f"hardware.cuda_graph_max_batch must be >= 0, got {self.cuda_graph_max_batch}")
+        for name in ("cuda_graph_max_batch", "prefill_graph_max_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"hardware.{name} must be >= 0, got {getattr(self, name)}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HardwareSpec:

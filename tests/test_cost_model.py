@@ -13,6 +13,7 @@ import yaml
 from policies import Batch, ModelSpec, Request, ScheduledSeq
 from simulator.cost_model import (
     StepShape,
+    decode_splits,
     graph_batch_size,
     stage_time,
     step_time,
@@ -98,7 +99,7 @@ def naive_shapes(batch: Batch) -> list[tuple]:
     """Per step, per sequence, the obvious way: the reference window_shapes must agree with."""
     out = []
     for j in range(batch.num_steps):
-        tokens = seqs = prefill = sampled = kv = 0
+        tokens = seqs = prefill = sampled = kv = longest = 0
         pairs = 0.0
         for s in batch.seqs:
             if s.num_steps <= j:
@@ -111,12 +112,15 @@ def naive_shapes(batch: Batch) -> list[tuple]:
                 if s.is_prefill:
                     prefill += q
                     pairs += sum(c + i + 1 for i in range(q))  # query i sees c + i + 1 keys
+                else:
+                    longest = max(longest, c + q)
                 sampled += s.samples
             else:
                 tokens += 1
                 kv += s.num_cached_tokens + s.num_query_tokens + j
+                longest = max(longest, s.num_cached_tokens + s.num_query_tokens + j)
                 sampled += 1
-        out.append((tokens, seqs, prefill, sampled, pairs, kv, j == 0))
+        out.append((tokens, seqs, prefill, sampled, pairs, kv, j == 0, longest))
     return out
 
 
@@ -138,7 +142,7 @@ def test_window_shapes_match_a_per_step_per_sequence_count(seed):
             seqs.append(decode_seq(i, int(rng.integers(1, 2000)), int(rng.integers(1, k + 1))))
     batch = Batch(seqs, k)
     got = [(s.num_tokens, s.num_seqs, s.num_prefill_tokens, s.num_sampled, s.attn_pairs,
-            s.kv_tokens, s.is_first) for s in window_shapes(batch)]
+            s.kv_tokens, s.is_first, s.max_kv_tokens) for s in window_shapes(batch)]
     assert got == naive_shapes(batch)
 
 
@@ -151,6 +155,30 @@ def test_cuda_graph_padding_and_eligibility():
     assert not uses_cuda_graph(dataclasses.replace(decode, num_seqs=257, num_tokens=257), hw)
     assert not uses_cuda_graph(dataclasses.replace(decode, num_prefill_tokens=10), hw)
     assert not uses_cuda_graph(decode, dataclasses.replace(hw, cuda_graph_max_batch=0))
+
+
+def test_prefill_graphs_pad_like_the_engine():
+    """Prefill-only steps replay a graph padded to the real engine's sizes; mixed steps, more
+    than 8 prompts or more tokens than prefill_graph_max_tokens run eagerly."""
+    from real_backend.cuda_graphs import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS, prefill_graph_key
+    from simulator.cost_model import PREFILL_GRAPH_MAX_SEQS, graph_tokens
+    from simulator.cost_model import PREFILL_GRAPH_TOKENS as SIM_TOKENS
+
+    assert SIM_TOKENS == PREFILL_GRAPH_TOKENS and PREFILL_GRAPH_MAX_SEQS == PREFILL_GRAPH_SEQS[-1]
+    hw = hardware(prefill_graph_max_tokens=256, kernel_launch_us=30.0)  # launches as in schedlab
+    for tokens in range(1, 600, 7):
+        for seqs in (1, 3, 8, 9):
+            if seqs > tokens:
+                continue
+            shape = StepShape(tokens, seqs, tokens, seqs, 0.0, tokens, True)
+            key = prefill_graph_key(tokens, seqs, 256)
+            assert graph_tokens(shape, hw) == (key[0] if key else None)
+    prefill = StepShape(200, 2, 200, 2, 20000.0, 200, True)
+    assert graph_tokens(prefill, hw) == 256
+    assert graph_tokens(dataclasses.replace(prefill, num_tokens=232, num_seqs=34), hw) is None
+    assert graph_tokens(prefill, hardware()) is None  # vLLM profiles: every prefill eager
+    eager = step_time(prefill, model(), dataclasses.replace(hw, prefill_graph_max_tokens=0))
+    assert step_time(prefill, model(), hw) < eager  # launch-bound eagerly, not in a graph
 
 
 # ---------------------------------------------------------------- step times
@@ -324,3 +352,30 @@ def test_bad_memory_settings():
         num_gpu_blocks(model(), hardware(), gpu_memory_utilization=1.5)
     with pytest.raises(ValueError, match="scheduler.block_size must be >= 1"):
         num_gpu_blocks(model(), hardware(), block_size=0)
+
+
+def test_matmul_knee_and_longest_sequence_terms():
+    """roofline_overlap_loss adds that share of the smaller roofline side; attn_seq_gbps makes
+    a ragged batch wait for its longest sequence (fewer key splits: longer wait)."""
+    m = model()
+    base = hardware(kernel_launch_us=0.0, sampler_us=0.0)
+    shape = StepShape(128, 128, 0, 128, 0.0, 128 * 300, True, 300)
+    t0 = step_time(shape, m, base)
+    t1 = step_time(shape, m, dataclasses.replace(base, roofline_overlap_loss=0.5))
+    mm = base.peak_flops * base.matmul_efficiency
+    compute = 2.0 * 128 * m.num_layers * (m.params_per_layer - 2 * m.hidden_size) / mm
+    compute += 2.0 * 128 * m.hidden_size * m.vocab_size / mm
+    assert t1 - t0 == pytest.approx(0.5 * compute, rel=1e-6)  # weight-bound: compute is the min
+    seq = dataclasses.replace(base, attn_seq_gbps=50.0)
+    assert step_time(shape, m, seq) == pytest.approx(t0)  # balanced: the longest is no bound
+    ragged = dataclasses.replace(shape, max_kv_tokens=4000)
+    assert step_time(ragged, m, seq) > t0 + 1e-3
+    few = dataclasses.replace(ragged, num_seqs=4, num_tokens=4, num_sampled=4, kv_tokens=4300)
+    assert decode_splits(4, 8, 132) == 9 and decode_splits(128, 8, 132) == 1
+    assert step_time(few, m, seq) < step_time(dataclasses.replace(few, max_kv_tokens=4000), m,
+                                              dataclasses.replace(seq, num_sms=8))
+    for bad, message in (({"roofline_overlap_loss": 1.5}, "roofline_overlap_loss must be in"),
+                         ({"attn_seq_gbps": -1}, "attn_seq_gbps must be >= 0"),
+                         ({"num_sms": 0}, "num_sms must be an integer >= 1")):
+        with pytest.raises(ValueError, match=message):
+            HardwareSpec.from_dict({**load("hardware", "h100_sxm"), **bad})

@@ -137,12 +137,16 @@ def test_request_that_never_fits_is_refused() -> None:
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs and memory profiling need a GPU")
-@pytest.mark.parametrize("graphs", [True, False])
-def test_gpu_fp32_graphs_equal_oracle(device_oracle, graphs: bool) -> None:
-    res = serve(make_requests(), "cp2", {"num_steps": 4}, 16, device="cuda", dtype="float32",
+@pytest.mark.parametrize(("policy", "params", "budget", "graphs"),
+                         [("cp2", {"num_steps": 4}, 16, True), ("cp2", {"num_steps": 4}, 16, False),
+                          ("multi_step", {"num_steps": 4}, None, True)])
+def test_gpu_fp32_graphs_equal_oracle(device_oracle, policy, params, budget, graphs: bool) -> None:
+    """Decode graphs (every policy) and prefill graphs (prefill-only windows) keep the ids."""
+    res = serve(make_requests(), policy, params, budget, device="cuda", dtype="float32",
                 cuda_graphs=graphs)
     assert res.token_ids == device_oracle
     assert bool(res.stats["cuda_graph_sizes"]) == graphs
+    assert bool(res.stats["prefill_graphs"]) == graphs
     assert all(r["gpu_s"] > 0 for r in res.steps)
 
 

@@ -230,3 +230,16 @@ def test_elementwise_bf16_llama3_8b_shapes() -> None:
         impl(pos, q.view(300, 32, 128), k.view(300, 8, 128), rope)
         out.append(buf)
     torch.testing.assert_close(out[1], out[0], atol=2e-2, rtol=2e-2)
+
+
+def test_decode_splits_match_the_cost_model(monkeypatch) -> None:
+    """The simulator prices a ragged batch's longest sequence with the engine's split rule."""
+    from real_backend import triton_ops
+    from simulator.cost_model import decode_splits as sim_splits
+
+    for sms in (8, 132):
+        monkeypatch.setattr(triton_ops, "_num_sms", lambda index, n=sms: n)
+        for seqs in (1, 3, 8, 16, 33, 64, 256):
+            for kv_heads in (1, 8):
+                assert triton_ops.decode_splits(seqs, kv_heads, torch.device("cuda", 0)) == \
+                    sim_splits(seqs, kv_heads, sms)

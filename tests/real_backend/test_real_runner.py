@@ -115,3 +115,59 @@ def test_weights_that_do_not_fit_are_refused(monkeypatch) -> None:
                                    torch.bfloat16, 0.9)
     kv_cache.check_weights_fit(load_spec("llama3_8b"), torch.device("cuda", 0), torch.bfloat16,
                                0.9)
+
+
+class _EagerPrefillGraphs:
+    """Stands in for captured prefill graphs on the CPU: 'replaying' (tokens, seqs) runs the
+    very function a graph captures, over the same static buffers, so padding is exercised."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        from real_backend.cuda_graphs import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS
+
+        self.runner = runner
+        self.graphs = {(t, p): None for t in PREFILL_GRAPH_TOKENS for p in PREFILL_GRAPH_SEQS}
+        self.replayed: list[tuple[int, int]] = []
+
+    def replay(self, key: tuple[int, int]) -> torch.Tensor:
+        self.replayed.append(key)
+        return self.runner._prefill_static(*key)
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_padded_prefill_graph_inputs_equal_oracle(kernels: str) -> None:
+    """Prefill-only windows padded to a graph's (tokens, sequences) size, with cached prefixes
+    and a chunk that samples nothing, give the oracle's ids; larger windows stay eager."""
+    from real_backend.cuda_graphs import prefill_graph_key
+
+    assert prefill_graph_key(10, 1, 512) == (16, 1)
+    assert prefill_graph_key(200, 3, 512) == (256, 4)
+    assert prefill_graph_key(300, 2, 256) is None and prefill_graph_key(20, 9, 512) is None
+    model = random_model(SPEC, "cpu", torch.float32, seed=7)
+    cfg = BackendConfig(device="cpu", num_blocks=96, kernels=kernels, prefill_graph_max_tokens=64)
+    runner = ModelRunner(model, cfg, block_size=4, max_num_seqs=8, max_lookahead=4)
+    runner.allocate_kv_cache(96)
+    fake = _EagerPrefillGraphs(runner)
+    runner.prefill_graphs = fake
+    g = torch.Generator().manual_seed(1)
+    blocks = torch.randperm(96, generator=g).tolist()
+    prompts = [[int(t) for t in torch.randint(0, SPEC.vocab_size, (n,), generator=g)]
+               for n in (11, 5, 23, 40, 70)]
+    reqs = [Request(i, 0.0, 0, 6, prompt_token_ids=p, block_table=blocks[i * 19:(i + 1) * 19])
+            for i, p in enumerate(prompts)]
+    oracle = [greedy_dense(model, p, 3) for p in prompts]
+
+    def run(entries):
+        seqs = [ScheduledSeq(r, q, r.num_computed_tokens, 1, True) for r, q in entries]
+        res = runner.run_window(Batch(seqs, 1))
+        for s, ids in zip(seqs, res.sampled, strict=True):
+            s.request.num_computed_tokens += s.num_query_tokens
+            s.request.output_token_ids += ids
+
+    a, b, c, d, e = reqs
+    run([(a, 11), (b, 5), (c, 13)])  # 29 tokens -> (32, 4); c's chunk samples nothing
+    run([(c, 10)])  # a cached prefix of 13, 10 new tokens -> (16, 1)
+    run([(d, 40)])  # -> (64, 1)
+    run([(e, 70)])  # 70 > 64: eager
+    assert fake.replayed == [(32, 4), (16, 1), (64, 1)]
+    for r, want in zip(reqs, oracle, strict=True):
+        assert r.output_token_ids == want[:1]
