@@ -78,6 +78,8 @@ def build_runner(spec: ModelSpec, cfg: BackendConfig, probe: Scheduler,
         num_blocks = max(1, int(cfg.cpu_kv_cache_gib * 2**30 // block_bytes(spec, block_size, dtype)))
     runner.allocate_kv_cache(num_blocks)
     runner.capture_graphs()
+    if device.type == "cuda":
+        runner.warm_up(probe.max_num_batched_tokens, max_seqs)
     return runner
 
 

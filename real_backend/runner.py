@@ -193,26 +193,51 @@ class ModelRunner:
             self.prefill_graphs = capture_prefill_graphs(
                 self._prefill_static, self.cfg.prefill_graph_max_tokens, self.graphs.pool)
 
+    def _block0_request(self, i: int, n: int) -> Request:
+        # Every block id is 0: contents are garbage, but shapes and memory are the real ones.
+        # (Block 0 of the real cache may take it: every slot is written before it is read.)
+        return Request(-1 - i, 0.0, n, 1, prompt_token_ids=[0] * n,
+                       block_table=[0] * (-(-(n + 2) // self.block_size)))
+
     @torch.inference_mode()
-    def profile_run(self, num_tokens: int, num_seqs: int) -> None:
+    def profile_run(self, num_tokens: int, num_seqs: int, scratch: bool = True) -> None:
         """The largest eager steps the scheduler can form (num_tokens of prefill over num_seqs
-        sequences, then a num_seqs decode), on a one-block scratch cache: for memory profiling."""
+        sequences, then a num_seqs decode), on a one-block scratch cache (memory profiling) or
+        on block 0 of the real one (warm-up)."""
         spec = self.model.spec
         saved = self.kv_cache
-        self.kv_cache = allocate_kv_cache(spec, 1, self.block_size, self.model.dtype, self.device)
+        if scratch:
+            self.kv_cache = allocate_kv_cache(spec, 1, self.block_size, self.model.dtype,
+                                              self.device)
         num_seqs = max(1, min(num_seqs, num_tokens))
         lens = [num_tokens // num_seqs + (i < num_tokens % num_seqs) for i in range(num_seqs)]
-
-        def request(i: int, n: int) -> Request:
-            # Every block id is 0: contents are garbage, but shapes and memory are the real ones.
-            return Request(-1 - i, 0.0, n, 1, prompt_token_ids=[0] * n,
-                           block_table=[0] * (-(-(n + 2) // self.block_size)))
-
-        prefill = [ScheduledSeq(request(i, n), n, 0, 1, True) for i, n in enumerate(lens)]
+        prefill = [ScheduledSeq(self._block0_request(i, n), n, 0, 1, True)
+                   for i, n in enumerate(lens)]
         self.run_window(Batch(prefill, 1))
-        decode = [ScheduledSeq(request(i, 1), 1, 0, 2, False) for i in range(num_seqs)]
+        decode = [ScheduledSeq(self._block0_request(i, 1), 1, 0, 2, False) for i in range(num_seqs)]
         self.run_window(Batch(decode, 2))  # two steps: advance_step is compiled here too
         self.kv_cache = saved
+
+    @torch.inference_mode()
+    def warm_up(self, num_tokens: int, num_seqs: int) -> None:
+        """Before the clock starts, on block 0 of the cache: the largest eager steps (so the
+        allocator already holds their memory), then a mixed prefill + decode step at each decode
+        batch size that picks a new number of key splits: each count is its own compiled
+        decode-attention kernel, and compiling one in a served run stalls it for ~0.4 s."""
+        self.profile_run(num_tokens, num_seqs, scratch=False)
+        if self.kernels.name != "triton":
+            return
+        from real_backend.triton_ops import decode_splits
+
+        kv_heads = self.model.spec.num_kv_heads
+        first_of: dict[int, int] = {}
+        for b in range(1, num_seqs + 1):
+            first_of.setdefault(decode_splits(b, kv_heads, self.device), b)
+        for b in first_of.values():
+            seqs = [ScheduledSeq(self._block0_request(0, 16), 16, 0, 1, True)]
+            seqs += [ScheduledSeq(self._block0_request(1 + i, 1), 1, 0, 1, False)
+                     for i in range(b)]
+            self.run_window(Batch(seqs, 1))
 
     # ------------------------------------------------------------------ the window
     @torch.inference_mode()
