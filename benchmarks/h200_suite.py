@@ -45,6 +45,18 @@ def line(tag: str, res: dict, wall: float) -> str:
             f"{s.get('num_preemptions', 0):5d} {wall:6.0f}")
 
 
+def sustained_load(seconds: float) -> None:
+    """Large bf16 matmuls back to back for ``seconds``: the GPU settles at its loaded clocks."""
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -76,15 +88,7 @@ def main() -> None:
         return res
 
     if not args.smoke:  # sustained load first, so the first timed run sees steady clocks
-        import torch
-
-        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < args.warm_seconds:
-            for _ in range(20):
-                a @ a
-            torch.cuda.synchronize()
-        del a
+        sustained_load(args.warm_seconds)
     if "grid" in parts or "warm" in parts:  # a first run compiles kernels for new shapes
         go("warmup", real("single_step", None, "inf", 3, 100))
     chosen = None if not args.policies else [

@@ -16,7 +16,6 @@ import argparse
 import gc
 import subprocess
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -40,12 +39,9 @@ def clocks(tag: str) -> None:
 
 
 def warm(seconds: float) -> None:
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        for _ in range(20):
-            a @ a
-        torch.cuda.synchronize()
+    from h200_suite import sustained_load  # this script's directory is on sys.path
+
+    sustained_load(seconds)
     clocks("after warm-up")
 
 

@@ -42,6 +42,7 @@ FIT_KEYS = [("matmul_efficiency", 1e-7, 1.0), ("mem_bw_efficiency", 1e-7, 1.0),
             ("advance_step_us", 0.0, 1e5), ("sampler_us", 0.0, 1e5)]
 SHAPE_COLS = ["num_tokens", "num_seqs", "num_prefill_tokens", "num_sampled", "attn_pairs",
               "kv_tokens", "is_first", "max_kv_tokens"]
+OPTIONAL_COLS = {"max_kv_tokens"}  # absent from older data: read as 0 (term off)
 
 
 # ---------------------------------------------------------------------------- profiling grid
@@ -364,7 +365,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         base = HardwareSpec.from_dict(load_conf("hardware", base_name))
         if args.data:
             data = pd.read_csv(args.data)
-            missing = {"kind", "k", "step", "gpu_s", *SHAPE_COLS[:-1]} - set(data.columns)
+            missing = ({"kind", "k", "step", "gpu_s", *SHAPE_COLS} - OPTIONAL_COLS
+                       - set(data.columns))
             if missing:
                 raise ValueError(f"--data {args.data}: not calibration data (missing "
                                  f"{', '.join(sorted(missing))})")

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from policies.base import check_settings
+from policies.step_sizes import PREFILL_GRAPH_TOKENS
 from real_backend.sampling import SamplingParams
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -51,9 +52,9 @@ class BackendConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("backend.gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")
-        if self.prefill_graph_max_tokens < 0:
-            raise ValueError("backend.prefill_graph_max_tokens must be >= 0, got "
-                             f"{self.prefill_graph_max_tokens}")
+        if not 0 <= self.prefill_graph_max_tokens <= PREFILL_GRAPH_TOKENS[-1]:
+            raise ValueError(f"backend.prefill_graph_max_tokens must be in [0, "
+                             f"{PREFILL_GRAPH_TOKENS[-1]}], got {self.prefill_graph_max_tokens}")
         if self.kernels not in ("auto", "torch", "triton"):
             raise ValueError(f"backend.kernels must be auto, torch or triton, got {self.kernels!r}")
 

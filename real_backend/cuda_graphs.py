@@ -9,27 +9,7 @@ from functools import partial
 
 import torch
 
-MAX_GRAPH_BATCH = 256
-# Prefill-only steps of at most 8 sequences and 512 tokens replay a graph too: eagerly they
-# are bound by the CPU launching ~350 kernels (~11 ms for llama3_8b), twice their GPU time.
-PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 192, 256, 384, 512)
-PREFILL_GRAPH_SEQS = (1, 2, 4, 8)
-
-
-def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    """1, 2, 4, 8, 16, 24, ... up to the first size covering max_num_seqs (at most 256)."""
-    sizes = [1, 2, 4, 8] + list(range(16, MAX_GRAPH_BATCH + 1, 8))
-    cap = next((s for s in sizes if s >= max_num_seqs), MAX_GRAPH_BATCH)
-    return [s for s in sizes if s <= cap]
-
-
-def prefill_graph_key(num_tokens: int, num_seqs: int, max_tokens: int) -> tuple[int, int] | None:
-    """The (padded tokens, padded sequences) graph a prefill-only step of this size replays, or
-    None when it runs eagerly (no captured token size <= ``max_tokens`` holds it, or more than
-    8 sequences)."""
-    t = next((b for b in PREFILL_GRAPH_TOKENS if num_tokens <= b <= max_tokens), None)
-    p = next((b for b in PREFILL_GRAPH_SEQS if b >= num_seqs), None)
-    return None if t is None or p is None else (t, p)
+from policies.step_sizes import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS
 
 
 @dataclass(slots=True)

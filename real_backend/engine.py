@@ -136,6 +136,7 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
     # the collector's scans, so that a collection during a launch-bound step stays short.
     gc.collect()
     gc.freeze()
+    replays_before = runner.prefill_graph_replays  # the warm-up's are not the run's
     clock.start()
     try:
         _serve(pending, sched, runner, clock, steps, bar)
@@ -150,6 +151,7 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
              "dtype": str(runner.model.dtype).removeprefix("torch."),
              "kernels": runner.kernels.name, "cuda_graph_sizes": sorted(runner.graphs.graphs),
              "prefill_graphs": len(runner.prefill_graphs.graphs),
+             "prefill_graph_replays": runner.prefill_graph_replays - replays_before,
              "async_output": cfg.async_output, "weights": cfg.weights or "random"}
     token_ids = ({r.request_id: list(r.output_token_ids) for r in requests}
                  if cfg.save_token_ids else None)

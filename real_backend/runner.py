@@ -13,18 +13,20 @@ import torch
 
 from policies.batch import Batch, ScheduledSeq
 from policies.request import Request
+from policies.step_sizes import (
+    PREFILL_GRAPH_SEQS,
+    PREFILL_GRAPH_TOKENS,
+    decode_graph_sizes,
+    prefill_graph_key,
+)
 from real_backend.async_output import StepOutputs
 from real_backend.attention import AttentionMetadata, DecodeMetadata, PrefillMetadata
 from real_backend.config import BackendConfig
 from real_backend.cuda_graphs import (
-    PREFILL_GRAPH_SEQS,
-    PREFILL_GRAPH_TOKENS,
     DecodeGraphs,
     PrefillGraphs,
     capture_decode_graphs,
     capture_prefill_graphs,
-    graph_batch_sizes,
-    prefill_graph_key,
 )
 from real_backend.kernels import select_kernels
 from real_backend.kv_cache import KVCache, allocate_kv_cache
@@ -153,7 +155,7 @@ class ModelRunner:
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         # Wasted multi-step slots run up to max_lookahead positions past max_model_len.
         width = -(-(model.spec.max_model_len + max_lookahead) // block_size)
-        rows = max(max_num_seqs, graph_batch_sizes(max_num_seqs)[-1])  # room for graph padding
+        rows = max(max_num_seqs, decode_graph_sizes(max_num_seqs)[-1])  # room for graph padding
 
         def buf(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=self.device)
@@ -162,6 +164,7 @@ class ModelRunner:
                                      buf(rows, dtype=torch.int32),
                                      buf(rows, width, dtype=torch.int32))
         self.prefill_graphs = PrefillGraphs()
+        self.prefill_graph_replays = 0
         tokens, seqs = PREFILL_GRAPH_TOKENS[-1], PREFILL_GRAPH_SEQS[-1]
         self.prefill_buffers = PrefillBuffers(
             buf(tokens), buf(tokens), buf(tokens).fill_(PAD_SLOT_ID),
@@ -182,7 +185,7 @@ class ModelRunner:
         b = self.buffers
         b.seq_lens.zero_()  # rows of length 0 read nothing; slot -1 writes nothing
         b.slot_mapping.fill_(PAD_SLOT_ID)
-        sizes = [s for s in graph_batch_sizes(self.max_num_seqs) if s <= b.input_ids.shape[0]]
+        sizes = [s for s in decode_graph_sizes(self.max_num_seqs) if s <= b.input_ids.shape[0]]
         self.graphs = capture_decode_graphs(self._decode_eager, sizes)
         self.prefill_graphs = PrefillGraphs()
         if self.cfg.prefill_graph_max_tokens:
@@ -272,6 +275,7 @@ class ModelRunner:
     def _first_step(self, plan: WindowPlan) -> torch.Tensor:
         if plan.first_graph is not None:
             plan.first_load()
+            self.prefill_graph_replays += 1
             return self.prefill_graphs.replay(plan.first_graph)[:len(plan.step_rows[0])]
         if plan.first is None:
             plan.decode_loads[0]()

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from policies import step_sizes
+
 
 def _pow2(n: int, floor: int = 1) -> int:
     return max(triton.next_power_of_2(n), floor)
@@ -136,7 +138,7 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Ten
 
 
 # --------------------------------------------------------------------------- attention
-@triton.jit(do_not_specialize=["scale"])
+@triton.jit(do_not_specialize=["scale", "stride_table"])
 def _paged_attention_kernel(
         out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, table_ptr, query_start_ptr, seq_lens_ptr, scale,
         part_acc_ptr, part_ml_ptr, num_heads,
@@ -297,12 +299,10 @@ def _num_sms(device_index: int) -> int:
 
 
 def decode_splits(num_seqs: int, kv_heads: int, device: torch.device) -> int:
-    """Key-range splits per (seq, kv head) so that small decode batches still fill the GPU:
-    about two programs per multiprocessor, at most 16 splits; 1 off the GPU. (On an H200,
-    llama3_8b shapes: batch 8 x 4000 tokens 133 -> 53 us a layer; batch 256 keeps 1 split.)"""
+    """policies.step_sizes.decode_splits on this device (1 off the GPU)."""
     if device.type != "cuda":
         return 1
-    return max(1, min(16, -(-2 * _num_sms(device.index or 0) // (num_seqs * kv_heads))))
+    return step_sizes.decode_splits(num_seqs, kv_heads, _num_sms(device.index or 0))
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from policies.batch import Batch
 from policies.model_spec import ModelSpec
+from policies.step_sizes import decode_graph_size, decode_splits, prefill_graph_key
 from simulator.hardware import HardwareSpec, kv_heads_per_gpu
 
 _US = 1e-6
@@ -108,43 +109,20 @@ def window_shapes(batch: Batch) -> list[StepShape]:
     return shapes
 
 
-# The padded sizes of real_backend.cuda_graphs (a test holds the two equal).
-PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 192, 256, 384, 512)
-PREFILL_GRAPH_MAX_SEQS = 8
-
-
-def graph_batch_size(num_seqs: int) -> int:
-    """The CUDA-graph batch a decode step is padded to (vLLM captures 1, 2, 4, 8, 16, 24, ...)."""
-    if num_seqs <= 2:
-        return num_seqs
-    if num_seqs <= 4:
-        return 4
-    return -(-num_seqs // 8) * 8
-
-
 def graph_tokens(shape: StepShape, hw: HardwareSpec) -> int | None:
     """The padded token count of the CUDA graph the step replays, or None if it runs eagerly:
     pure-decode steps up to ``cuda_graph_max_batch`` sequences, and prefill-only steps of at
-    most 8 sequences up to ``prefill_graph_max_tokens`` tokens."""
-    if shape.num_seqs == 0:
+    most 8 prompts up to ``prefill_graph_max_tokens`` tokens (``policies.step_sizes``, the
+    engine's sizes). ``cuda_graph_max_batch`` 0 turns both off, as the engine's setting does."""
+    if shape.num_seqs == 0 or hw.cuda_graph_max_batch == 0:
         return None
     if shape.num_prefill_tokens == 0:
-        return graph_batch_size(shape.num_tokens) if shape.num_seqs <= hw.cuda_graph_max_batch \
+        return decode_graph_size(shape.num_tokens) if shape.num_seqs <= hw.cuda_graph_max_batch \
             else None
-    if shape.num_prefill_tokens < shape.num_tokens or shape.num_seqs > PREFILL_GRAPH_MAX_SEQS:
+    if shape.num_prefill_tokens < shape.num_tokens:  # mixed prefill + decode: eager
         return None
-    return next((b for b in PREFILL_GRAPH_TOKENS
-                 if shape.num_tokens <= b <= hw.prefill_graph_max_tokens), None)
-
-
-def uses_cuda_graph(shape: StepShape, hw: HardwareSpec) -> bool:
-    return graph_tokens(shape, hw) is not None
-
-
-def decode_splits(num_seqs: int, kv_heads: int, num_sms: int) -> int:
-    """Key-range splits per (sequence, KV head) of the engine's decode attention
-    (real_backend.triton_ops.decode_splits): about two programs per multiprocessor, <= 16."""
-    return max(1, min(16, -(-2 * num_sms // max(num_seqs * kv_heads, 1))))
+    key = prefill_graph_key(shape.num_tokens, shape.num_seqs, hw.prefill_graph_max_tokens)
+    return key[0] if key else None
 
 
 def _roofline(compute_s: float, memory_s: float, hw: HardwareSpec) -> float:
@@ -176,7 +154,9 @@ def step_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> float:
     t_kv = shape.kv_tokens * kv_bytes / (bw * hw.attn_decode_efficiency)
     if hw.attn_seq_gbps and shape.max_kv_tokens:
         # A ragged batch waits for its longest sequence, read by (splits x kv heads) programs.
-        splits = decode_splits(shape.num_seqs, kv_heads_per_gpu(model, tp), hw.num_sms)
+        # (the engine splits over the rows attention sees: a graph's padded batch)
+        rows = padded if graph and not shape.num_prefill_tokens else shape.num_seqs
+        splits = decode_splits(rows, kv_heads_per_gpu(model, tp), hw.num_sms)
         t_kv = max(t_kv, shape.max_kv_tokens * kv_bytes / (splits * hw.attn_seq_gbps * 1e9))
     t += t_kv
     n_s = shape.num_sampled

@@ -35,7 +35,7 @@ class HardwareSpec:
     allreduce_efficiency: float = 0.7
     roofline_overlap_loss: float = 0.0  # matmuls: the share of the smaller bound not hidden
     attn_seq_gbps: float = 0.0  # decode: rate one sequence's KV is read at (0: no such bound)
-    num_sms: int = 132  # streaming multiprocessors (decode attention's key splits)
+    num_sms: int = 132  # streaming multiprocessors (decode attention's key splits; H100/H200)
     kernel_launch_us: float = 5.0  # one eager kernel (launch-bound when the work is small)
     kernels_per_layer: int = 10
     graph_kernel_us: float = 1.0  # one kernel inside a CUDA graph (the GPU-side gap)

@@ -11,13 +11,17 @@ import pytest
 import yaml
 
 from policies import Batch, ModelSpec, Request, ScheduledSeq
+from policies.step_sizes import (
+    decode_graph_size,
+    decode_graph_sizes,
+    decode_splits,
+    prefill_graph_key,
+)
 from simulator.cost_model import (
     StepShape,
-    decode_splits,
-    graph_batch_size,
+    graph_tokens,
     stage_time,
     step_time,
-    uses_cuda_graph,
     window_gpu_times,
     window_shapes,
 )
@@ -147,36 +151,35 @@ def test_window_shapes_match_a_per_step_per_sequence_count(seed):
 
 
 def test_cuda_graph_padding_and_eligibility():
-    assert [graph_batch_size(n) for n in (1, 2, 3, 4, 5, 8, 9, 250, 256)] == \
-        [1, 2, 4, 4, 8, 8, 16, 256, 256]
+    assert [decode_graph_size(n) for n in (1, 2, 3, 4, 5, 8, 9, 250, 256, 257)] == \
+        [1, 2, 4, 4, 8, 8, 16, 256, 256, None]
+    assert decode_graph_sizes(20) == [1, 2, 4, 8, 16, 24] and decode_graph_sizes(999)[-1] == 256
     hw = hardware()
-    decode = StepShape(256, 256, 0, 256, 0.0, 256 * 500, True)
-    assert uses_cuda_graph(decode, hw)
-    assert not uses_cuda_graph(dataclasses.replace(decode, num_seqs=257, num_tokens=257), hw)
-    assert not uses_cuda_graph(dataclasses.replace(decode, num_prefill_tokens=10), hw)
-    assert not uses_cuda_graph(decode, dataclasses.replace(hw, cuda_graph_max_batch=0))
+    decode = StepShape(250, 250, 0, 250, 0.0, 250 * 500, True)
+    assert graph_tokens(decode, hw) == 256
+    assert graph_tokens(dataclasses.replace(decode, num_seqs=257, num_tokens=257), hw) is None
+    assert graph_tokens(dataclasses.replace(decode, num_prefill_tokens=10), hw) is None
+    assert graph_tokens(decode, dataclasses.replace(hw, cuda_graph_max_batch=0)) is None
 
 
 def test_prefill_graphs_pad_like_the_engine():
-    """Prefill-only steps replay a graph padded to the real engine's sizes; mixed steps, more
-    than 8 prompts or more tokens than prefill_graph_max_tokens run eagerly."""
-    from real_backend.cuda_graphs import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS, prefill_graph_key
-    from simulator.cost_model import PREFILL_GRAPH_MAX_SEQS, graph_tokens
-    from simulator.cost_model import PREFILL_GRAPH_TOKENS as SIM_TOKENS
-
-    assert SIM_TOKENS == PREFILL_GRAPH_TOKENS and PREFILL_GRAPH_MAX_SEQS == PREFILL_GRAPH_SEQS[-1]
+    """Prefill-only steps replay a graph padded as the engine pads them; mixed steps, more
+    than 8 prompts, more tokens than prefill_graph_max_tokens, or no graphs at all: eager."""
     hw = hardware(prefill_graph_max_tokens=256, kernel_launch_us=30.0)  # launches as in schedlab
     for tokens in range(1, 600, 7):
         for seqs in (1, 3, 8, 9):
             if seqs > tokens:
                 continue
             shape = StepShape(tokens, seqs, tokens, seqs, 0.0, tokens, True)
+            want = next((b for b in (16, 32, 64, 128, 192, 256) if b >= tokens), None)
+            assert graph_tokens(shape, hw) == (want if seqs <= 8 else None)
             key = prefill_graph_key(tokens, seqs, 256)
             assert graph_tokens(shape, hw) == (key[0] if key else None)
     prefill = StepShape(200, 2, 200, 2, 20000.0, 200, True)
     assert graph_tokens(prefill, hw) == 256
     assert graph_tokens(dataclasses.replace(prefill, num_tokens=232, num_seqs=34), hw) is None
     assert graph_tokens(prefill, hardware()) is None  # vLLM profiles: every prefill eager
+    assert graph_tokens(prefill, dataclasses.replace(hw, cuda_graph_max_batch=0)) is None
     eager = step_time(prefill, model(), dataclasses.replace(hw, prefill_graph_max_tokens=0))
     assert step_time(prefill, model(), hw) < eager  # launch-bound eagerly, not in a graph
 
@@ -370,10 +373,11 @@ def test_matmul_knee_and_longest_sequence_terms():
     assert step_time(shape, m, seq) == pytest.approx(t0)  # balanced: the longest is no bound
     ragged = dataclasses.replace(shape, max_kv_tokens=4000)
     assert step_time(ragged, m, seq) > t0 + 1e-3
+    # 4 sequences replay the batch-4 graph: 9 key splits on 132 SMs, 1 on 8 SMs
     few = dataclasses.replace(ragged, num_seqs=4, num_tokens=4, num_sampled=4, kv_tokens=4300)
-    assert decode_splits(4, 8, 132) == 9 and decode_splits(128, 8, 132) == 1
-    assert step_time(few, m, seq) < step_time(dataclasses.replace(few, max_kv_tokens=4000), m,
-                                              dataclasses.replace(seq, num_sms=8))
+    assert decode_splits(4, 8, 132) == 9 and decode_splits(4, 8, 8) == 1
+    assert decode_splits(128, 8, 132) == 1
+    assert step_time(few, m, seq) < step_time(few, m, dataclasses.replace(seq, num_sms=8))
     for bad, message in (({"roofline_overlap_loss": 1.5}, "roofline_overlap_loss must be in"),
                          ({"attn_seq_gbps": -1}, "attn_seq_gbps must be >= 0"),
                          ({"num_sms": 0}, "num_sms must be an integer >= 1")):

@@ -125,6 +125,7 @@ def test_steps_rows_and_stats() -> None:
     ({"sampling": {"temp": 1.0}}, "backend.sampling has no setting 'temp'"),
     ({"dtype": "int8"}, "backend.dtype must be auto or one of"),
     ({"kernels": "cuda"}, "backend.kernels must be auto, torch or triton"),
+    ({"prefill_graph_max_tokens": 1024}, r"backend.prefill_graph_max_tokens must be in \[0, 512\]"),
 ])
 def test_bad_settings_are_one_line_errors(setting, message) -> None:
     with pytest.raises(ValueError, match=message):
@@ -147,6 +148,8 @@ def test_gpu_fp32_graphs_equal_oracle(device_oracle, policy, params, budget, gra
     assert res.token_ids == device_oracle
     assert bool(res.stats["cuda_graph_sizes"]) == graphs
     assert bool(res.stats["prefill_graphs"]) == graphs
+    if policy == "multi_step":  # its prefill-only windows replay graphs
+        assert (res.stats["prefill_graph_replays"] > 0) == graphs
     assert all(r["gpu_s"] > 0 for r in res.steps)
 
 

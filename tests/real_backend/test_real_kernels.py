@@ -232,14 +232,12 @@ def test_elementwise_bf16_llama3_8b_shapes() -> None:
     torch.testing.assert_close(out[1], out[0], atol=2e-2, rtol=2e-2)
 
 
-def test_decode_splits_match_the_cost_model(monkeypatch) -> None:
-    """The simulator prices a ragged batch's longest sequence with the engine's split rule."""
-    from real_backend import triton_ops
-    from simulator.cost_model import decode_splits as sim_splits
+def test_decode_splits_use_the_shared_rule_on_the_gpu_only(monkeypatch) -> None:
+    """The engine splits keys by policies.step_sizes (which the simulator prices) on CUDA, with
+    the device's multiprocessor count; off the GPU it never splits."""
+    from policies.step_sizes import decode_splits as shared
 
-    for sms in (8, 132):
-        monkeypatch.setattr(triton_ops, "_num_sms", lambda index, n=sms: n)
-        for seqs in (1, 3, 8, 16, 33, 64, 256):
-            for kv_heads in (1, 8):
-                assert triton_ops.decode_splits(seqs, kv_heads, torch.device("cuda", 0)) == \
-                    sim_splits(seqs, kv_heads, sms)
+    monkeypatch.setattr(tri, "_num_sms", lambda index: 8)
+    for seqs in (1, 3, 8, 16, 33, 64, 256):
+        assert tri.decode_splits(seqs, 8, torch.device("cuda", 0)) == shared(seqs, 8, 8)
+        assert tri.decode_splits(seqs, 8, torch.device("cpu")) == 1

@@ -122,7 +122,7 @@ class _EagerPrefillGraphs:
     very function a graph captures, over the same static buffers, so padding is exercised."""
 
     def __init__(self, runner: ModelRunner) -> None:
-        from real_backend.cuda_graphs import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS
+        from policies.step_sizes import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS
 
         self.runner = runner
         self.graphs = {(t, p): None for t in PREFILL_GRAPH_TOKENS for p in PREFILL_GRAPH_SEQS}
@@ -137,7 +137,7 @@ class _EagerPrefillGraphs:
 def test_padded_prefill_graph_inputs_equal_oracle(kernels: str) -> None:
     """Prefill-only windows padded to a graph's (tokens, sequences) size, with cached prefixes
     and a chunk that samples nothing, give the oracle's ids; larger windows stay eager."""
-    from real_backend.cuda_graphs import prefill_graph_key
+    from policies.step_sizes import prefill_graph_key
 
     assert prefill_graph_key(10, 1, 512) == (16, 1)
     assert prefill_graph_key(200, 3, 512) == (256, 4)
@@ -169,6 +169,6 @@ def test_padded_prefill_graph_inputs_equal_oracle(kernels: str) -> None:
     run([(c, 10)])  # a cached prefix of 13, 10 new tokens -> (16, 1)
     run([(d, 40)])  # -> (64, 1)
     run([(e, 70)])  # 70 > 64: eager
-    assert fake.replayed == [(32, 4), (16, 1), (64, 1)]
+    assert fake.replayed == [(32, 4), (16, 1), (64, 1)] and runner.prefill_graph_replays == 3
     for r, want in zip(reqs, oracle, strict=True):
         assert r.output_token_ids == want[:1]
