@@ -291,6 +291,7 @@ def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[st
             "output_per_seq_us": round(float(coef_o[1]) * 1e6, 4),
             "api_per_token_us": 0.0,  # schedlab's engine has no API server
             "async_output_processing": True,
+            "defer_last_output": False,  # the engine drains a window's outputs as it ends
             "api_server_on_critical_path": True}
     err = {"schedule_and_prepare": _median_abs_rel(X @ coef, y),
            "output_processing": _median_abs_rel(Xo @ coef_py, out_rows["pythonize_s"].to_numpy())}

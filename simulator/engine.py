@@ -14,7 +14,8 @@ Timeline of one window (every decision is the scheduler's; this module only keep
 4. Each step's outputs are processed on the engine thread. Without async output processing
    the window's output processing runs after its last step and before the next schedule
    (serial). With it, step j's outputs are processed while step j+1 runs, and the last step's
-   right after the next window has been scheduled and launched (vLLM 0.6's order).
+   right after the next window has been scheduled and launched (vLLM 0.6's order), or as the
+   window ends when ``defer_last_output`` is false (schedlab's engine).
 5. A token's delivery time is when its output processing (and the API server's streaming)
    finishes. By default (``stream_per_step=False``) a window's tokens reach the client
    together when its last output processing finishes, as vLLM V0 multi-step streams in
@@ -176,10 +177,10 @@ def _engine(sim: _Sim, v: int) -> Generator:
         yield env.timeout(win.schedule_cost)
         yield from _run_steps(sim, win)
         _close_window(sim, sched, win)
-        if asynchronous:
+        if asynchronous and sim.overhead.defer_last_output:
             pending = win
-        else:
-            _claim_output_processing(sim, win, 0)
+        else:  # blocking: every step's outputs now; async, not deferred: the last step's
+            _claim_output_processing(sim, win, win.batch.num_steps - 1 if asynchronous else 0)
 
 
 def _arrivals(sim: _Sim, order: list[Request]) -> Generator:

@@ -41,13 +41,17 @@ class OverheadSpec:
     output_per_seq_us: float = 0.0
     api_per_token_us: float = 0.0
     async_output_processing: bool = False
+    # async: the last step's outputs wait until the next window is scheduled and launched
+    # (vLLM 0.6); false: they are processed as the window ends (schedlab's engine drains them)
+    defer_last_output: bool = True
     api_server_on_critical_path: bool = True
 
     def __post_init__(self) -> None:
         for name in _COSTS:
             if getattr(self, name) < 0:
                 raise ValueError(f"overhead.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("async_output_processing", "api_server_on_critical_path"):
+        for name in ("async_output_processing", "defer_last_output",
+                     "api_server_on_critical_path"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"overhead.{name} must be true or false, "
                                  f"got {getattr(self, name)!r}")

@@ -102,6 +102,21 @@ def test_async_output_processing_runs_after_the_next_schedule():
     assert req.token_times == pytest.approx(expected, abs=1e-12)
 
 
+def test_async_output_not_deferred_is_processed_as_the_window_ends():
+    """schedlab's engine order: a window's last outputs are pythonized before the next
+    schedule, so each token is out a schedule earlier than in vLLM 0.6's order."""
+    spec = dataclasses.replace(HAND, async_output_processing=True, defer_last_output=False,
+                               api_server_on_critical_path=False)
+    req = Request(0, 0.0, 100, 3)
+    run("single_step", [req], overhead=spec)
+    s_prefill, s_decode = 1110 * US, 1011 * US
+    out, api = 520 * US, 100 * US
+    t1 = s_prefill + g(prefill_shape(100)) + out
+    t2 = t1 + s_decode + g(decode_shape(101)) + out
+    t3 = t2 + s_decode + g(decode_shape(102)) + out
+    assert req.token_times == pytest.approx([t1 + api, t2 + api, t3 + api], abs=1e-12)
+
+
 def test_multi_step_window_tokens_arrive_in_one_burst():
     req = Request(0, 0.0, 100, 5)
     res = run("multi_step", [req], k=4, overhead=HAND)
