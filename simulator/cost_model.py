@@ -111,12 +111,12 @@ def window_shapes(batch: Batch) -> list[StepShape]:
 
 def graph_tokens(shape: StepShape, hw: HardwareSpec) -> int | None:
     """The padded token count of the CUDA graph the step replays, or None if it runs eagerly:
-    pure-decode steps up to ``cuda_graph_max_batch`` sequences, and prefill-only steps of at
+    steps of one token a row up to ``cuda_graph_max_batch`` rows, and prefill-only steps of at
     most 8 prompts up to ``prefill_graph_max_tokens`` tokens (``policies.step_sizes``, the
     engine's sizes). ``cuda_graph_max_batch`` 0 turns both off, as the engine's setting does."""
     if shape.num_seqs == 0 or hw.cuda_graph_max_batch == 0:
         return None
-    if shape.num_prefill_tokens == 0:
+    if shape.num_tokens == shape.num_seqs:  # one token a row (1-token prefill chunks too): decode
         return decode_graph_size(shape.num_tokens) if shape.num_seqs <= hw.cuda_graph_max_batch \
             else None
     if shape.num_prefill_tokens < shape.num_tokens:  # mixed prefill + decode: eager
@@ -155,7 +155,7 @@ def step_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> float:
     if hw.attn_seq_gbps and shape.max_kv_tokens:
         # A ragged batch waits for its longest sequence, read by (splits x kv heads) programs.
         # (the engine splits over the rows attention sees: a graph's padded batch)
-        rows = padded if graph and not shape.num_prefill_tokens else shape.num_seqs
+        rows = padded if graph and shape.num_tokens == shape.num_seqs else shape.num_seqs
         splits = decode_splits(rows, kv_heads_per_gpu(model, tp), hw.num_sms)
         t_kv = max(t_kv, shape.max_kv_tokens * kv_bytes / (splits * hw.attn_seq_gbps * 1e9))
     t += t_kv

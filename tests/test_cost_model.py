@@ -158,7 +158,9 @@ def test_cuda_graph_padding_and_eligibility():
     decode = StepShape(250, 250, 0, 250, 0.0, 250 * 500, True)
     assert graph_tokens(decode, hw) == 256
     assert graph_tokens(dataclasses.replace(decode, num_seqs=257, num_tokens=257), hw) is None
-    assert graph_tokens(dataclasses.replace(decode, num_prefill_tokens=10), hw) is None
+    assert graph_tokens(dataclasses.replace(decode, num_prefill_tokens=10), hw) == 256
+    # ... as the engine runs 1-token prefill chunks on the decode path; longer chunks: eager
+    assert graph_tokens(StepShape(260, 250, 20, 250, 0.0, 250 * 500, True), hw) is None
     assert graph_tokens(decode, dataclasses.replace(hw, cuda_graph_max_batch=0)) is None
 
 
@@ -171,6 +173,9 @@ def test_prefill_graphs_pad_like_the_engine():
             if seqs > tokens:
                 continue
             shape = StepShape(tokens, seqs, tokens, seqs, 0.0, tokens, True)
+            if tokens == seqs:  # 1-token chunks run on the decode path, as decode graphs
+                assert graph_tokens(shape, hw) == decode_graph_size(seqs)
+                continue
             want = next((b for b in (16, 32, 64, 128, 192, 256) if b >= tokens), None)
             assert graph_tokens(shape, hw) == (want if seqs <= 8 else None)
             key = prefill_graph_key(tokens, seqs, 256)
