@@ -16,11 +16,12 @@ the coefficients by least squares (the two rooflines by choosing each step's bin
            + 2 L (t_ar + 2 (tp-1)/tp * T h d / (N * eta_ar))          TP all-reduces (tp > 1)
            + t_ar + (tp-1)/tp * N_s V d / (N * eta_ar)                logits gather (tp > 1)
 
-(C_max: the longest decoding context, S: its key splits, B_seq: the rate one sequence's
-context is read at, attn_seq_gbps; 0: the term is off), R(c, m) = max(c, m) + lambda * min(c, m) a matmul's roofline (lambda, roofline_overlap_loss,
-0 by default: the plain max; the calibration fits it, as mid-sized batches sit at the knee where
-neither bound hides the other), P the dense bf16 peak (FLOP/s), W the HBM bandwidth, N the NVLink bandwidth per
-direction, L layers, h hidden size, V vocabulary, d bytes per element, and per step:
+with C_max the longest decoding context, S its key splits and B_seq the rate one sequence's
+context is read at (attn_seq_gbps; 0 turns the term off); R(c, m) = max(c, m) + lambda *
+min(c, m) a matmul's roofline (lambda: roofline_overlap_loss, 0 by default, the plain max; the
+calibration fits it, as mid-sized batches sit at the knee where neither bound hides the other);
+P the dense bf16 peak (FLOP/s), W the HBM bandwidth, N the NVLink bandwidth per direction,
+L layers, h hidden size, V vocabulary, d bytes per element, and per step:
 
     F_lin  = 2 T L p_mm / tp         (p_mm: matmul parameters per layer; T: query tokens,
                                       padded to the CUDA-graph batch size in graph steps)
