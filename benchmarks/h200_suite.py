@@ -45,6 +45,19 @@ def line(tag: str, res: dict, wall: float) -> str:
             f"{s.get('num_preemptions', 0):5d} {wall:6.0f}")
 
 
+def clock_sampler():
+    """A started sampler of the GPU's clock, or None without NVML (or with --smoke)."""
+    if MODEL[0] != "model=llama3_8b":
+        return None
+    from real_backend.gpu_clock import ClockSampler
+
+    if not ClockSampler.available():
+        return None
+    sampler = ClockSampler(period=0.02)
+    sampler.start()
+    return sampler
+
+
 def sustained_load(seconds: float) -> None:
     """Large bf16 matmuls back to back for ``seconds``: the GPU settles at its loaded clocks."""
     import torch
@@ -77,12 +90,21 @@ def main() -> None:
 
     def go(tag: str, overrides: list[str]) -> dict | None:
         t0 = time.perf_counter()
+        sampler = clock_sampler()
         try:
             res = run_one(overrides, out / tag)
         except Exception:  # keep the lease's other measurements
             traceback.print_exc()
             table.append(f"{tag:<34} FAILED")
             return None
+        finally:
+            if sampler is not None:  # the SM clock during the run; t = 0 when run_one returned
+                t_end = time.perf_counter()
+                sampler.stop()
+                clock = sampler.frame()
+                clock["t"] -= t_end
+                (out / tag).mkdir(parents=True, exist_ok=True)
+                clock.to_csv(out / tag / "clock.csv", index=False)
         table.append(line(tag, res, time.perf_counter() - t0))
         print(table[-1], flush=True)
         return res

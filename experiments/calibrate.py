@@ -106,8 +106,14 @@ class Profiler:
         self.reps = reps
         self.sustain_s = sustain_s
         self.rows: list[dict[str, Any]] = []
+        # every window run, timed or not: (window id, wall start, wall end, GPU seconds), so
+        # that the GPU's load history can be replayed against its sampled clock
+        self.timeline: list[tuple[int, float, float, float]] = []
+        self.timed: dict[int, list[tuple[float, float]]] = {}  # window id -> timed intervals
+        self.window_id = 0
         # run before each repetition of a window with a prefill, as a served run orders them
         self.between = Batch([self.decode_seq(-1 - i, 100, 1) for i in range(8)], 1)
+        self._record_shapes("between", self.between, 0, [math.nan], [0.0], [0.0])
 
     def _request(self, rid: int, prompt: int) -> Request:
         ids = self.rng.integers(0, self.spec.vocab_size, prompt).tolist()
@@ -129,38 +135,71 @@ class Profiler:
             raise ValueError("calibration: the KV cache is too small for the profiling grid")
         return ScheduledSeq(req, 1, ctx, k, False)
 
+    def _run(self, wid: int, batch: Batch, timed: bool = False):
+        t0 = time.perf_counter()
+        out = self.runner.run_window(batch)
+        t1 = time.perf_counter()
+        self.timeline.append((wid, t0, t1, sum(out.gpu_step_s)))
+        if timed:
+            self.timed.setdefault(wid, []).append((t1 - sum(out.gpu_step_s), t1))
+        return out, t1 - t0
+
+    def _record_shapes(self, kind: str, batch: Batch, wid: int, per_step: list,
+                       prepare: list[float], pythonize: list[float]) -> None:
+        k = batch.num_steps
+        for j, shape in enumerate(window_shapes(batch)):
+            self.rows.append({"kind": kind, "k": k, "step": j, "window": wid,
+                              **{c: getattr(shape, c) for c in SHAPE_COLS},
+                              "prefill_graph_max_tokens": self.prefill_graph_max_tokens,
+                              "gpu_s": statistics.median(r[j] for r in per_step)
+                              if per_step and isinstance(per_step[0], list) else math.nan,
+                              "prepare_s": statistics.median(prepare) if j == 0 else math.nan,
+                              "pythonize_s": statistics.median(pythonize) / k})
+
     def measure(self, kind: str, seqs: list[ScheduledSeq], k: int) -> None:
         batch = Batch(seqs, k)
-        runner = self.runner
-        runner.run_window(batch)  # warm-up (and graph/kernel selection)
+        self.window_id += 1
+        wid = self.window_id
+        self._run(wid, batch)  # warm-up (and graph/kernel selection)
         # Then the same window back to back for a while: a served run keeps the GPU busy, and
         # under sustained load it settles at lower clocks (power limit) than in short bursts.
         t_end = time.perf_counter() + self.sustain_s
         while time.perf_counter() < t_end:
-            runner.run_window(batch)
+            self._run(wid, batch)
         per_step, prepare, pythonize = [], [], []
         for _ in range(self.reps):
             if kind != "decode":
-                runner.run_window(self.between)  # as served: a prefill follows decode steps
+                self._run(0, self.between)  # as served: a prefill follows decode steps
             if self.cuda:
                 self.torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            out = runner.run_window(batch)
-            wall = time.perf_counter() - t0
+            out, wall = self._run(wid, batch, timed=True)
             gpu = out.gpu_step_s if self.cuda else [(wall - out.prepare_s) / k] * k
             per_step.append(gpu)
             prepare.append(out.prepare_s)
             pythonize.append(out.pythonize_s)
         for s in seqs:
             self.blocks.free(s.request)
-        shapes = window_shapes(batch)
-        for j, shape in enumerate(shapes):
-            self.rows.append({"kind": kind, "k": k, "step": j,
-                              **{c: getattr(shape, c) for c in SHAPE_COLS},
-                              "prefill_graph_max_tokens": self.prefill_graph_max_tokens,
-                              "gpu_s": statistics.median(r[j] for r in per_step),
-                              "prepare_s": statistics.median(prepare) if j == 0 else math.nan,
-                              "pythonize_s": statistics.median(pythonize) / k})
+        self._record_shapes(kind, batch, wid, per_step, prepare, pythonize)
+
+    def burst(self, kind: str, seqs: list[ScheduledSeq], k: int, seconds: float,
+              gaps: tuple[float, ...] = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0)) -> None:
+        """One window back to back for ``seconds`` from a rested GPU, then alone after growing
+        idle gaps: how the clock falls under sustained load and recovers (the heat fit's data)."""
+        batch = Batch(seqs, k)
+        self.window_id += 1
+        wid = self.window_id
+        self._run(wid, batch)
+        time.sleep(max(gaps))
+        per_step = []
+        t_end = time.perf_counter() + seconds
+        while time.perf_counter() < t_end:
+            per_step.append(self._run(wid, batch, timed=True)[0].gpu_step_s)
+        for gap in gaps:
+            time.sleep(gap)
+            self._run(wid, batch, timed=True)
+        for s in seqs:
+            self.blocks.free(s.request)
+        self._record_shapes(kind, batch, wid, per_step, [0.0], [0.0])
 
     def cpu_scheduler(self, num_seqs: int, k: int, windows: int = 50) -> None:
         """schedule() + update() of the real Scheduler with num_seqs decoding requests."""
@@ -183,15 +222,42 @@ class Profiler:
                           "num_tokens": num_seqs, "sched_s": statistics.median(costs)})
 
 
+@dataclasses.dataclass
+class Profile:
+    """What a profiling pass measured: one row per step of every window (``data``), every window
+    run in order (``timeline``: window id, wall start and end, GPU seconds), and the GPU's
+    sampled clock (``clock``; empty where NVML is not available). Times share one origin."""
+
+    data: pd.DataFrame
+    timeline: pd.DataFrame
+    clock: pd.DataFrame
+
+
 def profile(spec: ModelSpec, backend: dict[str, Any], quick: bool, reps: int,
-            progress: bool = True, sustain_s: float = 0.0) -> pd.DataFrame:
+            progress: bool = True, sustain_s: float = 0.0, burst_s: float = 0.0) -> Profile:
     from tqdm import tqdm
 
     p = Profiler(spec, backend, reps, sustain_s=sustain_s)
+    sampler = None
+    if p.cuda:
+        from real_backend.gpu_clock import ClockSampler
+
+        if ClockSampler.available():
+            sampler = ClockSampler()
+            sampler.start()
     g = grid(quick, spec.max_model_len)
     rid = 0
-    total = sum(len(v) for v in g.values())
+    total = sum(len(v) for v in g.values()) + (2 if burst_s else 0)
+    t_origin = time.perf_counter()
     with tqdm(total=total, desc="calibrating", disable=not progress) as bar:
+        if burst_s:  # first, from a GPU rested by the idle start: the clock's fall and recovery
+            time.sleep(5.0)
+            p.burst("burst_prefill", [p.prefill_seq(rid + i, 1024, 0) for i in range(4)], 1,
+                    burst_s)
+            p.burst("burst_decode", [p.decode_seq(rid + 4 + i, 500, 8) for i in range(256)], 8,
+                    burst_s / 2)
+            rid += 260
+            bar.update(2)
         for n, q, cached in g["prefill"]:
             p.measure("prefill", [p.prefill_seq(rid + i, q, cached) for i in range(n)], 1)
             rid += n
@@ -213,7 +279,25 @@ def profile(spec: ModelSpec, backend: dict[str, Any], quick: bool, reps: int,
             for k in (1, 8):
                 p.cpu_scheduler(n, k)
             bar.update()
-    return pd.DataFrame(p.rows)
+    data = pd.DataFrame(p.rows)
+    timeline = pd.DataFrame(p.timeline, columns=["window", "start_s", "end_s", "gpu_s"])
+    timeline[["start_s", "end_s"]] -= t_origin
+    clock = pd.DataFrame(columns=["t", "sm_mhz", "power_w", "temp_c"])
+    if sampler is not None:
+        sampler.stop()
+        clock = sampler.frame()
+        clock["t"] -= t_origin
+        # each window's clock: the mean of the samples taken while its timed runs were on the GPU
+        mhz = {}
+        for wid, spans in p.timed.items():
+            inside = np.zeros(len(clock), dtype=bool)
+            for t0, t1 in spans:
+                inside |= (clock["t"] >= t0 - t_origin) & (clock["t"] <= t1 - t_origin)
+            if inside.any():
+                mhz[wid] = float(clock.loc[inside, "sm_mhz"].mean())
+        data["sm_mhz"] = data["window"].map(mhz)
+        data["max_sm_mhz"] = float(sampler.max_sm_mhz)
+    return Profile(data, timeline, clock)
 
 
 # ---------------------------------------------------------------------------- fitting
@@ -327,6 +411,11 @@ def term_errors(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------- outputs
+def _companion(data_csv: Path, part: str) -> Path:
+    """Where a calibration CSV's window timeline or clock samples are kept: X.csv -> X.part.csv."""
+    return data_csv.with_name(f"{data_csv.stem}.{part}.csv")
+
+
 def write_yaml(path: Path, data: dict[str, Any], header: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
@@ -358,6 +447,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sustain", type=float, default=None, help="seconds each window runs back "
                     "to back before it is timed (default 0.4 on cuda, 0 on cpu)")
+    ap.add_argument("--burst", type=float, default=None, help="seconds of the clock bursts "
+                    "(default 10 on cuda, 0: none)")
     ap.add_argument("--quick", action="store_true", help="a tiny grid (CPU smoke test)")
     args = ap.parse_args(argv)
     try:
@@ -375,13 +466,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             backend = {"device": args.device, "num_blocks": args.num_blocks}
             sustain = args.sustain if args.sustain is not None else (
                 0.4 if args.device.startswith("cuda") else 0.0)
-            data = profile(spec, backend, args.quick, args.reps, sustain_s=sustain)
+            burst = args.burst if args.burst is not None else (
+                10.0 if args.device.startswith("cuda") else 0.0)
+            prof = profile(spec, backend, args.quick, args.reps, sustain_s=sustain, burst_s=burst)
+            data = prof.data
         save = Path(args.save_data or args.data or
                     Path(args.conf_dir) / "calibration" / f"{args.name}.csv")
         save.parent.mkdir(parents=True, exist_ok=True)
         if not args.data:
             with atomic_path(save) as tmp:
                 data.to_csv(tmp, index=False)
+            for part in ("timeline", "clock"):
+                with atomic_path(_companion(save, part)) as tmp:
+                    getattr(prof, part).to_csv(tmp, index=False)
         # the engine's prefill graphs, as profiled (older data: none)
         graph_col = data.get("prefill_graph_max_tokens", pd.Series(dtype=float)).dropna()
         base = dataclasses.replace(base, prefill_graph_max_tokens=int(graph_col.max())
