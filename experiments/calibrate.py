@@ -308,12 +308,23 @@ def _shape(row: pd.Series) -> StepShape:
                      bool(row.is_first), 0 if pd.isna(longest) else int(longest))
 
 
+def _slowdowns(rows: pd.DataFrame) -> np.ndarray:
+    """Each row's measured clock slowdown (max SM clock / its clock); 1 where not sampled."""
+    if "sm_mhz" not in rows or "max_sm_mhz" not in rows:
+        return np.ones(len(rows))
+    slow = (rows["max_sm_mhz"] / rows["sm_mhz"]).to_numpy(dtype=float)
+    return np.where(np.isfinite(slow) & (slow > 0), slow, 1.0)
+
+
 def fit_gpu(data: pd.DataFrame, spec: ModelSpec, base: HardwareSpec) -> tuple[HardwareSpec, pd.DataFrame]:
-    """Least squares on log step time over the cost model's coefficients (bounded)."""
+    """Least squares on log step time over the cost model's coefficients (bounded). Where the
+    data has each window's sampled SM clock, the coefficients describe the GPU at full clock
+    and each step is priced at the clock it ran at."""
     from scipy.optimize import least_squares
 
     steps = data[data["kind"].isin(["prefill", "decode", "mixed"])].reset_index(drop=True)
     shapes = [_shape(r) for r in steps.itertuples()]
+    slows = _slowdowns(steps)
     measured = steps["gpu_s"].to_numpy()
     if len(shapes) < len(FIT_KEYS) or not np.all(measured > 0):
         raise ValueError("calibration data: need positive step times for at least "
@@ -331,7 +342,7 @@ def fit_gpu(data: pd.DataFrame, spec: ModelSpec, base: HardwareSpec) -> tuple[Ha
 
     def resid(x: np.ndarray) -> np.ndarray:
         hw = spec_of(x)
-        pred = np.array([step_time(s, spec, hw) for s in shapes])
+        pred = np.array([step_time(s, spec, hw, w) for s, w in zip(shapes, slows, strict=True)])
         return np.log(np.maximum(pred, 1e-12)) - np.log(measured)
 
     lo = np.array([b[1] for b in keys])
@@ -339,9 +350,67 @@ def fit_gpu(data: pd.DataFrame, spec: ModelSpec, base: HardwareSpec) -> tuple[Ha
     x0 = np.clip(np.array([base_d[k] for k, _, _ in keys], dtype=float), lo + 1e-9, hi)
     sol = least_squares(resid, x0, bounds=(lo, hi), x_scale="jac", max_nfev=4000)
     hw = spec_of(sol.x)
-    steps = steps.assign(predicted_s=[step_time(s, spec, hw) for s in shapes])
+    steps = steps.assign(predicted_s=[step_time(s, spec, hw, w)
+                                      for s, w in zip(shapes, slows, strict=True)])
     steps["rel_error"] = steps["predicted_s"] / steps["gpu_s"] - 1
     return hw, steps
+
+
+def fit_clock(data: pd.DataFrame, timeline: pd.DataFrame, clock: pd.DataFrame,
+              spec: ModelSpec, hw: HardwareSpec) -> tuple[HardwareSpec, dict[str, float]]:
+    """Fit ``simulator.clock``'s power and heat slowdowns and its time constant on the clock
+    samples taken while the GPU ran the profiled windows: the load history (every window run,
+    at its tensor-core share under the fitted cost model) is replayed through the heat model,
+    and the slowdowns solve a non-negative least squares for each time constant on a grid."""
+    from simulator.clock import PowerClock
+    from simulator.cost_model import step_cost
+
+    if clock.empty or timeline.empty or "max_sm_mhz" not in data:
+        return hw, {}
+    share = {}  # window id -> tensor-core share of its GPU time at full clock
+    for wid, rows in data.groupby("window"):
+        busy = total = 0.0
+        for r in rows.itertuples():
+            t, b = step_cost(_shape(r), spec, hw)
+            busy, total = busy + b, total + t
+        share[wid] = busy / total if total > 0 else 0.0
+    tl = timeline.sort_values("end_s")
+    starts = (tl["end_s"] - tl["gpu_s"]).to_numpy()
+    ends = tl["end_s"].to_numpy()
+    us = tl["window"].map(share).fillna(0.0).to_numpy()
+    samples = clock.sort_values("t")
+    ts = samples["t"].to_numpy()
+    slow = float(data["max_sm_mhz"].iloc[0]) / samples["sm_mhz"].to_numpy(dtype=float)
+    # the samples taken while a window ran (idle clocks say nothing about loaded ones)
+    idx = np.searchsorted(ends, ts)
+    on = (idx < len(ends)) & (ts >= starts[np.minimum(idx, len(ends) - 1)])
+    if on.sum() < 20:
+        return hw, {}
+    best = None
+    for tau in np.geomspace(0.1, 300.0, 60):
+        pc = PowerClock(spec, dataclasses.replace(hw, clock_tau_s=float(tau)))
+        heat = np.empty(len(ts))
+        j = 0
+        for s0, e0, u in zip(starts, ends, us, strict=True):
+            pc.rest_until(s0)
+            while j < len(ts) and ts[j] < e0:  # samples up to this window's end
+                if ts[j] >= s0:
+                    pc.run(u, ts[j] - pc.t)
+                else:
+                    pc.rest_until(ts[j])
+                heat[j] = pc.heat
+                j += 1
+            pc.run(u, e0 - pc.t)
+        heat[j:] = pc.heat
+        X = np.column_stack([us[np.minimum(idx, len(us) - 1)], heat])[on]
+        coef = _nnls(X, slow[on] - 1.0)
+        err = float(np.sqrt(np.mean((X @ coef - (slow[on] - 1.0)) ** 2)))
+        if best is None or err < best[0]:
+            best = (err, float(tau), coef)
+    err, tau, (beta, alpha) = best
+    hw = dataclasses.replace(hw, clock_power_slowdown=float(f"{beta:.4g}"),
+                             clock_heat_slowdown=float(f"{alpha:.4g}"), clock_tau_s=float(f"{tau:.4g}"))
+    return hw, {"clock slowdown rms": err, "samples": float(on.sum())}
 
 
 def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[str, float]]:
@@ -484,6 +553,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         base = dataclasses.replace(base, prefill_graph_max_tokens=int(graph_col.max())
                                    if len(graph_col) else 0)
         hw, steps = fit_gpu(data, spec, base)
+        if args.data:  # the window timeline and clock samples saved beside the data, if any
+            parts = [_companion(save, part) for part in ("timeline", "clock")]
+            timeline, clock = (pd.read_csv(f) if f.exists() else pd.DataFrame() for f in parts)
+        else:
+            timeline, clock = prof.timeline, prof.clock
+        hw, clock_err = fit_clock(data, timeline, clock, spec, hw)
         overhead, oerr = fit_overhead(data, args.overhead_name)
     except (ValueError, OSError, pd.errors.ParserError) as err:
         raise SystemExit(f"error: {err}") from None
@@ -498,10 +573,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     hw_d["name"] = args.name
     for k, _, _ in FIT_KEYS:
         hw_d[k] = float(f"{hw_d[k]:.6g}")
+    clock_line = ("Power-limited clock (fitted on the sampled SM clock): "
+                  + (f"rms error of the slowdown {clock_err['clock slowdown rms']:.3f} over "
+                     f"{clock_err['samples']:.0f} samples" if clock_err else "not sampled, off"))
     header = (f"Calibrated by `{command}` on {stamp}, model {spec.name}.\n"
               f"Datasheet numbers from {base_name}; the fitted keys: "
               + ", ".join(k for k, _, _ in FIT_KEYS) + ".\n"
-              f"Fit error of step time (microbenchmarks only):\n{err_lines}\n"
+              f"Fit error of step time (microbenchmarks only):\n{err_lines}\n{clock_line}\n"
               f"Data: {save}")
     write_yaml(Path(args.conf_dir) / "hardware" / f"{args.name}.yaml", hw_d, header)
     oheader = (f"Calibrated by `{command}` on {stamp}: schedlab's real backend's CPU costs.\n"
@@ -511,6 +589,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                + "\n".join(f"  {k}: median |err| {v:.1%}" for k, v in oerr.items()))
     write_yaml(Path(args.conf_dir) / "overhead" / f"{args.overhead_name}.yaml", overhead, oheader)
     print(terms.to_string(index=False))
+    print(clock_line)
     print("overhead fit: " + ", ".join(f"{k} {v:.1%}" for k, v in oerr.items()))
     print(f"wrote {Path(args.conf_dir) / 'hardware' / (args.name + '.yaml')} and "
           f"{Path(args.conf_dir) / 'overhead' / (args.overhead_name + '.yaml')}")

@@ -132,10 +132,19 @@ def _roofline(compute_s: float, memory_s: float, hw: HardwareSpec) -> float:
     return max(compute_s, memory_s) + hw.roofline_overlap_loss * min(compute_s, memory_s)
 
 
-def step_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> float:
-    """Seconds of one forward step over the whole model on a ``tp``-way group (see module doc)."""
+def step_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec, slow: float = 1.0) -> float:
+    """Seconds of one forward step over the whole model on a ``tp``-way group (see module doc);
+    ``slow``: how many times slower than at full clock the compute-bound terms run
+    (``simulator.clock``: the power-limited SM clock)."""
+    return step_cost(shape, model, hw, slow)[0]
+
+
+def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
+              slow: float = 1.0) -> tuple[float, float]:
+    """(step seconds, tensor-core seconds): the step's time and how much of it the compute-
+    bound terms (matmul compute sides, prefill attention) take, both at clock slowdown ``slow``."""
     if shape.num_seqs == 0:
-        return 0.0  # a step nobody takes part in launches nothing
+        return 0.0, 0.0  # a step nobody takes part in launches nothing
     tp, L = hw.tp, model.num_layers
     h, V, d = model.hidden_size, model.vocab_size, model.dtype_bytes
     flops = hw.peak_flops
@@ -148,9 +157,13 @@ def step_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> float:
     p_layer = model.params_per_layer
     p_mm = p_layer - 2 * h  # the RMSNorm weights are not matmuls
 
-    t = _roofline(2.0 * T * L * p_mm / tp / mm_rate, L * p_layer * d / tp / mem_rate, hw)
-    t += 4.0 * model.head_dim * model.num_heads * L / tp * shape.attn_pairs / (
-        flops * hw.attn_prefill_efficiency)
+    mm_rate /= slow
+    busy = 2.0 * T * L * p_mm / tp / mm_rate
+    t = _roofline(busy, L * p_layer * d / tp / mem_rate, hw)
+    attn = 4.0 * model.head_dim * model.num_heads * L / tp * shape.attn_pairs / (
+        flops * hw.attn_prefill_efficiency) * slow
+    busy += attn
+    t += attn
     kv_bytes = 2 * L * kv_heads_per_gpu(model, tp) * model.head_dim * d
     t_kv = shape.kv_tokens * kv_bytes / (bw * hw.attn_decode_efficiency)
     if hw.attn_seq_gbps and shape.max_kv_tokens:
@@ -162,7 +175,9 @@ def step_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> float:
     t += t_kv
     n_s = shape.num_sampled
     if n_s:
-        t += _roofline(2.0 * n_s * h * V / tp / mm_rate, h * V * d / tp / mem_rate, hw)
+        lm = 2.0 * n_s * h * V / tp / mm_rate
+        busy += lm
+        t += _roofline(lm, h * V * d / tp / mem_rate, hw)
         t += hw.sampler_us * _US + n_s * V * hw.sampler_bytes_per_logit / mem_rate
     n_kernels = hw.kernels_per_layer * L
     if graph:
@@ -179,12 +194,12 @@ def step_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> float:
         t += 2 * L * (lat + 2.0 * (tp - 1) / tp * T * h * d / link)
         if n_s:
             t += lat + (tp - 1) / tp * n_s * V * d / link
-    return t
+    return t, min(busy, t)
 
 
-def stage_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> float:
+def stage_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec, slow: float = 1.0) -> float:
     """Seconds one pipeline stage spends on the step; the step time itself when ``pp`` == 1."""
-    t = step_time(shape, model, hw)
+    t = step_time(shape, model, hw, slow)
     if hw.pp == 1 or t == 0.0:
         return t
     send = hw.p2p_latency_us * _US + 2.0 * shape.num_tokens * model.hidden_size * (

@@ -45,7 +45,8 @@ from policies.batch import Batch
 from policies.model_spec import ModelSpec
 from policies.request import Request, RequestState
 from policies.scheduler import Scheduler, SchedulerStats
-from simulator.cost_model import stage_time, window_shapes
+from simulator.clock import PowerClock
+from simulator.cost_model import window_shapes
 from simulator.hardware import HardwareSpec
 from simulator.memory import blocks_per_engine
 from simulator.overhead import OverheadSpec, api_time, output_time, schedule_time
@@ -91,6 +92,7 @@ class _Sim:
     pbar: tqdm
     arrivals_left: list[int]
     wake: list[simpy.Event | None]
+    clock: PowerClock  # the GPU's power-limited SM clock (off unless the profile sets it)
     cpu_free: float = 0.0  # when the engine thread is next idle
     api_free: float = 0.0  # when the separate API-server process is next idle
     delivery: dict[float, float] = field(default_factory=dict)  # step's GPU done -> delivered
@@ -129,7 +131,7 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
     with tqdm(total=len(requests), disable=not progress, unit="req", desc="simulating") as bar:
         sim = _Sim(env, [simpy.Resource(env, 1) for _ in range(pp)] if pp > 1 else [],
                    schedulers, model, hw, overhead, stream_per_step, bar,
-                   [len(order[v::pp]) for v in range(pp)], [None] * pp)
+                   [len(order[v::pp]) for v in range(pp)], [None] * pp, PowerClock(model, hw))
         env.process(_arrivals(sim, order))
         for v in range(pp):
             env.process(_engine(sim, v))
@@ -221,8 +223,10 @@ def _open_window(sim: _Sim, batch: Batch) -> _Window:
             delivered[j] = alive
             alive -= ending[j + 1]
     out_cost = [output_time(spec, s.num_seqs, d) for s, d in zip(shapes, delivered, strict=True)]
-    win = _Window(batch, schedule_time(spec, len(batch.seqs), shapes[0].num_tokens),
-                  [stage_time(s, sim.model, sim.hw) for s in shapes], out_cost, delivered)
+    cost = schedule_time(spec, len(batch.seqs), shapes[0].num_tokens)
+    # the GPU starts the window once it is scheduled (pipeline stages: a close lower bound)
+    win = _Window(batch, cost, sim.clock.window_times(shapes, sim.env.now + cost), out_cost,
+                  delivered)
     sim.cpu_busy += win.schedule_cost
     sim.gpu_busy += sum(win.stage_times) * max(len(sim.stages), 1)
     return win

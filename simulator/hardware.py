@@ -50,6 +50,11 @@ class HardwareSpec:
     allreduce_latency_us: float = 10.0
     p2p_latency_us: float = 10.0  # pipeline send/recv between stages
     activation_reserve_gib: float = 2.0  # peak activations, CUDA graphs, NCCL and CUDA context
+    # the power-limited SM clock (simulator.clock): compute-bound work slows by
+    # 1 + clock_power_slowdown * u + clock_heat_slowdown * heat; 0 and 0: off
+    clock_power_slowdown: float = 0.0
+    clock_heat_slowdown: float = 0.0
+    clock_tau_s: float = 10.0  # how fast the heat follows the load
 
     def __post_init__(self) -> None:
         for name in ("peak_tflops", "hbm_gib", "hbm_tbps", "nvlink_gbps"):
@@ -67,9 +72,12 @@ class HardwareSpec:
                              f"{self.roofline_overlap_loss}")
         for name in ("attn_seq_gbps", "kernel_launch_us", "graph_kernel_us", "cuda_graph_replay_us",
                      "advance_step_us", "sampler_us", "sampler_bytes_per_logit",
-                     "allreduce_latency_us", "p2p_latency_us", "activation_reserve_gib"):
+                     "allreduce_latency_us", "p2p_latency_us", "activation_reserve_gib",
+                     "clock_power_slowdown", "clock_heat_slowdown"):
             if getattr(self, name) < 0:
                 raise ValueError(f"hardware.{name} must be >= 0, got {getattr(self, name)}")
+        if not self.clock_tau_s > 0:
+            raise ValueError(f"hardware.clock_tau_s must be > 0, got {self.clock_tau_s}")
         for name in ("cuda_graph_max_batch", "prefill_graph_max_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"hardware.{name} must be >= 0, got {getattr(self, name)}")
