@@ -288,13 +288,17 @@ def profile(spec: ModelSpec, backend: dict[str, Any], quick: bool, reps: int,
         clock = sampler.frame()
         clock["t"] -= t_origin
         # each window's clock: the mean of the samples taken while its timed runs were on the GPU
+        # (short windows may fall between two samples: then the samples nearest to them)
         mhz = {}
+        ct = clock["t"].to_numpy()
         for wid, spans in p.timed.items():
-            inside = np.zeros(len(clock), dtype=bool)
+            picked = []
             for t0, t1 in spans:
-                inside |= (clock["t"] >= t0 - t_origin) & (clock["t"] <= t1 - t_origin)
-            if inside.any():
-                mhz[wid] = float(clock.loc[inside, "sm_mhz"].mean())
+                t0, t1 = t0 - t_origin - 0.005, t1 - t_origin + 0.005
+                inside = np.flatnonzero((ct >= t0) & (ct <= t1))
+                picked.extend(inside if len(inside) else [int(np.argmin(np.abs(ct - (t0 + t1) / 2)))])
+            if picked and len(ct):
+                mhz[wid] = float(clock["sm_mhz"].to_numpy()[picked].mean())
         data["sm_mhz"] = data["window"].map(mhz)
         data["max_sm_mhz"] = float(sampler.max_sm_mhz)
     return Profile(data, timeline, clock)
