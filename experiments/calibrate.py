@@ -388,6 +388,7 @@ def fit_clock(data: pd.DataFrame, timeline: pd.DataFrame, clock: pd.DataFrame,
     # the samples taken while a window ran (idle clocks say nothing about loaded ones)
     idx = np.searchsorted(ends, ts)
     on = (idx < len(ends)) & (ts >= starts[np.minimum(idx, len(ends) - 1)])
+    on &= slow < 2.0  # not a clock still ramping up from idle
     if on.sum() < 20:
         return hw, {}
     best = None
