@@ -37,8 +37,8 @@ from simulator.hardware import HardwareSpec
 # (key, lower bound, upper bound): the cost-model coefficients the fit sets
 FIT_KEYS = [("matmul_efficiency", 1e-7, 1.0), ("mem_bw_efficiency", 1e-7, 1.0),
             ("attn_prefill_efficiency", 1e-7, 1.0), ("attn_decode_efficiency", 1e-7, 1.0),
-            ("roofline_overlap_loss", 0.0, 1.0), ("attn_seq_gbps", 1.0, 1e5),
-            ("kernel_launch_us", 0.0, 1e4), ("cuda_graph_replay_us", 0.0, 1e5),
+            ("roofline_exponent", 1.0, 64.0), ("attn_seq_gbps", 1.0, 1e5),
+            ("kernel_launch_us", 0.0, 1e4), ("mixed_kernels_per_layer", 0.0, 40.0), ("cuda_graph_replay_us", 0.0, 1e5),
             ("advance_step_us", 0.0, 1e5), ("sampler_us", 0.0, 1e5)]
 SHAPE_COLS = ["num_tokens", "num_seqs", "num_prefill_tokens", "num_sampled", "attn_pairs",
               "kv_tokens", "is_first", "max_kv_tokens"]
@@ -340,6 +340,8 @@ def fit_gpu(data: pd.DataFrame, spec: ModelSpec, base: HardwareSpec) -> tuple[Ha
         base_d["attn_seq_gbps"] = 0.0
     elif not base_d["attn_seq_gbps"]:
         base_d["attn_seq_gbps"] = 200.0  # a start for the fit
+    if not base_d["roofline_exponent"]:
+        base_d["roofline_exponent"] = 4.0  # a start for the fit (0, the plain max, is its limit)
 
     def spec_of(x: np.ndarray) -> HardwareSpec:
         return HardwareSpec(**{**base_d, **{k: float(v) for (k, _, _), v in zip(keys, x, strict=True)}})
@@ -420,14 +422,15 @@ def fit_clock(data: pd.DataFrame, timeline: pd.DataFrame, clock: pd.DataFrame,
 
 def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[str, float]]:
     """Per invocation: schedule + update (Scheduler bench, k=1) + input preparation (runner),
-    fitted as a + b*num_seqs + c*num_tokens; per step: pythonization plus update()'s per-step
+    fitted as a + b*num_seqs + c*num_tokens + d*kv_tokens; per step: pythonization plus update()'s per-step
     share (the k=8 bench against k=1), d + e*num_seqs."""
     sched = data[data["kind"] == "scheduler"]
     # schedule()+update() per window, as a function of num_seqs (k=1 rows: one token each)
     s1 = sched[sched["k"] == 1]
     sb = np.polyfit(s1["num_seqs"], s1["sched_s"], 1) if len(s1) >= 2 else np.array([0.0, 0.0])
     steps = data[data["kind"].isin(["prefill", "decode", "mixed"]) & (data["step"] == 0)]
-    X = np.column_stack([np.ones(len(steps)), steps["num_seqs"], steps["num_tokens"]])
+    X = np.column_stack([np.ones(len(steps)), steps["num_seqs"], steps["num_tokens"],
+                         steps["kv_tokens"]])
     y = steps["prepare_s"].to_numpy() + np.polyval(sb, steps["num_seqs"].to_numpy())
     coef = _nnls(X, y)
     out_rows = data[data["kind"].isin(["decode"])]
@@ -445,6 +448,7 @@ def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[st
             "schedule_base_us": round(float(coef[0]) * 1e6, 3),
             "schedule_per_seq_us": round(float(coef[1]) * 1e6, 4),
             "schedule_per_token_us": round(float(coef[2]) * 1e6, 5),
+            "schedule_per_kv_token_us": round(float(coef[3]) * 1e6, 6),
             "output_base_us": round(float(coef_o[0]) * 1e6, 3),
             "output_per_seq_us": round(float(coef_o[1]) * 1e6, 4),
             "api_per_token_us": 0.0,  # schedlab's engine has no API server

@@ -17,9 +17,10 @@ the coefficients by least squares (the two rooflines by choosing each step's bin
            + t_ar + (tp-1)/tp * N_s V d / (N * eta_ar)                logits gather (tp > 1)
 
 with C_max the longest decoding context, S its key splits and B_seq the rate one sequence's
-context is read at (attn_seq_gbps; 0 turns the term off); R(c, m) = max(c, m) + lambda *
-min(c, m) a matmul's roofline (lambda: roofline_overlap_loss, 0 by default, the plain max; the
-calibration fits it, as mid-sized batches sit at the knee where neither bound hides the other);
+context is read at (attn_seq_gbps; 0 turns the term off); R(c, m) = (c^p + m^p)^(1/p) a
+matmul's roofline (p: roofline_exponent; 0 by default, the plain max(c, m); the calibration
+fits it, as batches near the knee, where neither bound hides the other, take longer than
+either, while far from it the larger bound alone sets the time);
 P the dense bf16 peak (FLOP/s), W the HBM bandwidth, N the NVLink bandwidth per direction,
 L layers, h hidden size, V vocabulary, d bytes per element, and per step:
 
@@ -127,9 +128,15 @@ def graph_tokens(shape: StepShape, hw: HardwareSpec) -> int | None:
 
 
 def _roofline(compute_s: float, memory_s: float, hw: HardwareSpec) -> float:
-    """A matmul's time from its two bounds: the larger, plus the share of the smaller that
-    does not overlap it (mid-sized batches sit at the knee, where neither side hides the other)."""
-    return max(compute_s, memory_s) + hw.roofline_overlap_loss * min(compute_s, memory_s)
+    """A matmul's time from its two bounds: their p-norm, smooth at the knee where neither side
+    hides the other (p = roofline_exponent; 0: the plain max)."""
+    p = hw.roofline_exponent
+    if not p:
+        return max(compute_s, memory_s)
+    hi = max(compute_s, memory_s)
+    if hi <= 0:
+        return 0.0
+    return hi * (1.0 + (min(compute_s, memory_s) / hi) ** p) ** (1.0 / p)
 
 
 def step_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec, slow: float = 1.0) -> float:
@@ -185,6 +192,8 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
     else:
         # Eager kernels are launched by the CPU while earlier ones run: the GPU waits only
         # when launching is the slower of the two (small prefills are launch-bound).
+        if 0 < shape.num_prefill_tokens < shape.num_tokens:  # mixed: both attention paths
+            n_kernels += hw.mixed_kernels_per_layer * L
         t = max(t, n_kernels * hw.kernel_launch_us * _US)
     if not shape.is_first:
         t += hw.advance_step_us * _US

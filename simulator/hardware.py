@@ -33,11 +33,12 @@ class HardwareSpec:
     attn_prefill_efficiency: float = 0.45
     attn_decode_efficiency: float = 0.65
     allreduce_efficiency: float = 0.7
-    roofline_overlap_loss: float = 0.0  # matmuls: the share of the smaller bound not hidden
+    roofline_exponent: float = 0.0  # matmuls: p-norm of the two bounds (0: their max; else >= 1)
     attn_seq_gbps: float = 0.0  # decode: rate one sequence's KV is read at (0: no such bound)
     num_sms: int = 132  # streaming multiprocessors (decode attention's key splits; H100/H200)
     kernel_launch_us: float = 5.0  # one eager kernel (launch-bound when the work is small)
     kernels_per_layer: int = 10
+    mixed_kernels_per_layer: float = 0.0  # more in eager mixed prefill + decode steps
     graph_kernel_us: float = 1.0  # one kernel inside a CUDA graph (the GPU-side gap)
     cuda_graph_replay_us: float = 20.0
     cuda_graph_max_batch: int = 256  # decode batches above this run eagerly; 0: no CUDA graphs
@@ -67,13 +68,14 @@ class HardwareSpec:
         for name in _EFFICIENCIES:
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"hardware.{name} must be in (0, 1], got {getattr(self, name)}")
-        if not 0.0 <= self.roofline_overlap_loss <= 1.0:
-            raise ValueError("hardware.roofline_overlap_loss must be in [0, 1], got "
-                             f"{self.roofline_overlap_loss}")
+        if self.roofline_exponent != 0.0 and not self.roofline_exponent >= 1.0:
+            raise ValueError("hardware.roofline_exponent must be 0 (the plain max) or >= 1, got "
+                             f"{self.roofline_exponent}")
         for name in ("attn_seq_gbps", "kernel_launch_us", "graph_kernel_us", "cuda_graph_replay_us",
                      "advance_step_us", "sampler_us", "sampler_bytes_per_logit",
                      "allreduce_latency_us", "p2p_latency_us", "activation_reserve_gib",
-                     "clock_power_slowdown", "clock_heat_slowdown"):
+                     "clock_power_slowdown", "clock_heat_slowdown",
+                     "mixed_kernels_per_layer"):
             if getattr(self, name) < 0:
                 raise ValueError(f"hardware.{name} must be >= 0, got {getattr(self, name)}")
         if not self.clock_tau_s > 0:

@@ -4,8 +4,10 @@ Per scheduler invocation (once per window): schedule + input preparation + H2D c
 
     t_schedule = schedule_base_us + schedule_per_seq_us * num_seqs
                + schedule_per_token_us * num_tokens
+               + schedule_per_kv_token_us * kv_tokens
 
-(num_tokens: the query tokens of the window's first step). Per step: output processing
+(num_tokens: the query tokens of the window's first step; kv_tokens: the KV-cache tokens it
+attends over, whose block tables and slot mappings the engine builds). Per step: output processing
 (device-to-host copy, pythonization, detokenization, stop checks, building outputs),
 
     t_output = output_base_us + output_per_seq_us * num_seqs  [+ api_per_token_us * delivered]
@@ -25,7 +27,8 @@ from typing import Any
 from policies.base import check_settings
 
 _US = 1e-6
-_COSTS = ("schedule_base_us", "schedule_per_seq_us", "schedule_per_token_us", "output_base_us",
+_COSTS = ("schedule_base_us", "schedule_per_seq_us", "schedule_per_token_us",
+          "schedule_per_kv_token_us", "output_base_us",
           "output_per_seq_us", "api_per_token_us")
 
 
@@ -37,6 +40,7 @@ class OverheadSpec:
     schedule_base_us: float = 0.0
     schedule_per_seq_us: float = 0.0
     schedule_per_token_us: float = 0.0
+    schedule_per_kv_token_us: float = 0.0
     output_base_us: float = 0.0
     output_per_seq_us: float = 0.0
     api_per_token_us: float = 0.0
@@ -70,10 +74,12 @@ def scale_overhead(spec: OverheadSpec, factor: float) -> OverheadSpec:
                    **{name: getattr(spec, name) * factor for name in _COSTS})
 
 
-def schedule_time(spec: OverheadSpec, num_seqs: int, num_tokens: int) -> float:
+def schedule_time(spec: OverheadSpec, num_seqs: int, num_tokens: int,
+                  kv_tokens: int = 0) -> float:
     """Seconds of one scheduler invocation with its input preparation."""
     return (spec.schedule_base_us + spec.schedule_per_seq_us * num_seqs
-            + spec.schedule_per_token_us * num_tokens) * _US
+            + spec.schedule_per_token_us * num_tokens
+            + spec.schedule_per_kv_token_us * kv_tokens) * _US
 
 
 def output_time(spec: OverheadSpec, num_seqs: int, num_delivered: int) -> float:

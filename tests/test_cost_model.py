@@ -363,17 +363,25 @@ def test_bad_memory_settings():
 
 
 def test_matmul_knee_and_longest_sequence_terms():
-    """roofline_overlap_loss adds that share of the smaller roofline side; attn_seq_gbps makes
+    """roofline_exponent p prices a matmul at the p-norm of its two bounds; attn_seq_gbps makes
     a ragged batch wait for its longest sequence (fewer key splits: longer wait)."""
     m = model()
     base = hardware(kernel_launch_us=0.0, sampler_us=0.0)
     shape = StepShape(128, 128, 0, 128, 0.0, 128 * 300, True, 300)
     t0 = step_time(shape, m, base)
-    t1 = step_time(shape, m, dataclasses.replace(base, roofline_overlap_loss=0.5))
+    t1 = step_time(shape, m, dataclasses.replace(base, roofline_exponent=2.0))
     mm = base.peak_flops * base.matmul_efficiency
-    compute = 2.0 * 128 * m.num_layers * (m.params_per_layer - 2 * m.hidden_size) / mm
-    compute += 2.0 * 128 * m.hidden_size * m.vocab_size / mm
-    assert t1 - t0 == pytest.approx(0.5 * compute, rel=1e-6)  # weight-bound: compute is the min
+    mem = base.hbm_bytes_per_s * base.mem_bw_efficiency
+    c_lin = 2.0 * 128 * m.num_layers * (m.params_per_layer - 2 * m.hidden_size) / mm
+    m_lin = m.num_layers * m.params_per_layer * m.dtype_bytes / mem
+    c_lm = 2.0 * 128 * m.hidden_size * m.vocab_size / mm
+    m_lm = m.hidden_size * m.vocab_size * m.dtype_bytes / mem
+    # weight-bound: the p-norm adds sqrt(c^2 + m^2) - m to each matmul's time
+    extra = sum((c * c + w * w) ** 0.5 - max(c, w) for c, w in ((c_lin, m_lin), (c_lm, m_lm)))
+    assert t1 - t0 == pytest.approx(extra, rel=1e-6)
+    # far from the knee the larger bound alone sets the time
+    huge = dataclasses.replace(base, roofline_exponent=64.0)
+    assert step_time(shape, m, huge) == pytest.approx(t0, rel=1e-3)
     seq = dataclasses.replace(base, attn_seq_gbps=50.0)
     assert step_time(shape, m, seq) == pytest.approx(t0)  # balanced: the longest is no bound
     ragged = dataclasses.replace(shape, max_kv_tokens=4000)
@@ -383,7 +391,7 @@ def test_matmul_knee_and_longest_sequence_terms():
     assert decode_splits(4, 8, 132) == 9 and decode_splits(4, 8, 8) == 1
     assert decode_splits(128, 8, 132) == 1
     assert step_time(few, m, seq) < step_time(few, m, dataclasses.replace(seq, num_sms=8))
-    for bad, message in (({"roofline_overlap_loss": 1.5}, "roofline_overlap_loss must be in"),
+    for bad, message in (({"roofline_exponent": 0.5}, "roofline_exponent must be 0"),
                          ({"attn_seq_gbps": -1}, "attn_seq_gbps must be >= 0"),
                          ({"num_sms": 0}, "num_sms must be an integer >= 1")):
         with pytest.raises(ValueError, match=message):
