@@ -260,3 +260,17 @@ def test_format_summary():
     assert any(line.startswith("workload:") and line.endswith("kind=sharegpt request_rate=inf")
                for line in lines)
     assert len(lines) < 40  # one screen
+
+
+def test_atomic_writes_get_ordinary_permissions(tmp_path):
+    import os
+    import stat
+
+    from experiments.files import write_text_atomic
+
+    umask = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "x.txt", "hi")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "x.txt").stat().st_mode) == 0o644
