@@ -115,7 +115,7 @@ def markdown(df: pd.DataFrame, command: str) -> str:
              "|---|---|---|" + "---|" * len(keep)]
     for (pol, k, rate), row in piv.iterrows():
         lines.append(f"| {pol} | {k} | {rate:g} | " + " | ".join(
-            f"{row[m]:+.1%}" for m in keep) + " |")
+            f"{row[m]:+.1%}" if row[m] == row[m] else "n/a" for m in keep) + " |")
     worst = df.groupby("metric")["rel_error"].apply(lambda s: s.abs().max())
     lines += ["", "Worst absolute error over the grid: " + ", ".join(
         f"{m} {worst[m]:.1%}" for m in keep if m in worst)]
