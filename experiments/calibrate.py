@@ -320,10 +320,12 @@ def _slowdowns(rows: pd.DataFrame) -> np.ndarray:
     return np.where(np.isfinite(slow) & (slow > 0), slow, 1.0)
 
 
-def fit_gpu(data: pd.DataFrame, spec: ModelSpec, base: HardwareSpec) -> tuple[HardwareSpec, pd.DataFrame]:
-    """Least squares on log step time over the cost model's coefficients (bounded). Where the
-    data has each window's sampled SM clock, the coefficients describe the GPU at full clock
-    and each step is priced at the clock it ran at."""
+def fit_gpu(data: pd.DataFrame, spec: ModelSpec,
+            base: HardwareSpec) -> tuple[HardwareSpec, pd.DataFrame, float]:
+    """Least squares on log step time over the cost model's coefficients (bounded), and the
+    clock elasticity: where the data has each window's sampled SM clock, a step is priced at
+    slowdown 1 + elasticity * (max clock / its clock - 1) of its compute-bound terms, the
+    elasticity fitted with the rest (0: the sampled clock explains nothing; 1: fully)."""
     from scipy.optimize import least_squares
 
     steps = data[data["kind"].isin(["prefill", "decode", "mixed"])].reset_index(drop=True)
@@ -346,28 +348,38 @@ def fit_gpu(data: pd.DataFrame, spec: ModelSpec, base: HardwareSpec) -> tuple[Ha
     def spec_of(x: np.ndarray) -> HardwareSpec:
         return HardwareSpec(**{**base_d, **{k: float(v) for (k, _, _), v in zip(keys, x, strict=True)}})
 
+    clocked = bool(np.any(slows != 1.0))
+
+    def predict(hw: HardwareSpec, elasticity: float) -> np.ndarray:
+        return np.array([step_time(s, spec, hw, 1.0 + elasticity * (w - 1.0))
+                         for s, w in zip(shapes, slows, strict=True)])
+
     def resid(x: np.ndarray) -> np.ndarray:
-        hw = spec_of(x)
-        pred = np.array([step_time(s, spec, hw, w) for s, w in zip(shapes, slows, strict=True)])
+        pred = predict(spec_of(x[:len(keys)]), x[-1] if clocked else 0.0)
         return np.log(np.maximum(pred, 1e-12)) - np.log(measured)
 
-    lo = np.array([b[1] for b in keys])
-    hi = np.array([b[2] for b in keys])
-    x0 = np.clip(np.array([base_d[k] for k, _, _ in keys], dtype=float), lo + 1e-9, hi)
+    bounds = keys + ([("clock_elasticity", 0.0, 1.5)] if clocked else [])
+    lo = np.array([b[1] for b in bounds])
+    hi = np.array([b[2] for b in bounds])
+    x0 = np.clip(np.array([base_d[k] for k, _, _ in keys] + ([1.0] if clocked else []),
+                          dtype=float), lo + 1e-9, hi)
     sol = least_squares(resid, x0, bounds=(lo, hi), x_scale="jac", max_nfev=4000)
-    hw = spec_of(sol.x)
-    steps = steps.assign(predicted_s=[step_time(s, spec, hw, w)
-                                      for s, w in zip(shapes, slows, strict=True)])
+    hw = spec_of(sol.x[:len(keys)])
+    elasticity = float(sol.x[-1]) if clocked else 0.0
+    steps = steps.assign(predicted_s=predict(hw, elasticity))
     steps["rel_error"] = steps["predicted_s"] / steps["gpu_s"] - 1
-    return hw, steps
+    return hw, steps, elasticity
 
 
 def fit_clock(data: pd.DataFrame, timeline: pd.DataFrame, clock: pd.DataFrame,
-              spec: ModelSpec, hw: HardwareSpec) -> tuple[HardwareSpec, dict[str, float]]:
+              spec: ModelSpec, hw: HardwareSpec,
+              elasticity: float = 1.0) -> tuple[HardwareSpec, dict[str, float]]:
     """Fit ``simulator.clock``'s power and heat slowdowns and its time constant on the clock
     samples taken while the GPU ran the profiled windows: the load history (every window run,
     at its tensor-core share under the fitted cost model) is replayed through the heat model,
-    and the slowdowns solve a non-negative least squares for each time constant on a grid."""
+    and the slowdowns solve a non-negative least squares for each time constant on a grid.
+    They are then scaled by ``elasticity`` (``fit_gpu``): the share of the clock's slowdown
+    that shows in step times."""
     from simulator.clock import PowerClock
     from simulator.cost_model import step_cost
 
@@ -415,9 +427,12 @@ def fit_clock(data: pd.DataFrame, timeline: pd.DataFrame, clock: pd.DataFrame,
         if best is None or err < best[0]:
             best = (err, float(tau), coef)
     err, tau, (beta, alpha) = best
+    beta, alpha = (x * elasticity if x * elasticity > 1e-9 else 0.0 for x in (beta, alpha))
     hw = dataclasses.replace(hw, clock_power_slowdown=float(f"{beta:.4g}"),
                              clock_heat_slowdown=float(f"{alpha:.4g}"), clock_tau_s=float(f"{tau:.4g}"))
-    return hw, {"clock slowdown rms": err, "samples": float(on.sum())}
+    return hw, {"clock slowdown rms": err, "samples": float(on.sum()),
+                "clock power slowdown": float(best[2][0]), "clock heat slowdown": float(best[2][1]),
+                "elasticity": elasticity}
 
 
 def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[str, float]]:
@@ -561,13 +576,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         graph_col = data.get("prefill_graph_max_tokens", pd.Series(dtype=float)).dropna()
         base = dataclasses.replace(base, prefill_graph_max_tokens=int(graph_col.max())
                                    if len(graph_col) else 0)
-        hw, steps = fit_gpu(data, spec, base)
+        hw, steps, elasticity = fit_gpu(data, spec, base)
         if args.data:  # the window timeline and clock samples saved beside the data, if any
             parts = [_companion(save, part) for part in ("timeline", "clock")]
             timeline, clock = (pd.read_csv(f) if f.exists() else pd.DataFrame() for f in parts)
         else:
             timeline, clock = prof.timeline, prof.clock
-        hw, clock_err = fit_clock(data, timeline, clock, spec, hw)
+        hw, clock_err = fit_clock(data, timeline, clock, spec, hw, elasticity)
         overhead, oerr = fit_overhead(data, args.overhead_name)
     except (ValueError, OSError, pd.errors.ParserError) as err:
         raise SystemExit(f"error: {err}") from None
@@ -582,9 +597,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     hw_d["name"] = args.name
     for k, _, _ in FIT_KEYS:
         hw_d[k] = float(f"{hw_d[k]:.6g}")
-    clock_line = ("Power-limited clock (fitted on the sampled SM clock): "
-                  + (f"rms error of the slowdown {clock_err['clock slowdown rms']:.3f} over "
-                     f"{clock_err['samples']:.0f} samples" if clock_err else "not sampled, off"))
+    clock_line = ("Power-limited clock (fitted on the sampled SM clock): " + (
+        f"clock slowdown 1 + {clock_err['clock power slowdown']:.3g} u + "
+        f"{clock_err['clock heat slowdown']:.3g} heat (tau {hw.clock_tau_s:.3g} s), rms error "
+        f"{clock_err['clock slowdown rms']:.3f} over {clock_err['samples']:.0f} samples;\n"
+        f"  step times follow {clock_err['elasticity']:.0%} of it (fitted elasticity), so the "
+        "profile's slowdowns are that share" if clock_err else "not sampled, off"))
     header = (f"Calibrated by `{command}` on {stamp}, model {spec.name}.\n"
               f"Datasheet numbers from {base_name}; the fitted keys: "
               + ", ".join(k for k, _, _ in FIT_KEYS) + ".\n"

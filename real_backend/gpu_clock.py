@@ -27,7 +27,7 @@ class ClockSampler(threading.Thread):
         self.max_sm_mhz = pynvml.nvmlDeviceGetMaxClockInfo(self._handle, pynvml.NVML_CLOCK_SM)
         self.period = period
         self._rows: list[tuple[float, int, float, int]] = []
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     @staticmethod
     def available() -> bool:
@@ -41,14 +41,14 @@ class ClockSampler(threading.Thread):
 
     def run(self) -> None:
         n, h = self._nvml, self._handle
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             self._rows.append((time.perf_counter(), n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
                                n.nvmlDeviceGetPowerUsage(h) / 1000.0,
                                n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)))
             time.sleep(self.period)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join()
 
     def frame(self) -> pd.DataFrame:

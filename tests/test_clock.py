@@ -113,3 +113,30 @@ def test_clock_sampler_is_unavailable_without_a_gpu_driver():
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")
     assert ClockSampler.available() is False
+
+
+@pytest.mark.parametrize("follows", [1.0, 0.0])
+def test_fit_gpu_finds_how_much_of_the_sampled_clock_shows_in_step_times(follows):
+    from experiments.calibrate import SHAPE_COLS, fit_gpu
+
+    truth = dataclasses.replace(H200, roofline_exponent=2.0, kernel_launch_us=5.0)
+    rng = np.random.default_rng(1)
+    rows = []
+    for i, (n, q) in enumerate([(1, 2048), (4, 1024), (8, 512), (2, 4096), (1, 8192), (16, 256)]
+                               * 3):
+        shape = StepShape(n * q, n, n * q, n, n * q * (q + 1) / 2, n * q, True)
+        mhz = float(rng.uniform(1450, 1980))
+        slow = 1 + follows * (1980 / mhz - 1)
+        rows.append({"kind": "prefill", "k": 1, "step": 0, "window": i,
+                     **{c: getattr(shape, c) for c in SHAPE_COLS},
+                     "gpu_s": stage_time(shape, MODEL, truth, slow), "sm_mhz": mhz,
+                     "max_sm_mhz": 1980.0})
+    for i, (b, c) in enumerate([(8, 500), (64, 800), (128, 300), (256, 500), (32, 1500)] * 3):
+        shape = StepShape(b, b, 0, b, 0.0, b * c, True, c)
+        rows.append({"kind": "decode", "k": 1, "step": 0, "window": 100 + i,
+                     **{c: getattr(shape, c) for c in SHAPE_COLS},
+                     "gpu_s": stage_time(shape, MODEL, truth), "sm_mhz": 1980.0,
+                     "max_sm_mhz": 1980.0})
+    hw, steps, elasticity = fit_gpu(pd.DataFrame(rows), MODEL, H200)
+    assert elasticity == pytest.approx(follows, abs=0.15)
+    assert steps["rel_error"].abs().median() < 0.02
