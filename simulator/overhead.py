@@ -40,10 +40,10 @@ class OverheadSpec:
     schedule_base_us: float = 0.0
     schedule_per_seq_us: float = 0.0
     schedule_per_token_us: float = 0.0
-    schedule_per_kv_token_us: float = 0.0
     output_base_us: float = 0.0
     output_per_seq_us: float = 0.0
     api_per_token_us: float = 0.0
+    schedule_per_kv_token_us: float = 0.0  # last: positional construction keeps its meaning
     async_output_processing: bool = False
     # async: the last step's outputs wait until the next window is scheduled and launched
     # (vLLM 0.6); false: they are processed as the window ends (schedlab's engine drains them)

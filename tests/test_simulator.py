@@ -336,3 +336,15 @@ def test_a_thousand_online_requests_with_k8_all_finish():
     # speed is measured by benchmarks/sim_speed.py (BENCHMARKS.md), not asserted here
     res = run("multi_step", synthetic(1000, seed=9, rate=50.0), overhead=V06)
     assert res.num_finished == 1000 and res.wall_seconds > 0
+
+
+def test_input_preparation_grows_with_the_kv_tokens_a_window_attends_over():
+    """schedule_per_kv_token_us: the prefill window (100 KV tokens) and each decode window
+    (101, 102) pay it on the engine thread before their GPU work."""
+    base = run("single_step", [Request(0, 0.0, 100, 3)], overhead=HAND)
+    kv = dataclasses.replace(HAND, schedule_per_kv_token_us=2.0)
+    req = Request(0, 0.0, 100, 3)
+    run("single_step", [req], overhead=kv)
+    extra = [2.0 * US * n for n in (100, 100 + 101, 100 + 101 + 102)]
+    assert req.token_times == pytest.approx(
+        [t + e for t, e in zip(base.requests[0].token_times, extra, strict=True)], abs=1e-12)
