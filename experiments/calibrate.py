@@ -10,6 +10,9 @@ schedule() + update() against batch size. The fit sees only these microbenchmark
 end-to-end run. It sets the coefficients of ``simulator.cost_model`` (a least-squares fit of
 log step time) and of ``simulator.overhead`` (linear least squares), reports each term's fit
 error, and writes ``conf/hardware/<name>.yaml`` and ``conf/overhead/<overhead_name>.yaml``.
+On a GPU with NVML it also samples the SM clock throughout (and opens with two clock bursts),
+prices each step at the clock it ran at to the extent step times follow it (a fitted
+elasticity), and fits ``simulator.clock``'s power-limited clock term on the samples.
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ from simulator.hardware import HardwareSpec
 FIT_KEYS = [("matmul_efficiency", 1e-7, 1.0), ("mem_bw_efficiency", 1e-7, 1.0),
             ("attn_prefill_efficiency", 1e-7, 1.0), ("attn_decode_efficiency", 1e-7, 1.0),
             ("roofline_exponent", 1.0, 64.0), ("attn_seq_gbps", 1.0, 1e5),
-            ("kernel_launch_us", 0.0, 1e4), ("mixed_kernels_per_layer", 0.0, 40.0), ("cuda_graph_replay_us", 0.0, 1e5),
-            ("advance_step_us", 0.0, 1e5), ("sampler_us", 0.0, 1e5)]
+            ("kernel_launch_us", 0.0, 1e4), ("mixed_kernels_per_layer", 0.0, 40.0),
+            ("cuda_graph_replay_us", 0.0, 1e5), ("advance_step_us", 0.0, 1e5),
+            ("sampler_us", 0.0, 1e5)]
 SHAPE_COLS = ["num_tokens", "num_seqs", "num_prefill_tokens", "num_sampled", "attn_pairs",
               "kv_tokens", "is_first", "max_kv_tokens"]
 OPTIONAL_COLS = {"max_kv_tokens"}  # absent from older data: read as 0 (term off)
