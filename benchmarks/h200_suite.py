@@ -51,10 +51,9 @@ def clock_sampler():
         return None
     from real_backend.gpu_clock import ClockSampler
 
-    if not ClockSampler.available():
-        return None
-    sampler = ClockSampler(period=0.02)
-    sampler.start()
+    sampler = ClockSampler.for_device(0, period=0.02)
+    if sampler is not None:
+        sampler.start()
     return sampler
 
 

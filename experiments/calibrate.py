@@ -246,9 +246,11 @@ def profile(spec: ModelSpec, backend: dict[str, Any], quick: bool, reps: int,
     if p.cuda:
         from real_backend.gpu_clock import ClockSampler
 
-        if ClockSampler.available():
-            sampler = ClockSampler()
+        sampler = ClockSampler.for_device(p.runner.device.index or 0)
+        if sampler is not None:
             sampler.start()
+    if sampler is None:
+        burst_s = 0.0  # the bursts are for the clock fit: without samples they tell nothing
     g = grid(quick, spec.max_model_len)
     rid = 0
     total = sum(len(v) for v in g.values()) + (2 if burst_s else 0)
@@ -300,8 +302,11 @@ def profile(spec: ModelSpec, backend: dict[str, Any], quick: bool, reps: int,
             for t0, t1 in spans:
                 t0, t1 = t0 - t_origin - 0.005, t1 - t_origin + 0.005
                 inside = np.flatnonzero((ct >= t0) & (ct <= t1))
-                picked.extend(inside if len(inside) else [int(np.argmin(np.abs(ct - (t0 + t1) / 2)))])
-            if picked and len(ct):
+                if len(inside):
+                    picked.extend(inside)
+                elif len(ct):
+                    picked.append(int(np.argmin(np.abs(ct - (t0 + t1) / 2))))
+            if picked:
                 mhz[wid] = float(clock["sm_mhz"].to_numpy()[picked].mean())
         data["sm_mhz"] = data["window"].map(mhz)
         data["max_sm_mhz"] = float(sampler.max_sm_mhz)
@@ -582,7 +587,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                    if len(graph_col) else 0)
         hw, steps, elasticity = fit_gpu(data, spec, base)
         if args.data:  # the window timeline and clock samples saved beside the data, if any
-            parts = [_companion(save, part) for part in ("timeline", "clock")]
+            parts = [_companion(Path(args.data), part) for part in ("timeline", "clock")]
             timeline, clock = (pd.read_csv(f) if f.exists() else pd.DataFrame() for f in parts)
         else:
             timeline, clock = prof.timeline, prof.clock

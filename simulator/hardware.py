@@ -58,6 +58,11 @@ class HardwareSpec:
     clock_tau_s: float = 10.0  # how fast the heat follows the load
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "name" and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                     or value != value):
+                raise ValueError(f"hardware.{f.name} must be a number, got {value!r}")
         for name in ("peak_tflops", "hbm_gib", "hbm_tbps", "nvlink_gbps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"hardware.{name} must be > 0, got {getattr(self, name)}")

@@ -43,16 +43,19 @@ class OverheadSpec:
     output_base_us: float = 0.0
     output_per_seq_us: float = 0.0
     api_per_token_us: float = 0.0
-    schedule_per_kv_token_us: float = 0.0  # last: positional construction keeps its meaning
     async_output_processing: bool = False
     # async: the last step's outputs wait until the next window is scheduled and launched
     # (vLLM 0.6); false: they are processed as the window ends (schedlab's engine drains them)
     defer_last_output: bool = True
     api_server_on_critical_path: bool = True
+    schedule_per_kv_token_us: float = 0.0  # added last: positional construction keeps its meaning
 
     def __post_init__(self) -> None:
         for name in _COSTS:
-            if getattr(self, name) < 0:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+                raise ValueError(f"overhead.{name} must be a number, got {value!r}")
+            if value < 0:
                 raise ValueError(f"overhead.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("async_output_processing", "defer_last_output",
                      "api_server_on_critical_path"):

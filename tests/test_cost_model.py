@@ -396,3 +396,14 @@ def test_matmul_knee_and_longest_sequence_terms():
                          ({"num_sms": 0}, "num_sms must be an integer >= 1")):
         with pytest.raises(ValueError, match=message):
             HardwareSpec.from_dict({**load("hardware", "h100_sxm"), **bad})
+
+
+@pytest.mark.parametrize("kind,bad", [("hardware", {"clock_heat_slowdown": float("nan")}),
+                                      ("hardware", {"mixed_kernels_per_layer": "three"}),
+                                      ("overhead", {"schedule_per_kv_token_us": float("nan")}),
+                                      ("overhead", {"schedule_base_us": "fast"})])
+def test_non_numbers_are_one_line_errors_naming_the_setting(kind, bad):
+    spec = HardwareSpec if kind == "hardware" else OverheadSpec
+    name = "h100_sxm" if kind == "hardware" else "vllm_v0_5"
+    with pytest.raises(ValueError, match=f"{kind}.{next(iter(bad))} must be a number"):
+        spec.from_dict({**load(kind, name), **bad})
