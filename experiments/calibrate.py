@@ -117,7 +117,7 @@ class Profiler:
         self.window_id = 0
         # run before each repetition of a window with a prefill, as a served run orders them
         self.between = Batch([self.decode_seq(-1 - i, 100, 1) for i in range(8)], 1)
-        self._record_shapes("between", self.between, 0, [math.nan], [0.0], [0.0])
+        self._record_shapes("between", self.between, 0, [], [0.0], [0.0])  # never timed
 
     def _request(self, rid: int, prompt: int) -> Request:
         ids = self.rng.integers(0, self.spec.vocab_size, prompt).tolist()
@@ -156,7 +156,7 @@ class Profiler:
                               **{c: getattr(shape, c) for c in SHAPE_COLS},
                               "prefill_graph_max_tokens": self.prefill_graph_max_tokens,
                               "gpu_s": statistics.median(r[j] for r in per_step)
-                              if per_step and isinstance(per_step[0], list) else math.nan,
+                              if per_step else math.nan,
                               "prepare_s": statistics.median(prepare) if j == 0 else math.nan,
                               "pythonize_s": statistics.median(pythonize) / k})
 
@@ -435,12 +435,12 @@ def fit_clock(data: pd.DataFrame, timeline: pd.DataFrame, clock: pd.DataFrame,
         err = float(np.sqrt(np.mean((X @ coef - (slow[on] - 1.0)) ** 2)))
         if best is None or err < best[0]:
             best = (err, float(tau), coef)
-    err, tau, (beta, alpha) = best
-    beta, alpha = (x * elasticity if x * elasticity > 1e-9 else 0.0 for x in (beta, alpha))
+    err, tau, (beta_fit, alpha_fit) = best
+    beta, alpha = (x * elasticity if x * elasticity > 1e-9 else 0.0 for x in (beta_fit, alpha_fit))
     hw = dataclasses.replace(hw, clock_power_slowdown=float(f"{beta:.4g}"),
                              clock_heat_slowdown=float(f"{alpha:.4g}"), clock_tau_s=float(f"{tau:.4g}"))
     return hw, {"clock slowdown rms": err, "samples": float(on.sum()),
-                "clock power slowdown": float(best[2][0]), "clock heat slowdown": float(best[2][1]),
+                "clock power slowdown": float(beta_fit), "clock heat slowdown": float(alpha_fit),
                 "elasticity": elasticity}
 
 

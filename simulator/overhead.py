@@ -56,7 +56,7 @@ class OverheadSpec:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
                 raise ValueError(f"overhead.{name} must be a number, got {value!r}")
             if value < 0:
-                raise ValueError(f"overhead.{name} must be >= 0, got {getattr(self, name)}")
+                raise ValueError(f"overhead.{name} must be >= 0, got {value}")
         for name in ("async_output_processing", "defer_last_output",
                      "api_server_on_critical_path"):
             if not isinstance(getattr(self, name), bool):
