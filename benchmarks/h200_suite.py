@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import real_backend  # noqa: E402,F401  (sets CUDA_MODULE_LOADING before CUDA starts)
 from experiments.validate import POLICIES, run_one  # noqa: E402
 
 GRID = POLICIES[:6] + [("chunked_prefill", None)] + POLICIES[6:]

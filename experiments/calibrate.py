@@ -6,7 +6,8 @@
 The profiling grid is made of hand-built windows (prefill chunks of many sizes, with and
 without a cached prefix; decode windows of k steps over batch sizes x context lengths; mixed
 batches) run through the real backend's ModelRunner, plus the CPU cost of the real Scheduler's
-schedule() + update() against batch size. The fit sees only these microbenchmarks, never an
+schedule() + update() against batch size. Windows with a prefill draw a new shape around their
+nominal one for every timed repetition, as served windows never repeat one. The fit sees only these microbenchmarks, never an
 end-to-end run. It sets the coefficients of ``simulator.cost_model`` (a least-squares fit of
 log step time) and of ``simulator.overhead`` (linear least squares), reports each term's fit
 error, and writes ``conf/hardware/<name>.yaml`` and ``conf/overhead/<overhead_name>.yaml``.
@@ -20,9 +21,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import functools
 import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,16 +57,18 @@ def grid(quick: bool, max_len: int) -> dict[str, list]:
     if quick:  # a CPU smoke grid for CI
         return {"prefill": [(1, 16, 0), (1, 64, 0), (2, 32, 0), (1, 32, 64)],
                 "decode": [(1, 32, 4), (4, 64, 4), (8, 32, 1)],
-                "mixed": [(4, 32, 32, 0)],
+                "mixed": [(4, 32, 1, 32, 0), (2, 16, 2, 8, 0)],
                 "cpu": [1, 4, 8]}
     fit = lambda pts: [p for p in pts if p[1] + p[2] <= max_len - 64]  # noqa: E731
     return {
-        # (num_seqs, chunk tokens each, cached prefix)
-        # (small prefill-only windows replay CUDA graphs; the rest run eagerly)
+        # (num_seqs, chunk tokens each, cached prefix): nominal sizes; every timed repetition
+        # draws its own within +-12.5% (small prefill-only windows replay CUDA graphs; the rest
+        # run eagerly)
         "prefill": fit([(1, t, 0) for t in (16, 64, 128, 200, 256, 400, 512, 600, 768, 1024,
-                                            2048, 4096, 8192)]
+                                            2048, 4096, 6000, 8000)]
                        + [(2, 100, 0), (3, 150, 0), (4, 60, 0), (8, 50, 0), (2, 250, 0)]
                        + [(4, 256, 0), (8, 512, 0), (16, 128, 0), (32, 64, 0), (2, 1024, 0)]
+                       + [(2, 3500, 0), (4, 1800, 0), (8, 900, 0), (24, 300, 0)]
                        + [(1, 512, 512), (1, 512, 2048), (1, 2048, 2048), (4, 512, 1024)]),
         # (batch size, context length, k)
         "decode": [(b, c, 4) for b in (1, 8, 32, 64, 128, 256) for c in (128, 512, 1024, 2048)]
@@ -72,10 +77,12 @@ def grid(quick: bool, max_len: int) -> dict[str, list]:
                   + [(b, 0, 4) for b in (32, 128, 192, 256)] + [(256, 0, 8)]
                   # skewed contexts (-1: 32 + Exp(400), capped at 2000)
                   + [(b, -1, 4) for b in (16, 48, 64, 96, 160, 256)],
-        # (decodes, their context, prefill chunk, the chunk's cached prefix)
-        "mixed": [(32, 512, 512, 0), (128, 512, 256, 0), (128, 512, 1536, 0), (256, 512, 1024, 0),
-                  (64, 1024, 512, 1024), (200, 256, 2048, 0), (8, 512, 64, 0), (32, 300, 128, 0),
-                  (64, 500, 200, 0), (16, 800, 500, 0)],
+        # (decodes, their context, prompts, chunk tokens each, the chunks' cached prefix)
+        "mixed": [(32, 512, 1, 512, 0), (128, 512, 1, 256, 0), (128, 512, 1, 1536, 0),
+                  (256, 512, 1, 1024, 0), (64, 1024, 1, 512, 1024), (200, 256, 1, 2048, 0),
+                  (8, 512, 1, 64, 0), (32, 300, 1, 128, 0), (64, 500, 1, 200, 0),
+                  (16, 800, 1, 500, 0), (240, 500, 4, 300, 0), (160, 400, 2, 900, 0),
+                  (250, 300, 8, 400, 0), (100, 600, 3, 150, 0)],
         "cpu": [1, 8, 32, 64, 128, 256],
     }
 
@@ -107,6 +114,8 @@ class Profiler:
         if scatter:  # served block tables are scattered over the cache, not contiguous
             self.blocks.shuffle_free(0)
         self.rng = np.random.default_rng(0)
+        self.max_len = spec.max_model_len - 64
+        self.next_id = 0
         self.reps = reps
         self.sustain_s = sustain_s
         self.rows: list[dict[str, Any]] = []
@@ -118,6 +127,17 @@ class Profiler:
         # run before each repetition of a window with a prefill, as a served run orders them
         self.between = Batch([self.decode_seq(-1 - i, 100, 1) for i in range(8)], 1)
         self._record_shapes("between", self.between, 0, [], [0.0], [0.0])  # never timed
+
+    def new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def drawn(self, q: int, cached: int) -> tuple[int, int]:
+        """A chunk and cached prefix drawn within +-12.5% of the nominal ones (as served, where
+        no two eager windows have the same shape), kept inside the model's context."""
+        q = max(1, round(q * self.rng.uniform(0.875, 1.125)))
+        cached = round(cached * self.rng.uniform(0.875, 1.125))
+        return min(q, self.max_len), max(0, min(cached, self.max_len - q))
 
     def _request(self, rid: int, prompt: int) -> Request:
         ids = self.rng.integers(0, self.spec.vocab_size, prompt).tolist()
@@ -181,9 +201,40 @@ class Profiler:
             per_step.append(gpu)
             prepare.append(out.prepare_s)
             pythonize.append(out.pythonize_s)
+        self.free(seqs)
+        self._record_shapes(kind, batch, wid, per_step, prepare, pythonize)
+
+    def measure_fresh(self, kind: str, make: Callable[[bool], list[ScheduledSeq]]) -> None:
+        """A one-step eager window as served: ``make(True)`` draws new requests of a new shape
+        for every timed repetition, each recorded as its own window. Launch-bound steps pay host
+        work per new shape (GEMM selection, allocator, launch paths) that repeating one shape
+        hides; compute-bound ones meet odd GEMM sizes. ``make(False)`` is the nominal window
+        that first runs back to back (``sustain_s``) to bring the GPU to its loaded state."""
+        nominal = make(False)
+        batch = Batch(nominal, 1)
+        self.window_id += 1
+        self._record_shapes("sustain", batch, self.window_id, [], [0.0], [0.0])  # never timed
+        self._run(self.window_id, batch)
+        t_end = time.perf_counter() + self.sustain_s
+        while time.perf_counter() < t_end:
+            self._run(self.window_id, batch)
+        self.free(nominal)
+        for _ in range(self.reps):
+            seqs = make(True)
+            batch = Batch(seqs, 1)
+            self.window_id += 1
+            self._run(0, self.between)  # as served: a prefill follows decode steps
+            if self.cuda:
+                self.torch.cuda.synchronize()
+            out, wall = self._run(self.window_id, batch, timed=True)
+            gpu = out.gpu_step_s if self.cuda else [wall - out.prepare_s]
+            self.free(seqs)
+            self._record_shapes(kind, batch, self.window_id, [gpu], [out.prepare_s],
+                                [out.pythonize_s])
+
+    def free(self, seqs: list[ScheduledSeq]) -> None:
         for s in seqs:
             self.blocks.free(s.request)
-        self._record_shapes(kind, batch, wid, per_step, prepare, pythonize)
 
     def burst(self, kind: str, seqs: list[ScheduledSeq], k: int, seconds: float,
               gaps: tuple[float, ...] = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0)) -> None:
@@ -201,8 +252,7 @@ class Profiler:
         for gap in gaps:
             time.sleep(gap)
             self._run(wid, batch, timed=True)
-        for s in seqs:
-            self.blocks.free(s.request)
+        self.free(seqs)
         self._record_shapes(kind, batch, wid, per_step, [0.0], [0.0])
 
     def cpu_scheduler(self, num_seqs: int, k: int, windows: int = 50) -> None:
@@ -224,6 +274,22 @@ class Profiler:
             now += k
         self.rows.append({"kind": "scheduler", "k": k, "step": 0, "num_seqs": num_seqs,
                           "num_tokens": num_seqs, "sched_s": statistics.median(costs)})
+
+
+def _prefill_window(p: Profiler, n: int, q: int, cached: int,
+                    drawn: bool) -> list[ScheduledSeq]:
+    """n prompts of q new tokens over a cached prefix (each drawn anew when ``drawn``)."""
+    return [p.prefill_seq(p.new_id(), *(p.drawn(q, cached) if drawn else (q, cached)))
+            for _ in range(n)]
+
+
+def _mixed_window(p: Profiler, decodes: int, ctx: int, n: int, q: int, cached: int,
+                  drawn: bool) -> list[ScheduledSeq]:
+    """``decodes`` sequences decoding at context ``ctx`` beside n prefill chunks."""
+    if drawn:
+        decodes = max(1, round(decodes * p.rng.uniform(0.875, 1.125)))
+    return ([p.decode_seq(p.new_id(), ctx, 1) for _ in range(decodes)]
+            + _prefill_window(p, n, q, cached, drawn))
 
 
 @dataclasses.dataclass
@@ -252,34 +318,28 @@ def profile(spec: ModelSpec, backend: dict[str, Any], quick: bool, reps: int,
     if sampler is None:
         burst_s = 0.0  # the bursts are for the clock fit: without samples they tell nothing
     g = grid(quick, spec.max_model_len)
-    rid = 0
     total = sum(len(v) for v in g.values()) + (2 if burst_s else 0)
     t_origin = time.perf_counter()
     with tqdm(total=total, desc="calibrating", disable=not progress) as bar:
         if burst_s:  # first, from a GPU rested by the idle start: the clock's fall and recovery
             time.sleep(5.0)
-            p.burst("burst_prefill", [p.prefill_seq(rid + i, 1024, 0) for i in range(4)], 1,
+            p.burst("burst_prefill", [p.prefill_seq(p.new_id(), 1024, 0) for _ in range(4)], 1,
                     burst_s)
-            p.burst("burst_decode", [p.decode_seq(rid + 4 + i, 500, 8) for i in range(256)], 8,
+            p.burst("burst_decode", [p.decode_seq(p.new_id(), 500, 8) for _ in range(256)], 8,
                     burst_s / 2)
-            rid += 260
             bar.update(2)
         for n, q, cached in g["prefill"]:
-            p.measure("prefill", [p.prefill_seq(rid + i, q, cached) for i in range(n)], 1)
-            rid += n
+            p.measure_fresh("prefill", functools.partial(_prefill_window, p, n, q, cached))
             bar.update()
         for b, ctx, k in g["decode"]:
             if ctx == -1:  # skewed as served: mostly short, a few long
                 ctxs = [int(c) for c in np.minimum(32 + p.rng.exponential(400, b), 2000)]
             else:
                 ctxs = [ctx or int(c) for c in p.rng.integers(32, 2000, b)]
-            p.measure("decode", [p.decode_seq(rid + i, c, k) for i, c in enumerate(ctxs)], k)
-            rid += b
+            p.measure("decode", [p.decode_seq(p.new_id(), c, k) for c in ctxs], k)
             bar.update()
-        for b, ctx, q, cached in g["mixed"]:
-            seqs = [p.decode_seq(rid + i, ctx, 1) for i in range(b)]
-            p.measure("mixed", seqs + [p.prefill_seq(rid + b, q, cached)], 1)
-            rid += b + 1
+        for b, ctx, n, q, cached in g["mixed"]:
+            p.measure_fresh("mixed", functools.partial(_mixed_window, p, b, ctx, n, q, cached))
             bar.update()
         for n in g["cpu"]:
             for k in (1, 8):
