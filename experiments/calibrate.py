@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import functools
+import gc
 import math
 import statistics
 import time
@@ -320,31 +321,38 @@ def profile(spec: ModelSpec, backend: dict[str, Any], quick: bool, reps: int,
     g = grid(quick, spec.max_model_len)
     total = sum(len(v) for v in g.values()) + (2 if burst_s else 0)
     t_origin = time.perf_counter()
-    with tqdm(total=total, desc="calibrating", disable=not progress) as bar:
-        if burst_s:  # first, from a GPU rested by the idle start: the clock's fall and recovery
-            time.sleep(5.0)
-            p.burst("burst_prefill", [p.prefill_seq(p.new_id(), 1024, 0) for _ in range(4)], 1,
-                    burst_s)
-            p.burst("burst_decode", [p.decode_seq(p.new_id(), 500, 8) for _ in range(256)], 8,
-                    burst_s / 2)
-            bar.update(2)
-        for n, q, cached in g["prefill"]:
-            p.measure_fresh("prefill", functools.partial(_prefill_window, p, n, q, cached))
-            bar.update()
-        for b, ctx, k in g["decode"]:
-            if ctx == -1:  # skewed as served: mostly short, a few long
-                ctxs = [int(c) for c in np.minimum(32 + p.rng.exponential(400, b), 2000)]
-            else:
-                ctxs = [ctx or int(c) for c in p.rng.integers(32, 2000, b)]
-            p.measure("decode", [p.decode_seq(p.new_id(), c, k) for c in ctxs], k)
-            bar.update()
-        for b, ctx, n, q, cached in g["mixed"]:
-            p.measure_fresh("mixed", functools.partial(_mixed_window, p, b, ctx, n, q, cached))
-            bar.update()
-        for n in g["cpu"]:
-            for k in (1, 8):
-                p.cpu_scheduler(n, k)
-            bar.update()
+    # As the serving loop does: what exists before the timed work is frozen out of the
+    # collector, so a full collection cannot land in a timed window.
+    gc.collect()
+    gc.freeze()
+    try:
+        with tqdm(total=total, desc="calibrating", disable=not progress) as bar:
+            if burst_s:  # first, from a GPU rested by the idle start: the clock's fall and recovery
+                time.sleep(5.0)
+                p.burst("burst_prefill", [p.prefill_seq(p.new_id(), 1024, 0) for _ in range(4)], 1,
+                        burst_s)
+                p.burst("burst_decode", [p.decode_seq(p.new_id(), 500, 8) for _ in range(256)], 8,
+                        burst_s / 2)
+                bar.update(2)
+            for n, q, cached in g["prefill"]:
+                p.measure_fresh("prefill", functools.partial(_prefill_window, p, n, q, cached))
+                bar.update()
+            for b, ctx, k in g["decode"]:
+                if ctx == -1:  # skewed as served: mostly short, a few long
+                    ctxs = [int(c) for c in np.minimum(32 + p.rng.exponential(400, b), 2000)]
+                else:
+                    ctxs = [ctx or int(c) for c in p.rng.integers(32, 2000, b)]
+                p.measure("decode", [p.decode_seq(p.new_id(), c, k) for c in ctxs], k)
+                bar.update()
+            for b, ctx, n, q, cached in g["mixed"]:
+                p.measure_fresh("mixed", functools.partial(_mixed_window, p, b, ctx, n, q, cached))
+                bar.update()
+            for n in g["cpu"]:
+                for k in (1, 8):
+                    p.cpu_scheduler(n, k)
+                bar.update()
+    finally:
+        gc.unfreeze()
     data = pd.DataFrame(p.rows)
     timeline = pd.DataFrame(p.timeline, columns=["window", "start_s", "end_s", "gpu_s"])
     timeline[["start_s", "end_s"]] -= t_origin
