@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -152,7 +153,8 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
              "kernels": runner.kernels.name, "cuda_graph_sizes": sorted(runner.graphs.graphs),
              "prefill_graphs": len(runner.prefill_graphs.graphs),
              "prefill_graph_replays": runner.prefill_graph_replays - replays_before,
-             "async_output": cfg.async_output, "weights": cfg.weights or "random"}
+             "async_output": cfg.async_output, "weights": cfg.weights or "random",
+             "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "default")}
     token_ids = ({r.request_id: list(r.output_token_ids) for r in requests}
                  if cfg.save_token_ids else None)
     return RealResult(duration, stats, steps, token_ids)
