@@ -45,3 +45,45 @@ def test_calibrate_validate_plot_on_cpu(tmp_path):
     assert sim["schedlab"]["num_blocks"] == 256
     made = plot.plot_table(tmp_path / "val" / "validation.csv", tmp_path / "figs")
     assert any(p.suffix == ".png" for p in made)
+
+
+def test_eager_windows_draw_a_new_shape_every_repetition():
+    """Served eager windows never repeat a shape: each timed repetition of a window with a
+    prefill is its own window, drawn within +-12.5% of the nominal chunk, and the untimed
+    back-to-back nominal runs are kept out of the step-time fit."""
+    from experiments import calibrate
+    from policies import ModelSpec
+
+    spec = ModelSpec.from_dict(calibrate.load_conf("model", "tiny"))
+    p = calibrate.Profiler(spec, {"device": "cpu", "num_blocks": 512}, reps=4)
+    free = p.blocks.num_free_blocks  # the 'between' window keeps its blocks
+    p.measure_fresh("prefill", lambda drawn: calibrate._prefill_window(p, 2, 64, 32, drawn))
+    p.measure_fresh("mixed", lambda drawn: calibrate._mixed_window(p, 8, 40, 1, 48, 0, drawn))
+    rows = pd.DataFrame(p.rows)
+    assert list(rows["kind"].value_counts().sort_index().items()) == [
+        ("between", 1), ("mixed", 4), ("prefill", 4), ("sustain", 2)]
+    timed = rows[rows["kind"].isin(["prefill", "mixed"])]
+    assert timed["window"].is_unique and (timed["gpu_s"] > 0).all()
+    pre = rows[rows["kind"] == "prefill"]
+    # two prompts of 56..72 new tokens each over a cached prefix of 28..36
+    assert pre["num_prefill_tokens"].between(2 * 56, 2 * 72).all()
+    assert pre["num_prefill_tokens"].nunique() > 1
+    assert (pre["kv_tokens"] - pre["num_prefill_tokens"]).between(2 * 28, 2 * 36).all()
+    assert rows.loc[rows["kind"] == "sustain", "gpu_s"].isna().all()
+    assert p.blocks.num_free_blocks == free  # every measured window's blocks came back
+
+
+def test_importing_the_engine_loads_cuda_kernels_eagerly_unless_told_otherwise():
+    import os
+    import subprocess
+    import sys
+
+    code = "import os, real_backend; print(os.environ['CUDA_MODULE_LOADING'])"
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_MODULE_LOADING"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "EAGER"
+    env["CUDA_MODULE_LOADING"] = "LAZY"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "LAZY"
