@@ -7,8 +7,9 @@ The profiling grid is made of hand-built windows (prefill chunks of many sizes, 
 without a cached prefix; decode windows of k steps over batch sizes x context lengths; mixed
 batches) run through the real backend's ModelRunner, plus the CPU cost of the real Scheduler's
 schedule() + update() against batch size. Windows with a prefill draw a new shape around their
-nominal one for every timed repetition, as served windows never repeat one. The fit sees only these microbenchmarks, never an
-end-to-end run. It sets the coefficients of ``simulator.cost_model`` (a least-squares fit of
+nominal one for every timed repetition, as served windows never repeat one; the collector is
+frozen while profiling, as it is while serving. The fit sees only these microbenchmarks, never
+an end-to-end run. It sets the coefficients of ``simulator.cost_model`` (a least-squares fit of
 log step time) and of ``simulator.overhead`` (linear least squares), reports each term's fit
 error, and writes ``conf/hardware/<name>.yaml`` and ``conf/overhead/<overhead_name>.yaml``.
 On a GPU with NVML it also samples the SM clock throughout (and opens with two clock bursts),
