@@ -31,43 +31,26 @@ import pandas as pd  # noqa: E402
 
 import real_backend  # noqa: E402,F401  (sets CUDA_MODULE_LOADING before CUDA starts)
 from experiments.validate import run_one  # noqa: E402
-from policies import Batch, Request, SchedulerConfig, make_scheduler  # noqa: E402
+from policies import Batch  # noqa: E402
 
 TABLE: list[str] = []
 
 
-def served(out: Path, model: list[str], prompts: int, profiled: bool = False) -> None:
-    ov = ["backend=real", "policy=cp1", "policy.num_steps=8", *model, "workload=sharegpt",
-          f"workload.num_prompts={prompts}", "workload.seed=0", "workload.request_rate=inf",
-          "progress=false"]
-    if profiled:  # the whole served run under cProfile, with the allocator's counters
-        import torch
+def _cp1_overrides(model: list[str], prompts: int) -> list[str]:
+    return ["backend=real", "policy=cp1", "policy.num_steps=8", *model, "workload=sharegpt",
+            f"workload.num_prompts={prompts}", "workload.seed=0", "workload.request_rate=inf",
+            "progress=false"]
 
-        before = torch.cuda.memory_stats() if torch.cuda.is_available() else {}
-        prof = cProfile.Profile()
-        prof.enable()
-        run_one(ov, out / "served_cp1_profiled")
-        prof.disable()
-        buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
-        print("==== cProfile of a served cp1 run")
-        print(buf.getvalue())
-        after = torch.cuda.memory_stats() if torch.cuda.is_available() else {}
-        for key in ("num_alloc_retries", "num_device_alloc", "num_device_free",
-                    "num_sync_all_streams", "num_ooms"):
-            TABLE.append(f"allocator {key}: {after.get(key, 0) - before.get(key, 0)}")
-        st = pd.read_csv(out / "served_cp1_profiled" / "steps.csv")
-        m = st[(st.num_prefill_seqs > 0) & (st.num_prefill_seqs < st.num_seqs)]
-        pre = st[(st.num_prefill_seqs > 0) & (st.num_prefill_seqs == st.num_seqs)]
-        TABLE.append(f"profiled served cp1: duration {st.t_start.iloc[-1]:.2f} s; mixed n={len(m)} "
-                     f"launch med {m.launch_s.median()*1e3:.2f} mean {m.launch_s.mean()*1e3:.2f} "
-                     f"ms, blocked (launch > 0.9 gpu) {int((m.launch_s > 0.9 * m.gpu_s).sum())}; "
-                     f"prefill-only n={len(pre)} launch med {pre.launch_s.median()*1e3:.2f} ms")
-        return
-    res = run_one(ov, out / "served_cp1")
+
+def _mixed(steps: pd.DataFrame) -> pd.DataFrame:
+    """The windows whose step 1 holds both prefill chunks and decodes."""
+    return steps[(steps.num_prefill_seqs > 0) & (steps.num_prefill_seqs < steps.num_seqs)]
+
+
+def served(out: Path, model: list[str], prompts: int) -> None:
+    res = run_one(_cp1_overrides(model, prompts), out / "served_cp1")
     TABLE.append(f"served cp1: req/s {res['request_throughput']:.2f}")
-    st = pd.read_csv(out / "served_cp1" / "steps.csv")
-    mixed = st[(st.num_prefill_seqs > 0) & (st.num_prefill_seqs < st.num_seqs)]
+    mixed = _mixed(pd.read_csv(out / "served_cp1" / "steps.csv"))
     for lo, hi in ((1, 384), (385, 768), (769, 1536), (1537, 1 << 20)):
         m = mixed[(mixed.num_tokens >= lo) & (mixed.num_tokens <= hi)]
         if len(m):
@@ -76,23 +59,37 @@ def served(out: Path, model: list[str], prompts: int, profiled: bool = False) ->
                          f"{m.launch_s.median()*1e3:.2f} prep med {m.prepare_s.median()*1e3:.2f} ms")
 
 
-def scheduler_256() -> object:
-    """A real scheduler with 256 decoding requests: one schedule() + update() is served CPU work."""
-    s = make_scheduler("multi_step", {"num_steps": 8}, SchedulerConfig(
-        max_num_seqs=256, max_num_batched_tokens=1 << 20), 1 << 20, 1 << 20)
-    for i in range(256):
-        s.add_request(Request(i, 0.0, 256, 1 << 19))
-    while s.num_waiting:
-        b = s.schedule(0.0)
-        s.update(b, [0.0] * b.num_steps)
-    return s
+def served_profiled(out: Path, model: list[str], prompts: int) -> None:
+    """The whole served cp1 run under cProfile, with the CUDA allocator's counters."""
+    import torch
+
+    before = torch.cuda.memory_stats() if torch.cuda.is_available() else {}
+    prof = cProfile.Profile()
+    prof.enable()
+    run_one(_cp1_overrides(model, prompts), out / "served_cp1_profiled")
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+    print("==== cProfile of a served cp1 run")
+    print(buf.getvalue())
+    after = torch.cuda.memory_stats() if torch.cuda.is_available() else {}
+    for key in ("num_alloc_retries", "num_device_alloc", "num_device_free",
+                "num_sync_all_streams", "num_ooms"):
+        TABLE.append(f"allocator {key}: {after.get(key, 0) - before.get(key, 0)}")
+    st = pd.read_csv(out / "served_cp1_profiled" / "steps.csv")
+    m = _mixed(st)
+    pre = st[(st.num_prefill_seqs > 0) & (st.num_prefill_seqs == st.num_seqs)]
+    TABLE.append(f"profiled served cp1: duration {st.t_start.iloc[-1]:.2f} s; mixed n={len(m)} "
+                 f"launch med {m.launch_s.median()*1e3:.2f} mean {m.launch_s.mean()*1e3:.2f} "
+                 f"ms, blocked (launch > 0.9 gpu) {int((m.launch_s > 0.9 * m.gpu_s).sum())}; "
+                 f"prefill-only n={len(pre)} launch med {pre.launch_s.median()*1e3:.2f} ms")
 
 
 def isolated(model: str, device: str, reps: int) -> None:
     import torch
     import yaml
 
-    from experiments.calibrate import Profiler
+    from experiments.calibrate import Profiler, decoding_scheduler
     from experiments.run import CONF_DIR
     from policies import ModelSpec
 
@@ -115,7 +112,7 @@ def isolated(model: str, device: str, reps: int) -> None:
         for s in seqs:
             p.blocks.free(s.request)
 
-    sched = scheduler_256()
+    sched = decoding_scheduler(256, 8)
     big = [p.decode_seq(new_id(), int(c), 8) for c in rng.integers(32, 1200, 256)]
     big_batch = Batch(big, 8)
     now = [0.0]
@@ -219,7 +216,7 @@ def main() -> None:
         model, device, reps = ["model=llama3_8b"], "cuda", 8
         sustained_load(10)
     if args.profiled:
-        served(out, model, args.prompts, profiled=True)
+        served_profiled(out, model, args.prompts)
         print("\n".join(TABLE))
         return
     for part in (lambda: served(out, model, args.prompts),

@@ -37,7 +37,15 @@ import yaml
 
 from experiments.files import atomic_path, write_text_atomic
 from experiments.run import CONF_DIR
-from policies import Batch, ModelSpec, Request, ScheduledSeq, SchedulerConfig, make_scheduler
+from policies import (
+    Batch,
+    ModelSpec,
+    Request,
+    ScheduledSeq,
+    Scheduler,
+    SchedulerConfig,
+    make_scheduler,
+)
 from policies.block_manager import BlockManager
 from simulator.cost_model import StepShape, step_time, window_shapes
 from simulator.hardware import HardwareSpec
@@ -182,23 +190,32 @@ class Profiler:
                               "prepare_s": statistics.median(prepare) if j == 0 else math.nan,
                               "pythonize_s": statistics.median(pythonize) / k})
 
+    def _sustain(self, wid: int, batch: Batch) -> None:
+        """Warm-up (graph and kernel selection), then the window back to back for
+        ``sustain_s``: a served run keeps the GPU busy, and under sustained load it settles at
+        lower clocks (power limit) than in short bursts."""
+        self._run(wid, batch)
+        t_end = time.perf_counter() + self.sustain_s
+        while time.perf_counter() < t_end:
+            self._run(wid, batch)
+
+    def _timed(self, wid: int, batch: Batch, after_decode: bool):
+        """One timed run from an idle GPU; ``after_decode``: right after a decode window, as a
+        served prefill follows decode steps. Returns the window's result and wall seconds."""
+        if after_decode:
+            self._run(0, self.between)
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        return self._run(wid, batch, timed=True)
+
     def measure(self, kind: str, seqs: list[ScheduledSeq], k: int) -> None:
         batch = Batch(seqs, k)
         self.window_id += 1
         wid = self.window_id
-        self._run(wid, batch)  # warm-up (and graph/kernel selection)
-        # Then the same window back to back for a while: a served run keeps the GPU busy, and
-        # under sustained load it settles at lower clocks (power limit) than in short bursts.
-        t_end = time.perf_counter() + self.sustain_s
-        while time.perf_counter() < t_end:
-            self._run(wid, batch)
+        self._sustain(wid, batch)
         per_step, prepare, pythonize = [], [], []
         for _ in range(self.reps):
-            if kind != "decode":
-                self._run(0, self.between)  # as served: a prefill follows decode steps
-            if self.cuda:
-                self.torch.cuda.synchronize()
-            out, wall = self._run(wid, batch, timed=True)
+            out, wall = self._timed(wid, batch, after_decode=kind != "decode")
             gpu = out.gpu_step_s if self.cuda else [(wall - out.prepare_s) / k] * k
             per_step.append(gpu)
             prepare.append(out.prepare_s)
@@ -216,19 +233,13 @@ class Profiler:
         batch = Batch(nominal, 1)
         self.window_id += 1
         self._record_shapes("sustain", batch, self.window_id, [], [0.0], [0.0])  # never timed
-        self._run(self.window_id, batch)
-        t_end = time.perf_counter() + self.sustain_s
-        while time.perf_counter() < t_end:
-            self._run(self.window_id, batch)
+        self._sustain(self.window_id, batch)
         self.free(nominal)
         for _ in range(self.reps):
             seqs = make(True)
             batch = Batch(seqs, 1)
             self.window_id += 1
-            self._run(0, self.between)  # as served: a prefill follows decode steps
-            if self.cuda:
-                self.torch.cuda.synchronize()
-            out, wall = self._run(self.window_id, batch, timed=True)
+            out, wall = self._timed(self.window_id, batch, after_decode=True)
             gpu = out.gpu_step_s if self.cuda else [wall - out.prepare_s]
             self.free(seqs)
             self._record_shapes(kind, batch, self.window_id, [gpu], [out.prepare_s],
@@ -259,13 +270,7 @@ class Profiler:
 
     def cpu_scheduler(self, num_seqs: int, k: int, windows: int = 50) -> None:
         """schedule() + update() of the real Scheduler with num_seqs decoding requests."""
-        s = make_scheduler("multi_step", {"num_steps": k}, SchedulerConfig(
-            max_num_seqs=max(num_seqs, 1), max_num_batched_tokens=1 << 20), 1 << 20, 1 << 20)
-        for i in range(num_seqs):
-            s.add_request(Request(i, 0.0, 256, 1 << 19))
-        while s.num_waiting:
-            b = s.schedule(0.0)
-            s.update(b, [0.0] * b.num_steps)
+        s = decoding_scheduler(num_seqs, k)
         costs = []
         now = 0.0
         for _ in range(windows):
@@ -276,6 +281,19 @@ class Profiler:
             now += k
         self.rows.append({"kind": "scheduler", "k": k, "step": 0, "num_seqs": num_seqs,
                           "num_tokens": num_seqs, "sched_s": statistics.median(costs)})
+
+
+def decoding_scheduler(num_seqs: int, k: int) -> Scheduler:
+    """A real multi_step k Scheduler whose num_seqs requests are all admitted and decoding (an
+    unbounded KV cache): its schedule() + update() is the serving loop's CPU work per window."""
+    s = make_scheduler("multi_step", {"num_steps": k}, SchedulerConfig(
+        max_num_seqs=max(num_seqs, 1), max_num_batched_tokens=1 << 20), 1 << 20, 1 << 20)
+    for i in range(num_seqs):
+        s.add_request(Request(i, 0.0, 256, 1 << 19))
+    while s.num_waiting:
+        b = s.schedule(0.0)
+        s.update(b, [0.0] * b.num_steps)
+    return s
 
 
 def _prefill_window(p: Profiler, n: int, q: int, cached: int,
