@@ -43,7 +43,7 @@ def line(tag: str, res: dict, wall: float) -> str:
     s = res.get("schedlab", {})
     return (f"{tag:<34} {res['request_throughput']:7.2f} {res['mean_ttft_ms']:9.1f} "
             f"{res['median_ttft_ms']:9.1f} {res['mean_tpot_ms']:7.2f} {res['median_tpot_ms']:7.2f} "
-            f"{s.get('num_preemptions', 0):5d} {wall:6.0f}")
+            f"{s.get('num_preemptions', 0):5d} {wall:6.0f} {s.get('setup_s', 0):6.1f}")
 
 
 def clock_sampler():
@@ -80,6 +80,9 @@ def main() -> None:
     ap.add_argument("--fp32-prompts", type=int, default=300)
     ap.add_argument("--policies", default=None, help="policy:k list for grid and poisson (default: all)")
     ap.add_argument("--warm-seconds", type=float, default=20.0)
+    ap.add_argument("--extra", default="", help="comma-separated overrides added to every run "
+                    "(e.g. backend.piecewise_graph_max_tokens=0)")
+    ap.add_argument("--tag", default="", help="suffix of every run directory (A/B runs)")
     ap.add_argument("--smoke", action="store_true", help="tiny model on cpu: check the script")
     args = ap.parse_args()
     if args.smoke:
@@ -89,6 +92,8 @@ def main() -> None:
     table = []
 
     def go(tag: str, overrides: list[str]) -> dict | None:
+        tag += args.tag
+        overrides = overrides + [o for o in args.extra.split(",") if o]
         t0 = time.perf_counter()
         sampler = clock_sampler()
         try:
@@ -157,7 +162,7 @@ def main() -> None:
             (out / "fp32_compare.json").write_text(json.dumps({"same": same, "n": len(a),
                                                                "first_diff": first}))
     print("\n" + f"{'run':<34} {'req/s':>7} {'TTFTmean':>9} {'TTFTmed':>9} {'TPOTmn':>7} "
-          f"{'TPOTmd':>7} {'pre':>5} {'wall':>6}")
+          f"{'TPOTmd':>7} {'pre':>5} {'wall':>6} {'setup':>6}")
     print("\n".join(table))
 
 

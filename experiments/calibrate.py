@@ -112,6 +112,7 @@ class Profiler:
         self.cfg = BackendConfig.from_mapping(backend)
         graphs = self.cfg.use_cuda_graphs
         self.prefill_graph_max_tokens = self.cfg.prefill_graph_max_tokens if graphs else 0
+        self.piecewise_graph_max_tokens = self.cfg.piecewise_graph_max_tokens if graphs else 0
         probe = make_scheduler("multi_step", {"num_steps": 16},
                                SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192), 1,
                                spec.max_model_len)
@@ -185,6 +186,7 @@ class Profiler:
             self.rows.append({"kind": kind, "k": k, "step": j, "window": wid,
                               **{c: getattr(shape, c) for c in SHAPE_COLS},
                               "prefill_graph_max_tokens": self.prefill_graph_max_tokens,
+                              "piecewise_graph_max_tokens": self.piecewise_graph_max_tokens,
                               "gpu_s": statistics.median(r[j] for r in per_step)
                               if per_step else math.nan,
                               "prepare_s": statistics.median(prepare) if j == 0 else math.nan,
@@ -668,10 +670,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for part in ("timeline", "clock"):
                 with atomic_path(_companion(save, part)) as tmp:
                     getattr(prof, part).to_csv(tmp, index=False)
-        # the engine's prefill graphs, as profiled (older data: none)
-        graph_col = data.get("prefill_graph_max_tokens", pd.Series(dtype=float)).dropna()
-        base = dataclasses.replace(base, prefill_graph_max_tokens=int(graph_col.max())
-                                   if len(graph_col) else 0)
+        # the engine's prefill and piecewise graphs, as profiled (older data: none)
+        graphs = {}
+        for key in ("prefill_graph_max_tokens", "piecewise_graph_max_tokens"):
+            col = data.get(key, pd.Series(dtype=float)).dropna()
+            graphs[key] = int(col.max()) if len(col) else 0
+        base = dataclasses.replace(base, **graphs)
         hw, steps, elasticity = fit_gpu(data, spec, base)
         if args.data:  # the window timeline and clock samples saved beside the data, if any
             parts = [_companion(Path(args.data), part) for part in ("timeline", "clock")]

@@ -2,7 +2,9 @@
 
 Decode steps replay CUDA graphs captured at batch sizes 1, 2, 4, 8, 16, 24, ..., 256;
 prefill-only steps of at most 8 prompts replay graphs captured at padded token and prompt
-counts; decode attention splits each sequence's keys over several programs when the batch is
+counts; every other step of at most ``piecewise_graph_max_tokens`` tokens (mixed prefill +
+decode steps, larger prefills) replays piecewise graphs captured at a padded token count, with
+attention run eagerly between the pieces; decode attention splits each sequence's keys over several programs when the batch is
 too small to fill the GPU. The engine captures and launches exactly these; the simulator prices
 exactly these. No torch here: the simulator imports it.
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 DECODE_GRAPH_SIZES = (1, 2, 4, 8, *range(16, 257, 8))
 PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 192, 256, 384, 512)
 PREFILL_GRAPH_SEQS = (1, 2, 4, 8)
+# finer steps where launches dominate, coarser where padding would cost compute
+PIECEWISE_GRAPH_TOKENS = (*range(32, 513, 32), *range(576, 1025, 64), *range(1152, 2049, 128))
 
 
 def decode_graph_sizes(max_num_seqs: int) -> list[int]:
@@ -31,6 +35,17 @@ def prefill_graph_key(num_tokens: int, num_seqs: int, max_tokens: int) -> tuple[
     t = next((b for b in PREFILL_GRAPH_TOKENS if num_tokens <= b <= max_tokens), None)
     p = next((b for b in PREFILL_GRAPH_SEQS if b >= num_seqs), None)
     return None if t is None or p is None else (t, p)
+
+
+def piecewise_graph_size(num_tokens: int, max_tokens: int) -> int | None:
+    """The padded token count of the piecewise graphs a step of num_tokens replays, or None
+    when it runs eagerly (no captured size <= ``max_tokens`` holds it)."""
+    return next((b for b in PIECEWISE_GRAPH_TOKENS if num_tokens <= b <= max_tokens), None)
+
+
+def piecewise_graph_sizes(max_tokens: int) -> list[int]:
+    """The piecewise graph token counts to capture for ``max_tokens``."""
+    return [b for b in PIECEWISE_GRAPH_TOKENS if b <= max_tokens]
 
 
 def decode_splits(num_seqs: int, kv_heads: int, num_sms: int) -> int:

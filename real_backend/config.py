@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from policies.base import check_settings
-from policies.step_sizes import PREFILL_GRAPH_TOKENS
+from policies.step_sizes import PIECEWISE_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
 from real_backend.sampling import SamplingParams
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -25,6 +25,8 @@ class BackendConfig:
     gpu_memory_utilization: float = 0.9
     cuda_graphs: bool = True  # decode steps replay CUDA graphs (cuda only)
     prefill_graph_max_tokens: int = 512  # prefill-only steps up to this size replay graphs too; 0: none
+    # other steps (mixed prefill + decode, larger prefills) up to this size replay piecewise graphs
+    piecewise_graph_max_tokens: int = 2048
     async_output: bool = True  # pythonize step n while step n+1 runs
     weights: str | None = None  # None: seeded random weights; else a Hugging Face directory
     seed: int = 0
@@ -55,6 +57,9 @@ class BackendConfig:
         if not 0 <= self.prefill_graph_max_tokens <= PREFILL_GRAPH_TOKENS[-1]:
             raise ValueError(f"backend.prefill_graph_max_tokens must be in [0, "
                              f"{PREFILL_GRAPH_TOKENS[-1]}], got {self.prefill_graph_max_tokens}")
+        if not 0 <= self.piecewise_graph_max_tokens <= PIECEWISE_GRAPH_TOKENS[-1]:
+            raise ValueError(f"backend.piecewise_graph_max_tokens must be in [0, "
+                             f"{PIECEWISE_GRAPH_TOKENS[-1]}], got {self.piecewise_graph_max_tokens}")
         if self.kernels not in ("auto", "torch", "triton"):
             raise ValueError(f"backend.kernels must be auto, torch or triton, got {self.kernels!r}")
 

@@ -1,5 +1,6 @@
-"""CUDA graphs of decode steps (one per padded batch size) and of small prefill-only steps (one per
-padded token and sequence count), replayed over static input buffers."""
+"""CUDA graphs of decode steps (one per padded batch size), of small prefill-only steps (one per
+padded token and sequence count), and piecewise graphs of other steps (the L + 1 pieces between
+attentions, one set per padded token count), replayed over static input buffers."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from functools import partial
 
 import torch
 
-from policies.step_sizes import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS
+from policies.step_sizes import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS, piecewise_graph_sizes
 
 
 @dataclass(slots=True)
@@ -37,8 +38,17 @@ class PrefillGraphs:
         return self.logits[key]
 
 
-def _capture(run: Callable[[], torch.Tensor], pool: object) -> tuple[torch.cuda.CUDAGraph,
-                                                                    torch.Tensor]:
+@dataclass(slots=True)
+class PiecewiseGraphs:
+    graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = field(default_factory=dict)
+    sizes: list[int] = field(default_factory=list)  # captured token counts, ascending
+
+    def replay(self, tokens: int, piece: int) -> None:
+        self.graphs[tokens, piece].replay()
+
+
+def _capture(run: Callable[[], torch.Tensor | None], pool: object
+             ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor | None]:
     run()  # warm-up outside the capture: Triton compiles, cuBLAS picks kernels
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -66,5 +76,18 @@ def capture_prefill_graphs(prefill_step: Callable[[int, int], torch.Tensor], max
     for t in sorted((t for t in PREFILL_GRAPH_TOKENS if t <= max_tokens), reverse=True):
         for p in PREFILL_GRAPH_SEQS:
             out.graphs[t, p], out.logits[t, p] = _capture(partial(prefill_step, t, p), pool)
+    torch.cuda.synchronize()
+    return out
+
+
+def capture_piecewise_graphs(piece: Callable[[int, int], None], num_pieces: int, max_tokens: int,
+                             pool: object) -> PiecewiseGraphs:
+    """Capture ``piece(tokens, i)`` for i < num_pieces at every padded token count up to
+    ``max_tokens``, in the shared pool. A piece reads and writes only static buffers; what it
+    allocates is freed when it ends, so every piece of every size can reuse the same memory."""
+    out = PiecewiseGraphs(sizes=piecewise_graph_sizes(max_tokens))
+    for t in reversed(out.sizes):
+        for i in range(num_pieces):
+            out.graphs[t, i] = _capture(partial(piece, t, i), pool)[0]
     torch.cuda.synchronize()
     return out

@@ -138,6 +138,7 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
     gc.collect()
     gc.freeze()
     replays_before = runner.prefill_graph_replays  # the warm-up's are not the run's
+    pieces_before = runner.piecewise_replays
     clock.start()
     try:
         _serve(pending, sched, runner, clock, steps, bar)
@@ -153,6 +154,8 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
              "kernels": runner.kernels.name, "cuda_graph_sizes": sorted(runner.graphs.graphs),
              "prefill_graphs": len(runner.prefill_graphs.graphs),
              "prefill_graph_replays": runner.prefill_graph_replays - replays_before,
+             "piecewise_graph_sizes": runner.piecewise.sizes,
+             "piecewise_graph_replays": runner.piecewise_replays - pieces_before,
              "async_output": cfg.async_output, "weights": cfg.weights or "random",
              "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "default")}
     token_ids = ({r.request_id: list(r.output_token_ids) for r in requests}

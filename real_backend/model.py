@@ -76,6 +76,35 @@ def rope_table(spec: ModelSpec, device: torch.device | str) -> torch.Tensor:
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def layer_input(model: Llama, i: int, x: torch.Tensor, delta: torch.Tensor | None,
+                positions: torch.Tensor, kernels: Kernels, qkv_out: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Layer i up to its attention: (q, k, v, x) with q/k rotated in place, x the residual stream
+    with the previous layer's MLP output ``delta`` added (fused into the RMSNorm). ``qkv_out``:
+    where the fused qkv projection is written (piecewise graphs' static buffer)."""
+    spec, w = model.spec, model.layers[i]
+    n, d = x.shape[0], spec.head_dim
+    h, x = kernels.add_rms_norm(x, delta, w.input_norm, spec.rms_norm_eps)
+    qkv = F.linear(h, w.qkv) if qkv_out is None else torch.matmul(h, w.qkv.t(), out=qkv_out)
+    q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
+    q, k, v = q.view(n, -1, d), k.view(n, -1, d), v.view(n, -1, d)
+    kernels.rotary_embedding(positions, q, k, model.rope)
+    return q, k, v, x
+
+
+def layer_output(model: Llama, i: int, x: torch.Tensor, attn: torch.Tensor,
+                 kernels: Kernels) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer i after its attention (``attn`` [T, q_size]): (x, delta), the residual stream with
+    the attention output added and the MLP's output, which the next norm adds."""
+    w = model.layers[i]
+    h, x = kernels.add_rms_norm(x, F.linear(attn, w.o), w.post_norm, model.spec.rms_norm_eps)
+    return x, F.linear(kernels.silu_and_mul(F.linear(h, w.gate_up)), w.down)
+
+
+def final_norm(model: Llama, x: torch.Tensor, delta: torch.Tensor, kernels: Kernels) -> torch.Tensor:
+    return kernels.add_rms_norm(x, delta, model.norm, model.spec.rms_norm_eps)[0]
+
+
 def _decoder(model: Llama, input_ids: torch.Tensor, positions: torch.Tensor,
              attend: Attend, kernels: Kernels) -> torch.Tensor:
     """All layers over a flat token batch; ``attend(layer, q, k, v)`` supplies attention.
@@ -83,20 +112,74 @@ def _decoder(model: Llama, input_ids: torch.Tensor, positions: torch.Tensor,
     Each residual add is fused into the RMSNorm that follows it, and q/k are rotated in place
     inside the fused qkv projection, so a layer is ten kernels on the Triton path.
     """
-    spec = model.spec
-    n, eps, d = input_ids.shape[0], spec.rms_norm_eps, spec.head_dim
+    n, q_size = input_ids.shape[0], model.spec.q_size
     x = F.embedding(input_ids, model.embed)
     delta = None  # the last layer's MLP output, added into x by the next norm
-    for i, w in enumerate(model.layers):
-        h, x = kernels.add_rms_norm(x, delta, w.input_norm, eps)
-        q, k, v = F.linear(h, w.qkv).split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
-        q, k, v = q.view(n, -1, d), k.view(n, -1, d), v.view(n, -1, d)
-        kernels.rotary_embedding(positions, q, k, model.rope)
-        out = attend(i, q, k, v)
-        h, x = kernels.add_rms_norm(x, F.linear(out.reshape(n, spec.q_size), w.o),
-                                    w.post_norm, eps)
-        delta = F.linear(kernels.silu_and_mul(F.linear(h, w.gate_up)), w.down)
-    return kernels.add_rms_norm(x, delta, model.norm, eps)[0]
+    for i in range(len(model.layers)):
+        q, k, v, x = layer_input(model, i, x, delta, positions, kernels)
+        x, delta = layer_output(model, i, x, attend(i, q, k, v).reshape(n, q_size), kernels)
+    return final_norm(model, x, delta, kernels)
+
+
+@dataclass(slots=True)
+class PieceBuffers:
+    """The static tensors of a piecewise step (rows: padded tokens). Piece 0 embeds
+    ``input_ids``; piece i (1..L-1) runs layer i-1 after its attention (reading ``attn``) and
+    layer i up to its attention; piece L ends layer L-1 and writes ``hidden``. Between pieces,
+    attention reads q/k/v from ``qkv`` and writes ``attn``, eagerly (its shapes vary)."""
+
+    input_ids: torch.Tensor  # [rows] int64
+    positions: torch.Tensor  # [rows] int64
+    x: torch.Tensor  # [rows, hidden]: the residual stream after the last piece
+    qkv: torch.Tensor  # [rows, q_size + 2 kv_size]
+    attn: torch.Tensor  # [rows, q_size]
+    hidden: torch.Tensor  # [rows, hidden]: the final norm's output
+
+    @classmethod
+    def allocate(cls, spec: ModelSpec, rows: int, dtype: torch.dtype,
+                 device: torch.device) -> PieceBuffers:
+        # zeros: padding rows only ever hold finite values
+        def buf(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dt, device=device)
+
+        return cls(buf(rows, dt=torch.int64), buf(rows, dt=torch.int64), buf(rows, spec.hidden_size),
+                   buf(rows, spec.q_size + 2 * spec.kv_size), buf(rows, spec.q_size),
+                   buf(rows, spec.hidden_size))
+
+
+def decoder_piece(model: Llama, bufs: PieceBuffers, i: int, tokens: int, kernels: Kernels) -> None:
+    """Piece i of the L + 1 of a step over the buffers' first ``tokens`` rows (see PieceBuffers):
+    what a piecewise CUDA graph captures."""
+    num_layers = len(model.layers)
+    if i == 0:
+        x, delta = F.embedding(bufs.input_ids[:tokens], model.embed), None
+    else:
+        x, delta = layer_output(model, i - 1, bufs.x[:tokens], bufs.attn[:tokens], kernels)
+    if i == num_layers:
+        bufs.hidden[:tokens].copy_(final_norm(model, x, delta, kernels))
+        return
+    x = layer_input(model, i, x, delta, bufs.positions[:tokens], kernels, bufs.qkv[:tokens])[3]
+    bufs.x[:tokens].copy_(x)
+
+
+def forward_piecewise(model: Llama, bufs: PieceBuffers, n: int, meta: AttentionMetadata,
+                      kv_cache: KVCache, kernels: Kernels,
+                      run_piece: Callable[[int], None]) -> torch.Tensor:
+    """Hidden states [n, hidden] of the flat batch whose ids and positions fill the buffers'
+    first n rows: ``run_piece(i)`` runs piece i (a graph replay at a padded size, or
+    ``decoder_piece`` itself); attention runs in between over the n real rows only, so padding
+    rows write no KV and their outputs are never read."""
+    spec = model.spec
+    scale = spec.head_dim ** -0.5
+    for i in range(len(model.layers) + 1):
+        run_piece(i)
+        if i < len(model.layers):
+            q, k, v = bufs.qkv[:n].split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
+            d = spec.head_dim
+            out = paged_attention(q.view(n, -1, d), k.view(n, -1, d), v.view(n, -1, d),
+                                  kv_cache.k[i], kv_cache.v[i], meta, kernels, scale)
+            bufs.attn[:n].copy_(out.reshape(n, spec.q_size))
+    return bufs.hidden[:n]
 
 
 def forward(model: Llama, input_ids: torch.Tensor, positions: torch.Tensor,

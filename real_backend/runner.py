@@ -17,6 +17,7 @@ from policies.step_sizes import (
     PREFILL_GRAPH_SEQS,
     PREFILL_GRAPH_TOKENS,
     decode_graph_sizes,
+    piecewise_graph_size,
     prefill_graph_key,
 )
 from real_backend.async_output import StepOutputs
@@ -24,13 +25,22 @@ from real_backend.attention import AttentionMetadata, DecodeMetadata, PrefillMet
 from real_backend.config import BackendConfig
 from real_backend.cuda_graphs import (
     DecodeGraphs,
+    PiecewiseGraphs,
     PrefillGraphs,
     capture_decode_graphs,
+    capture_piecewise_graphs,
     capture_prefill_graphs,
 )
 from real_backend.kernels import select_kernels
 from real_backend.kv_cache import KVCache, allocate_kv_cache
-from real_backend.model import Llama, compute_logits, forward
+from real_backend.model import (
+    Llama,
+    PieceBuffers,
+    compute_logits,
+    decoder_piece,
+    forward,
+    forward_piecewise,
+)
 from real_backend.ops import PAD_SLOT_ID
 from real_backend.sampling import sample
 
@@ -113,6 +123,7 @@ class WindowPlan:
     step_rows: list[list[int]]  # step j's sample rows as indices into batch.seqs
     first: StepInputs | None  # None: step 1 is pure decode or a prefill graph (first_graph)
     first_graph: tuple[int, int] | None = None  # step 1 replays this prefill graph
+    first_pieces: int | None = None  # step 1 (``first``) replays the piecewise graphs of this size
     first_load: Callable[[], None] | None = None  # copies step 1's inputs into its graph's buffers
     decode_loads: dict[int, Callable[[], None]] = field(default_factory=dict)  # step -> load
     gathers: dict[int, torch.Tensor] = field(default_factory=dict)  # step -> rows of last samples
@@ -165,6 +176,9 @@ class ModelRunner:
                                      buf(rows, width, dtype=torch.int32))
         self.prefill_graphs = PrefillGraphs()
         self.prefill_graph_replays = 0
+        self.piecewise = PiecewiseGraphs()
+        self.piecewise_replays = 0
+        self.piece_buffers: PieceBuffers | None = None
         tokens, seqs = PREFILL_GRAPH_TOKENS[-1], PREFILL_GRAPH_SEQS[-1]
         self.prefill_buffers = PrefillBuffers(
             buf(tokens), buf(tokens), buf(tokens).fill_(PAD_SLOT_ID),
@@ -195,6 +209,14 @@ class ModelRunner:
             p.slot_mapping.fill_(PAD_SLOT_ID)
             self.prefill_graphs = capture_prefill_graphs(
                 self._prefill_static, self.cfg.prefill_graph_max_tokens, self.graphs.pool)
+        self.piecewise = PiecewiseGraphs()
+        if self.cfg.piecewise_graph_max_tokens:
+            model = self.model
+            self.piece_buffers = pb = PieceBuffers.allocate(
+                model.spec, self.cfg.piecewise_graph_max_tokens, model.dtype, self.device)
+            self.piecewise = capture_piecewise_graphs(
+                lambda t, i: decoder_piece(model, pb, i, t, self.kernels),
+                len(model.layers) + 1, self.cfg.piecewise_graph_max_tokens, self.graphs.pool)
 
     def _block0_request(self, i: int, n: int) -> Request:
         # Every block id is 0: contents are garbage, but shapes and memory are the real ones.
@@ -281,7 +303,16 @@ class ModelRunner:
             plan.decode_loads[0]()
             return self._decode(self.buffers.num_rows)
         f = plan.first
-        hidden = forward(self.model, f.input_ids, f.positions, f.meta, self.kv_cache, self.kernels)
+        if plan.first_pieces is None:
+            hidden = forward(self.model, f.input_ids, f.positions, f.meta, self.kv_cache,
+                             self.kernels)
+        else:
+            n, pb, size = f.input_ids.shape[0], self.piece_buffers, plan.first_pieces
+            pb.input_ids[:n].copy_(f.input_ids)
+            pb.positions[:n].copy_(f.positions)
+            self.piecewise_replays += 1
+            hidden = forward_piecewise(self.model, pb, n, f.meta, self.kv_cache, self.kernels,
+                                       lambda i: self.piecewise.replay(size, i))
         return compute_logits(self.model, hidden[f.logits_indices])
 
     def _next_step(self, plan: WindowPlan, j: int, sampled: torch.Tensor) -> torch.Tensor:
@@ -345,6 +376,9 @@ class ModelRunner:
                 plan.first_load = self._prefill_load(flat, key, plan)
             else:
                 plan.first = self._step_inputs(flat, plan)
+                if self.piecewise.graphs:
+                    plan.first_pieces = piecewise_graph_size(len(flat.tokens),
+                                                             self.cfg.piecewise_graph_max_tokens)
         else:
             plan.decode_loads[0] = self._decode_load(seqs, order, 0, plan)
         loaded = order if not multi else None

@@ -11,7 +11,10 @@ the coefficients by least squares (the two rooflines by choosing each step's bin
            + R(F_lm / (P * eta_mm), B_lm / (W * eta_mem))             LM head (sampled rows only)
            + t_sampler + N_s * V * b_logit / (W * eta_mem)            sampler
          + t_replay + N_k * t_graph_kernel                            (CUDA graph), or for
-                                        eager steps the whole sum so far is max(sum, N_k * t_launch)
+                                        eager steps the whole sum so far is max(sum, N_k * t_launch),
+                                        or for piecewise graphs (L + 1) t_replay + N_k t_graph_kernel
+                                        and at least (L + 1 + L n_e) t_launch (n_e: eager
+                                        attention kernels between pieces)
            + t_advance_step            (steps 2..k of a multi-step window)
            + 2 L (t_ar + 2 (tp-1)/tp * T h d / (N * eta_ar))          TP all-reduces (tp > 1)
            + t_ar + (tp-1)/tp * N_s V d / (N * eta_ar)                logits gather (tp > 1)
@@ -45,7 +48,12 @@ from dataclasses import dataclass
 
 from policies.batch import Batch
 from policies.model_spec import ModelSpec
-from policies.step_sizes import decode_graph_size, decode_splits, prefill_graph_key
+from policies.step_sizes import (
+    decode_graph_size,
+    decode_splits,
+    piecewise_graph_size,
+    prefill_graph_key,
+)
 from simulator.hardware import HardwareSpec, kv_heads_per_gpu
 
 _US = 1e-6
@@ -112,10 +120,10 @@ def window_shapes(batch: Batch) -> list[StepShape]:
 
 
 def graph_tokens(shape: StepShape, hw: HardwareSpec) -> int | None:
-    """The padded token count of the CUDA graph the step replays, or None if it runs eagerly:
-    steps of one token a row up to ``cuda_graph_max_batch`` rows, and prefill-only steps of at
-    most 8 prompts up to ``prefill_graph_max_tokens`` tokens (``policies.step_sizes``, the
-    engine's sizes). ``cuda_graph_max_batch`` 0 turns both off, as the engine's setting does."""
+    """The padded token count of the whole-step CUDA graph the step replays, or None: steps of
+    one token a row up to ``cuda_graph_max_batch`` rows, and prefill-only steps of at most 8
+    prompts up to ``prefill_graph_max_tokens`` tokens (``policies.step_sizes``, the engine's
+    sizes). ``cuda_graph_max_batch`` 0 turns every graph off, as the engine's setting does."""
     if shape.num_seqs == 0 or hw.cuda_graph_max_batch == 0:
         return None
     if shape.num_tokens == shape.num_seqs:  # one token a row (1-token prefill chunks too): decode
@@ -125,6 +133,15 @@ def graph_tokens(shape: StepShape, hw: HardwareSpec) -> int | None:
         return None
     key = prefill_graph_key(shape.num_tokens, shape.num_seqs, hw.prefill_graph_max_tokens)
     return key[0] if key else None
+
+
+def piecewise_tokens(shape: StepShape, hw: HardwareSpec) -> int | None:
+    """The padded token count of the piecewise graphs a step replays (one that no whole-step
+    graph covers, up to ``piecewise_graph_max_tokens`` tokens), or None: it runs eagerly."""
+    if (shape.num_seqs == 0 or hw.cuda_graph_max_batch == 0 or graph_tokens(shape, hw)
+            or shape.num_tokens == shape.num_seqs):  # decode steps above the graphs: eager
+        return None
+    return piecewise_graph_size(shape.num_tokens, hw.piecewise_graph_max_tokens)
 
 
 def _roofline(compute_s: float, memory_s: float, hw: HardwareSpec) -> float:
@@ -160,7 +177,8 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
     mem_rate = bw * hw.mem_bw_efficiency
     padded = graph_tokens(shape, hw)
     graph = padded is not None
-    T = padded if graph else shape.num_tokens
+    pieces = None if graph else piecewise_tokens(shape, hw)
+    T = padded if graph else pieces or shape.num_tokens
     p_layer = model.params_per_layer
     p_mm = p_layer - 2 * h  # the RMSNorm weights are not matmuls
 
@@ -189,6 +207,11 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
     n_kernels = hw.kernels_per_layer * L
     if graph:
         t += (hw.cuda_graph_replay_us + n_kernels * hw.graph_kernel_us) * _US
+    elif pieces:
+        # The CPU replays L + 1 pieces and launches each layer's attention between them.
+        eager = hw.piecewise_eager_kernels_per_layer * L
+        t += ((L + 1) * hw.cuda_graph_replay_us + (n_kernels + eager) * hw.graph_kernel_us) * _US
+        t = max(t, (L + 1 + eager) * hw.kernel_launch_us * _US)
     else:
         # Eager kernels are launched by the CPU while earlier ones run: the GPU waits only
         # when launching is the slower of the two (small prefills are launch-bound).

@@ -45,6 +45,11 @@ class HardwareSpec:
     # prefill-only steps (<= 8 sequences) up to this many tokens replay a CUDA graph too
     # (schedlab's engine: 512; vLLM V0 runs every prefill eagerly: 0)
     prefill_graph_max_tokens: int = 0
+    # other steps (mixed prefill + decode, larger prefills) up to this many tokens replay
+    # piecewise graphs: L + 1 graphs between attentions, each layer's attention launched eagerly
+    # (schedlab's engine: 2048; vLLM V0: 0)
+    piecewise_graph_max_tokens: int = 0
+    piecewise_eager_kernels_per_layer: float = 4.0  # KV write, prefill/decode attention, copies
     advance_step_us: float = 15.0  # multi-step: the advance_step kernel before steps 2..k
     sampler_us: float = 50.0
     sampler_bytes_per_logit: float = 12.0  # fp32 logits written, read by softmax, read by argmax
@@ -80,12 +85,13 @@ class HardwareSpec:
                      "advance_step_us", "sampler_us", "sampler_bytes_per_logit",
                      "allreduce_latency_us", "p2p_latency_us", "activation_reserve_gib",
                      "clock_power_slowdown", "clock_heat_slowdown",
-                     "mixed_kernels_per_layer"):
+                     "mixed_kernels_per_layer", "piecewise_eager_kernels_per_layer"):
             if getattr(self, name) < 0:
                 raise ValueError(f"hardware.{name} must be >= 0, got {getattr(self, name)}")
         if not self.clock_tau_s > 0:
             raise ValueError(f"hardware.clock_tau_s must be > 0, got {self.clock_tau_s}")
-        for name in ("cuda_graph_max_batch", "prefill_graph_max_tokens"):
+        for name in ("cuda_graph_max_batch", "prefill_graph_max_tokens",
+                     "piecewise_graph_max_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"hardware.{name} must be >= 0, got {getattr(self, name)}")
 

@@ -15,11 +15,13 @@ from policies.step_sizes import (
     decode_graph_size,
     decode_graph_sizes,
     decode_splits,
+    piecewise_graph_size,
     prefill_graph_key,
 )
 from simulator.cost_model import (
     StepShape,
     graph_tokens,
+    piecewise_tokens,
     stage_time,
     step_time,
     window_gpu_times,
@@ -187,6 +189,35 @@ def test_prefill_graphs_pad_like_the_engine():
     assert graph_tokens(prefill, dataclasses.replace(hw, cuda_graph_max_batch=0)) is None
     eager = step_time(prefill, model(), dataclasses.replace(hw, prefill_graph_max_tokens=0))
     assert step_time(prefill, model(), hw) < eager  # launch-bound eagerly, not in a graph
+
+
+def test_piecewise_graphs_cover_what_no_whole_step_graph_does():
+    """Mixed steps and prefills beyond the prefill graphs replay piecewise graphs padded as the
+    engine pads them, up to piecewise_graph_max_tokens; decode steps never do; vLLM profiles
+    (0) are unchanged; a launch-bound mixed step is faster piecewise than eager."""
+    hw = hardware(prefill_graph_max_tokens=512, piecewise_graph_max_tokens=2048,
+                  kernel_launch_us=40.0, mixed_kernels_per_layer=5.0)
+    assert piecewise_graph_size(1, 2048) == 32 and piecewise_graph_size(513, 2048) == 576
+    assert piecewise_graph_size(2048, 2048) == 2048 and piecewise_graph_size(2049, 2048) is None
+    assert piecewise_graph_size(600, 512) is None
+    mixed = StepShape(356, 256, 100, 256, 5050.0, 256 * 500 + 100, True)
+    assert piecewise_tokens(mixed, hw) == 384 and graph_tokens(mixed, hw) is None
+    small_prefill = StepShape(200, 2, 200, 2, 20000.0, 200, True)
+    assert graph_tokens(small_prefill, hw) == 256 and piecewise_tokens(small_prefill, hw) is None
+    many = StepShape(700, 12, 700, 12, 20000.0, 700, True)
+    assert piecewise_tokens(many, hw) == 704
+    assert piecewise_tokens(StepShape(4000, 2, 4000, 2, 1e6, 4000, True), hw) is None
+    decode = StepShape(256, 256, 0, 256, 0.0, 256 * 500, True)
+    assert piecewise_tokens(decode, dataclasses.replace(hw, cuda_graph_max_batch=128)) is None
+    assert piecewise_tokens(mixed, hardware()) is None  # vLLM profiles: eager
+    assert piecewise_tokens(mixed, dataclasses.replace(hw, cuda_graph_max_batch=0)) is None
+    eager = dataclasses.replace(hw, piecewise_graph_max_tokens=0)
+    assert step_time(mixed, model(), hw) < step_time(mixed, model(), eager)
+    # the linear layers run on the padded rows: 1025 tokens cost what 1152 do
+    big = StepShape(1025, 2, 1025, 2, 1e5, 1025, True)
+    assert step_time(big, model(), hw) == step_time(dataclasses.replace(
+        big, num_tokens=1152, num_prefill_tokens=1152), model(), hw)
+    assert step_time(big, model(), hw) > step_time(big, model(), eager)  # GPU-bound: padding costs
 
 
 # ---------------------------------------------------------------- step times

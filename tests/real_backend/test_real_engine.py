@@ -140,9 +140,11 @@ def test_request_that_never_fits_is_refused() -> None:
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs and memory profiling need a GPU")
 @pytest.mark.parametrize(("policy", "params", "budget", "graphs"),
                          [("cp2", {"num_steps": 4}, 16, True), ("cp2", {"num_steps": 4}, 16, False),
-                          ("multi_step", {"num_steps": 4}, None, True)])
+                          ("multi_step", {"num_steps": 4}, None, True),
+                          ("chunked_prefill", {}, 16, True)])
 def test_gpu_fp32_graphs_equal_oracle(device_oracle, policy, params, budget, graphs: bool) -> None:
-    """Decode graphs (every policy) and prefill graphs (prefill-only windows) keep the ids."""
+    """Decode graphs (every policy), prefill graphs (prefill-only windows) and piecewise graphs
+    (mixed prefill + decode steps, padded to a captured token count) keep the ids."""
     res = serve(make_requests(), policy, params, budget, device="cuda", dtype="float32",
                 cuda_graphs=graphs)
     assert res.token_ids == device_oracle
@@ -150,6 +152,8 @@ def test_gpu_fp32_graphs_equal_oracle(device_oracle, policy, params, budget, gra
     assert bool(res.stats["prefill_graphs"]) == graphs
     if policy == "multi_step":  # its prefill-only windows replay graphs
         assert (res.stats["prefill_graph_replays"] > 0) == graphs
+    if policy in ("cp2", "chunked_prefill"):  # mixed steps replay piecewise graphs
+        assert (res.stats["piecewise_graph_replays"] > 0) == graphs
     assert all(r["gpu_s"] > 0 for r in res.steps)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -13,7 +14,15 @@ from safetensors.torch import load_file, save_file
 from real_backend.attention import AttentionMetadata, DecodeMetadata, PrefillMetadata
 from real_backend.kernels import select_kernels
 from real_backend.kv_cache import allocate_kv_cache, block_bytes
-from real_backend.model import compute_logits, forward, forward_dense, rope_inv_freq
+from real_backend.model import (
+    PieceBuffers,
+    compute_logits,
+    decoder_piece,
+    forward,
+    forward_dense,
+    forward_piecewise,
+    rope_inv_freq,
+)
 from real_backend.weights import load_hf_model, random_model, save_hf_model
 
 
@@ -54,9 +63,12 @@ def test_bad_rope_scaling_is_one_line_error() -> None:
             "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}))
 
 
-def test_chunked_paged_forward_matches_dense() -> None:
+@pytest.mark.parametrize("path", ["eager", "piecewise"])
+def test_chunked_paged_forward_matches_dense(path: str) -> None:
     """Prefill in three chunks (each reading the cached prefix), then two decodes, batched with a
-    second sequence: every sampled position's logits equal the no-cache forward's."""
+    second sequence: every sampled position's logits equal the no-cache forward's. ``piecewise``
+    runs each step as the pieces a piecewise CUDA graph captures, padded to 32 rows whose
+    padding holds garbage: padding must neither reach the real rows nor write the cache."""
     spec = load_spec("tiny")
     model = random_model(spec, "cpu", torch.float32, seed=3)
     kernels = select_kernels("torch")
@@ -68,6 +80,9 @@ def test_chunked_paged_forward_matches_dense() -> None:
     table_a = torch.tensor([5, 17, 2, 9, 30, 11, 0], dtype=torch.int32)
     table_b = torch.tensor([21, 4, 8], dtype=torch.int32)
     dense_a, dense_b = forward_dense(model, seq_a), forward_dense(model, seq_b)
+
+    def piece(bufs: PieceBuffers, i: int) -> None:  # every step padded to 32 rows
+        decoder_piece(model, bufs, i, 32, kernels)
 
     def slots(table, pos):
         return table[pos // bs].long() * bs + pos % bs
@@ -92,7 +107,18 @@ def test_chunked_paged_forward_matches_dense() -> None:
         decode = DecodeMetadata(torch.tensor([b for _, _, _, b in dec]).int(),
                                 torch.stack(tables[len(pre):])) if dec else None
         meta = AttentionMetadata(slot, sum(lens), prefill, decode)
-        hidden = forward(model, ids, pos, meta, cache, kernels)
+        if path == "eager":
+            hidden = forward(model, ids, pos, meta, cache, kernels)
+        else:
+            n = len(ids)
+            bufs = PieceBuffers.allocate(spec, 40, torch.float32, "cpu")
+            for b in (bufs.x, bufs.qkv, bufs.attn, bufs.hidden):
+                b.normal_(generator=g)
+            bufs.input_ids.random_(0, spec.vocab_size, generator=g)
+            bufs.positions.random_(0, 64, generator=g)
+            bufs.input_ids[:n], bufs.positions[:n] = ids, pos
+            hidden = forward_piecewise(model, bufs, n, meta, cache, kernels,
+                                       partial(piece, bufs))
         logits = compute_logits(model, hidden)
         at = 0
         for s, _, a, b in rows:
