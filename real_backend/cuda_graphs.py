@@ -84,10 +84,27 @@ def capture_piecewise_graphs(piece: Callable[[int, int], None], num_pieces: int,
                              pool: object) -> PiecewiseGraphs:
     """Capture ``piece(tokens, i)`` for i < num_pieces at every padded token count up to
     ``max_tokens``, in the shared pool. A piece reads and writes only static buffers; what it
-    allocates is freed when it ends, so every piece of every size can reuse the same memory."""
+    allocates is freed when it ends, so every piece of every size can reuse the same memory.
+
+    A thousand-odd captures: each size is warmed up once as a whole (Triton compiles, cuBLAS
+    picks kernels) and its pieces captured back to back on one stream, without the
+    synchronize-and-empty-cache ``torch.cuda.graph`` does around every capture."""
     out = PiecewiseGraphs(sizes=piecewise_graph_sizes(max_tokens))
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
     for t in reversed(out.sizes):
+        with torch.cuda.stream(stream):
+            for i in range(num_pieces):
+                piece(t, i)
+        stream.synchronize()
         for i in range(num_pieces):
-            out.graphs[t, i] = _capture(partial(piece, t, i), pool)[0]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(stream):
+                graph.capture_begin(pool)
+                try:
+                    piece(t, i)
+                finally:
+                    graph.capture_end()
+            out.graphs[t, i] = graph
     torch.cuda.synchronize()
     return out

@@ -155,6 +155,7 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
              "prefill_graphs": len(runner.prefill_graphs.graphs),
              "prefill_graph_replays": runner.prefill_graph_replays - replays_before,
              "piecewise_graph_sizes": runner.piecewise.sizes,
+             "piecewise_capture_s": runner.piecewise_capture_s,
              "piecewise_graph_replays": runner.piecewise_replays - pieces_before,
              "async_output": cfg.async_output, "weights": cfg.weights or "random",
              "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "default")}

@@ -178,6 +178,7 @@ class ModelRunner:
         self.prefill_graph_replays = 0
         self.piecewise = PiecewiseGraphs()
         self.piecewise_replays = 0
+        self.piecewise_capture_s = 0.0
         self.piece_buffers: PieceBuffers | None = None
         tokens, seqs = PREFILL_GRAPH_TOKENS[-1], PREFILL_GRAPH_SEQS[-1]
         self.prefill_buffers = PrefillBuffers(
@@ -214,9 +215,11 @@ class ModelRunner:
             model = self.model
             self.piece_buffers = pb = PieceBuffers.allocate(
                 model.spec, self.cfg.piecewise_graph_max_tokens, model.dtype, self.device)
+            t0 = perf_counter()
             self.piecewise = capture_piecewise_graphs(
                 lambda t, i: decoder_piece(model, pb, i, t, self.kernels),
                 len(model.layers) + 1, self.cfg.piecewise_graph_max_tokens, self.graphs.pool)
+            self.piecewise_capture_s = perf_counter() - t0
 
     def _block0_request(self, i: int, n: int) -> Request:
         # Every block id is 0: contents are garbage, but shapes and memory are the real ones.
