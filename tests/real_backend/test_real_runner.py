@@ -174,3 +174,69 @@ def test_padded_prefill_graph_inputs_equal_oracle(kernels: str) -> None:
     assert fake.replayed == [(32, 4), (16, 1), (64, 1)] and runner.prefill_graph_replays == 3
     for r, want in zip(reqs, oracle, strict=True):
         assert r.output_token_ids == want[:1]
+
+
+class _EagerPiecewiseGraphs:
+    """Stands in for the captured piecewise graphs on the CPU: replaying piece i at a padded size
+    runs the very piece a graph captures, over the runner's static buffers."""
+
+    def __init__(self, runner: ModelRunner, max_tokens: int) -> None:
+        from policies.step_sizes import piecewise_graph_sizes
+
+        self.runner = runner
+        self.sizes = piecewise_graph_sizes(max_tokens)
+        self.graphs = {(t, i): None for t in self.sizes for i in range(SPEC.num_layers + 1)}
+        self.replayed: list[int] = []
+
+    def replay(self, tokens: int, piece: int) -> None:
+        from real_backend.model import decoder_piece
+
+        if piece == 0:
+            self.replayed.append(tokens)
+        decoder_piece(self.runner.model, self.runner.piece_buffers, piece, tokens,
+                      self.runner.kernels)
+
+
+def test_mixed_steps_through_piecewise_pieces_equal_oracle() -> None:
+    """Mixed prefill + decode windows and a prefill too large for the prefill graphs run as
+    padded piecewise steps (garbage in the padding rows) and give the oracle's ids; a window
+    above piecewise_graph_max_tokens stays eager."""
+    from real_backend.model import PieceBuffers
+
+    model = random_model(SPEC, "cpu", torch.float32, seed=11)
+    cfg = BackendConfig(device="cpu", num_blocks=96, piecewise_graph_max_tokens=64,
+                        prefill_graph_max_tokens=16)
+    runner = ModelRunner(model, cfg, block_size=4, max_num_seqs=8, max_lookahead=4)
+    runner.allocate_kv_cache(96)
+    runner.piece_buffers = PieceBuffers.allocate(SPEC, 64, torch.float32, torch.device("cpu"))
+    for b in (runner.piece_buffers.x, runner.piece_buffers.qkv, runner.piece_buffers.attn):
+        b.normal_()
+    fake = _EagerPiecewiseGraphs(runner, 64)
+    runner.piecewise = fake
+    g = torch.Generator().manual_seed(2)
+    blocks = torch.randperm(96, generator=g).tolist()
+    prompts = [[int(t) for t in torch.randint(0, SPEC.vocab_size, (n,), generator=g)]
+               for n in (9, 30, 17, 70)]
+    reqs = [Request(i, 0.0, 0, 6, prompt_token_ids=p, block_table=blocks[i * 22:(i + 1) * 22])
+            for i, p in enumerate(prompts)]
+    oracle = [greedy_dense(model, p, 4) for p in prompts]
+
+    def run(entries):
+        seqs = [ScheduledSeq(r, q, r.num_computed_tokens, 1, r.num_computed_tokens + q
+                             >= len(r.prompt_token_ids)) for r, q in entries]
+        res = runner.run_window(Batch(seqs, 1))
+        for s, ids in zip(seqs, res.sampled, strict=True):
+            s.request.num_computed_tokens += s.num_query_tokens
+            s.request.output_token_ids += ids
+
+    a, b, c, d = reqs
+    run([(a, 9), (b, 20)])  # 29 tokens, 2 prompts, over the prefill graphs' 16: pieces of 32
+    run([(b, 10), (a, 1)])  # b's last chunk over its cached prefix beside a decode: 32
+    run([(c, 17), (a, 1), (b, 1)])  # 19 tokens: 32
+    run([(d, 70)])  # 70 > 64: eager
+    run([(d, 1), (a, 1), (b, 1), (c, 1)])  # decode only: the decode path
+    assert fake.replayed == [32, 32, 32]
+    assert runner.piecewise_replays == 3
+    for r, want in zip(reqs, oracle, strict=True):
+        assert r.output_token_ids == want[:len(r.output_token_ids)]
+    assert [len(r.output_token_ids) for r in reqs] == [4, 3, 2, 2]
