@@ -35,7 +35,8 @@ MODEL = ["model=llama3_8b"]
 def real(policy: str, k: int | None, rate: str, seed: int, prompts: int, extra=()) -> list[str]:
     ov = ["backend=real", f"policy={policy}", *MODEL, "workload=sharegpt",
           f"workload.num_prompts={prompts}", f"workload.seed={seed}",
-          f"workload.request_rate={rate}", "progress=false", *extra]
+          f"workload.request_rate={rate}", "progress=false",
+          "backend.keep_runner=true", *extra]  # runs of one shape share weights, cache, graphs
     return ov + ([f"policy.num_steps={k}"] if k else [])
 
 
@@ -136,8 +137,8 @@ def main() -> None:
             table.append("calibration FAILED")
     if "poisson" in parts:
         grid = chosen or POLICIES
-        for rate in args.rates.split(","):
-            for policy, k in grid:
+        for policy, k in grid:  # policy-major: runs of one shape follow each other
+            for rate in args.rates.split(","):
                 go(f"poisson/{policy}_k{k or 1}_rate{rate}",
                    real(policy, k, rate, 1, args.poisson_prompts))
     if "fp32" in parts:

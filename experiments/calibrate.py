@@ -68,7 +68,8 @@ def grid(quick: bool, max_len: int) -> dict[str, list]:
         return {"prefill": [(1, 16, 0), (1, 64, 0), (2, 32, 0), (1, 32, 64)],
                 "decode": [(1, 32, 4), (4, 64, 4), (8, 32, 1)],
                 "mixed": [(4, 32, 1, 32, 0), (2, 16, 2, 8, 0)],
-                "cpu": [1, 4, 8]}
+                "cpu": [1, 4, 8],
+                "served": [("single_step", {}), ("multi_step", {"num_steps": 4})]}
     fit = lambda pts: [p for p in pts if p[1] + p[2] <= max_len - 64]  # noqa: E731
     return {
         # (num_seqs, chunk tokens each, cached prefix): nominal sizes; every timed repetition
@@ -82,7 +83,7 @@ def grid(quick: bool, max_len: int) -> dict[str, list]:
                        + [(1, 512, 512), (1, 512, 2048), (1, 2048, 2048), (4, 512, 1024)]),
         # (batch size, context length, k)
         "decode": [(b, c, 4) for b in (1, 8, 32, 64, 128, 256) for c in (128, 512, 1024, 2048)]
-                  + [(b, 512, 1) for b in (16, 96, 200)] + [(256, 512, 8), (64, 1024, 16)]
+                  + [(b, 512, 1) for b in (1, 8, 16, 64, 96, 200, 256)] + [(256, 512, 8), (64, 1024, 16)]
                   # ragged contexts (0: drawn from 32..2000 per sequence), as served batches are
                   + [(b, 0, 4) for b in (32, 128, 192, 256)] + [(256, 0, 8)]
                   # skewed contexts (-1: 32 + Exp(400), capped at 2000)
@@ -94,6 +95,9 @@ def grid(quick: bool, max_len: int) -> dict[str, list]:
                   (16, 800, 1, 500, 0), (240, 500, 4, 300, 0), (160, 400, 2, 900, 0),
                   (250, 300, 8, 400, 0), (100, 600, 3, 150, 0)],
         "cpu": [1, 8, 32, 64, 128, 256],
+        # served windows of a synthetic workload: the CPU costs (policy, its settings)
+        "served": [("single_step", {}), ("multi_step", {"num_steps": 8}),
+                   ("chunked_prefill", {})],
     }
 
 
@@ -247,6 +251,30 @@ class Profiler:
             self._record_shapes(kind, batch, self.window_id, [gpu], [out.prepare_s],
                                 [out.pythonize_s])
 
+    def served_cpu(self, policy: str, params: dict[str, Any], num_prompts: int,
+                   quick: bool) -> None:
+        """CPU costs as a served run pays them: the serving loop on this runner over a synthetic
+        workload (lognormal lengths, all at t=0; never the validation's ShareGPT). One row per
+        window: schedule + input preparation + update (the CPU gap between two windows) and
+        pythonization per step. Hand-built microbenchmark windows measure preparation up to
+        0.3 ms dearer than served ones at small batches."""
+        from real_backend.engine import serve_on
+
+        cap_p, cap_o = (40, 12) if quick else (2000, 1000)
+        prompts = np.clip(np.round(self.rng.lognormal(np.log(180), 0.9, num_prompts)), 2, cap_p)
+        outputs = np.clip(np.round(self.rng.lognormal(np.log(120), 0.9, num_prompts)), 2, cap_o)
+        reqs = [Request(self.new_id(), 0.0, int(p), int(o)) for p, o in zip(prompts, outputs,
+                                                                          strict=True)]
+        sched = make_scheduler(policy, params, SchedulerConfig(
+            max_num_seqs=256, block_size=self.runner.block_size), self.blocks.num_blocks,
+            self.spec.max_model_len)
+        for w in serve_on(self.runner, sched, reqs, seed=self.next_id):
+            self.rows.append({"kind": "served", "k": w["k"], "step": 0, "policy": policy,
+                              "num_seqs": w["num_seqs"], "num_tokens": w["num_tokens"],
+                              "kv_tokens": w["kv_tokens"], "prepare_s": w["prepare_s"],
+                              "cpu_s": w["schedule_s"] + w["prepare_s"] + w["update_s"],
+                              "pythonize_s": w["pythonize_s"] / w["k"]})
+
     def free(self, seqs: list[ScheduledSeq]) -> None:
         for s in seqs:
             self.blocks.free(s.request)
@@ -371,6 +399,9 @@ def profile(spec: ModelSpec, backend: dict[str, Any], quick: bool, reps: int,
             for n in g["cpu"]:
                 for k in (1, 8):
                     p.cpu_scheduler(n, k)
+                bar.update()
+            for policy, params in g["served"]:
+                p.served_cpu(policy, params, 12 if quick else 400, quick)
                 bar.update()
     finally:
         gc.unfreeze()
@@ -534,34 +565,52 @@ def fit_clock(data: pd.DataFrame, timeline: pd.DataFrame, clock: pd.DataFrame,
 
 
 def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[str, float]]:
-    """Per invocation: schedule + update (Scheduler bench, k=1) + input preparation (runner),
-    fitted as a + b*num_seqs + c*num_tokens + d*kv_tokens; per step: pythonization plus update()'s per-step
-    share (the k=8 bench against k=1), d + e*num_seqs."""
-    sched = data[data["kind"] == "scheduler"]
-    # schedule()+update() per window, as a function of num_seqs (k=1 rows: one token each)
-    s1 = sched[sched["k"] == 1]
-    sb = np.polyfit(s1["num_seqs"], s1["sched_s"], 1) if len(s1) >= 2 else np.array([0.0, 0.0])
-    steps = data[data["kind"].isin(["prefill", "decode", "mixed"]) & (data["step"] == 0)]
-    X = np.column_stack([np.ones(len(steps)), steps["num_seqs"], steps["num_tokens"],
-                         steps["kv_tokens"]])
-    y = steps["prepare_s"].to_numpy() + np.polyval(sb, steps["num_seqs"].to_numpy())
+    """Per invocation, a + b*num_seqs + c*num_tokens + d*kv_tokens, plus m + n*num_seqs in windows
+    of more than one step; per step, e + f*num_seqs.
+
+    With served rows (``Profiler.served_cpu``): the window term is the CPU gap a served window
+    costs (schedule + input preparation + update), the step term its pythonization. Older data
+    without them: schedule + update from the Scheduler bench (k=1) plus the microbenchmarks'
+    input preparation per window, and pythonization plus update()'s per-step share per step.
+    """
+    served = data[data["kind"] == "served"]
+
+    def window_features(rows: pd.DataFrame) -> np.ndarray:
+        multi = (rows["k"] > 1).to_numpy(dtype=float)
+        return np.column_stack([np.ones(len(rows)), rows["num_seqs"], rows["num_tokens"],
+                                rows["kv_tokens"], multi, multi * rows["num_seqs"]])
+
+    if len(served) >= 8:
+        X, y = window_features(served), served["cpu_s"].to_numpy()
+        out_rows = served
+    else:
+        sched = data[data["kind"] == "scheduler"]
+        # schedule()+update() per window, as a function of num_seqs (k=1 rows: one token each)
+        s1 = sched[sched["k"] == 1]
+        sb = np.polyfit(s1["num_seqs"], s1["sched_s"], 1) if len(s1) >= 2 else np.zeros(2)
+        steps = data[data["kind"].isin(["prefill", "decode", "mixed"]) & (data["step"] == 0)]
+        X = window_features(steps)
+        y = steps["prepare_s"].to_numpy() + np.polyval(sb, steps["num_seqs"].to_numpy())
+        out_rows = data[data["kind"].isin(["decode"])]
     coef = _nnls(X, y)
-    out_rows = data[data["kind"].isin(["decode"])]
     Xo = np.column_stack([np.ones(len(out_rows)), out_rows["num_seqs"]])
     coef_o = _nnls(Xo, out_rows["pythonize_s"].to_numpy())
     coef_py = coef_o.copy()  # the pythonization fit alone, for its error
-    # update() appends every step's token to every request: the part of the scheduler's cost
-    # that grows with k is per step and per sequence, so it joins the per-step output cost
-    by_k = {k: sched[sched["k"] == k].set_index("num_seqs")["sched_s"] for k in (1, 8)}
-    both = by_k[1].index.intersection(by_k[8].index)
-    if len(both) >= 2:
-        extra = (by_k[8][both] - by_k[1][both]) / 7  # per extra step
-        coef_o[1] += max(float(np.polyfit(both.to_numpy(), extra.to_numpy(), 1)[0]), 0.0)
+    if not len(served) >= 8:
+        # update() appends every step's token to every request: the part of the scheduler's
+        # cost that grows with k is per step and per sequence, so it joins the per-step cost
+        by_k = {k: sched[sched["k"] == k].set_index("num_seqs")["sched_s"] for k in (1, 8)}
+        both = by_k[1].index.intersection(by_k[8].index)
+        if len(both) >= 2:
+            extra = (by_k[8][both] - by_k[1][both]) / 7  # per extra step
+            coef_o[1] += max(float(np.polyfit(both.to_numpy(), extra.to_numpy(), 1)[0]), 0.0)
     prof = {"name": name,
             "schedule_base_us": round(float(coef[0]) * 1e6, 3),
             "schedule_per_seq_us": round(float(coef[1]) * 1e6, 4),
             "schedule_per_token_us": round(float(coef[2]) * 1e6, 5),
             "schedule_per_kv_token_us": round(float(coef[3]) * 1e6, 6),
+            "schedule_multi_step_us": round(float(coef[4]) * 1e6, 3),
+            "schedule_multi_step_per_seq_us": round(float(coef[5]) * 1e6, 4),
             "output_base_us": round(float(coef_o[0]) * 1e6, 3),
             "output_per_seq_us": round(float(coef_o[1]) * 1e6, 4),
             "api_per_token_us": 0.0,  # schedlab's engine has no API server
@@ -709,10 +758,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"Fit error of step time (microbenchmarks only):\n{err_lines}\n{clock_line}\n"
               f"Data: {save}")
     write_yaml(Path(args.conf_dir) / "hardware" / f"{args.name}.yaml", hw_d, header)
+    served = int((data["kind"] == "served").sum())
     oheader = (f"Calibrated by `{command}` on {stamp}: schedlab's real backend's CPU costs.\n"
-               "schedule_*: Scheduler.schedule()+update() plus the runner's input preparation,\n"
-               "per window; output_*: pythonization per step (async: overlaps the next step)\n"
-               "plus update()'s per-step share.\n"
+               + (f"schedule_*: the CPU gap between two served windows (schedule, input\n"
+                  f"preparation, update), fitted on {served} windows of served synthetic runs;\n"
+                  "output_*: pythonization per step (async: overlaps the next step).\n"
+                  if served >= 8 else
+                  "schedule_*: Scheduler.schedule()+update() plus the runner's input preparation,\n"
+                  "per window; output_*: pythonization per step (async: overlaps the next step)\n"
+                  "plus update()'s per-step share.\n")
                + "\n".join(f"  {k}: median |err| {v:.1%}" for k, v in oerr.items()))
     write_yaml(Path(args.conf_dir) / "overhead" / f"{args.overhead_name}.yaml", overhead, oheader)
     print(terms.to_string(index=False))

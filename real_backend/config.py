@@ -27,6 +27,7 @@ class BackendConfig:
     prefill_graph_max_tokens: int = 512  # prefill-only steps up to this size replay graphs too; 0: none
     # other steps (mixed prefill + decode, larger prefills) up to this size replay piecewise graphs
     piecewise_graph_max_tokens: int = 2048
+    keep_runner: bool = False  # keep the runner for the next run with the same shape (sweeps)
     async_output: bool = True  # pythonize step n while step n+1 runs
     weights: str | None = None  # None: seeded random weights; else a Hugging Face directory
     seed: int = 0

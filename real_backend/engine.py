@@ -63,7 +63,7 @@ def build_runner(spec: ModelSpec, cfg: BackendConfig, probe: Scheduler,
         model = random_model(spec, device, dtype, cfg.seed)
     block_size = probe.config.block_size
     max_seqs = probe.config.max_num_seqs
-    runner = ModelRunner(model, cfg, block_size, max_seqs, probe.policy.max_steps, clock)
+    runner = ModelRunner(model, cfg, block_size, max_seqs, _lookahead(probe), clock)
     num_blocks = cfg.num_blocks
     if device.type == "cuda":
         # Also the warm-up: every Triton kernel is compiled before the clock starts.
@@ -82,6 +82,12 @@ def build_runner(spec: ModelSpec, cfg: BackendConfig, probe: Scheduler,
     if device.type == "cuda":
         runner.warm_up(probe.max_num_batched_tokens, max_seqs)
     return runner
+
+
+def _lookahead(probe: Scheduler) -> int:
+    """Room for a window's lookahead slots in the block-table buffers: at least 16 steps, so
+    that runners of every k up to 16 have one shape (and can be kept between their runs)."""
+    return max(probe.policy.max_steps, 16)
 
 
 def fill_prompt_tokens(requests: list[Request], spec: ModelSpec, seed: int) -> None:
@@ -106,13 +112,32 @@ def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
     cfg = BackendConfig.from_mapping(backend_cfg)
     clock = Clock()
     t_setup = perf_counter()
+    probe = make_scheduler(1)
+    key = repr((model, cfg, probe.config, probe.max_num_batched_tokens, _lookahead(probe)))
+    kept = _KEPT.pop(key, None) if cfg.keep_runner else None
+    _KEPT.clear()
     release_device_memory()  # what an earlier run in this process left in torch's cache
-    runner = build_runner(model, cfg, make_scheduler(1), clock)
+    runner = kept or build_runner(model, cfg, probe, clock)
+    if kept:  # this run's clock and a fresh sampler; the rest is rewritten before it is read
+        runner.outputs.clock = clock
+        runner.generator.manual_seed(cfg.seed)
+    ok = False
     try:
-        return _serving_loop(requests, make_scheduler, model, cfg, runner, clock, t_setup, progress)
+        out = _serving_loop(requests, make_scheduler, model, cfg, runner, clock, t_setup, progress)
+        out.stats["runner_kept"] = kept is not None
+        ok = True
+        return out
     finally:
+        if ok and cfg.keep_runner:
+            _KEPT[key] = runner
         del runner
         release_device_memory()
+
+
+# The last run's runner (weights, KV cache, CUDA graphs), kept for the next run of the same model,
+# backend settings and scheduler limits when ``backend.keep_runner``: its setup takes ~20 s on a
+# GPU. A failed run's runner is never kept.
+_KEPT: dict[str, ModelRunner] = {}
 
 
 def release_device_memory() -> None:
@@ -164,6 +189,25 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
     return RealResult(duration, stats, steps, token_ids)
 
 
+def serve_on(runner: ModelRunner, sched: Scheduler, requests: list[Request],
+             seed: int = 0) -> list[dict[str, Any]]:
+    """Serve ``requests`` with an existing runner and scheduler (whose block manager must own the
+    runner's cache); the window rows of steps.csv. The calibration measures served CPU costs
+    with it, on the runner it profiles."""
+    fill_prompt_tokens(requests, runner.model.spec, seed)
+    steps: list[dict[str, Any]] = []
+    clock = Clock()
+    gc.collect()
+    gc.freeze()
+    clock.start()
+    try:
+        _serve(deque(sorted(requests, key=lambda r: r.arrival_time)), sched, runner, clock, steps,
+               tqdm(disable=True))
+    finally:
+        gc.unfreeze()
+    return steps
+
+
 def _serve(pending: deque[Request], sched: Scheduler, runner: ModelRunner, clock: Clock,
            steps: list[dict[str, Any]], bar: tqdm) -> None:
     """The main loop: release arrivals, schedule a window, run it, hand its tokens back."""
@@ -190,7 +234,9 @@ def _window_row(batch: Batch, out: WindowResult, t_start: float, schedule_s: flo
     return {
         "window": batch.window_id, "t_start": t_start, "k": batch.num_steps,
         "num_seqs": len(batch.seqs), "num_prefill_seqs": len(batch.seqs) - batch.num_decode_seqs,
-        "num_tokens": out.num_tokens, "num_preempted": len(batch.preempted),
+        "num_tokens": out.num_tokens,
+        "kv_tokens": sum(s.num_cached_tokens + s.num_query_tokens for s in batch.seqs),
+        "num_preempted": len(batch.preempted),
         "num_wasted_steps": batch.num_wasted_steps, "schedule_s": schedule_s,
         "prepare_s": out.prepare_s, "launch_s": out.launch_s, "pythonize_s": out.pythonize_s,
         "update_s": update_s,

@@ -223,7 +223,8 @@ def _open_window(sim: _Sim, batch: Batch) -> _Window:
             delivered[j] = alive
             alive -= ending[j + 1]
     out_cost = [output_time(spec, s.num_seqs, d) for s, d in zip(shapes, delivered, strict=True)]
-    cost = schedule_time(spec, len(batch.seqs), shapes[0].num_tokens, shapes[0].kv_tokens)
+    cost = schedule_time(spec, len(batch.seqs), shapes[0].num_tokens, shapes[0].kv_tokens,
+                         batch.num_steps)
     # the GPU starts the window once it is scheduled (pipeline stages: a close lower bound)
     win = _Window(batch, cost, sim.clock.window_times(shapes, sim.env.now + cost), out_cost,
                   delivered)

@@ -5,9 +5,11 @@ Per scheduler invocation (once per window): schedule + input preparation + H2D c
     t_schedule = schedule_base_us + schedule_per_seq_us * num_seqs
                + schedule_per_token_us * num_tokens
                + schedule_per_kv_token_us * kv_tokens
+             [ + schedule_multi_step_us + schedule_multi_step_per_seq_us * num_seqs ]
 
 (num_tokens: the query tokens of the window's first step; kv_tokens: the KV-cache tokens it
-attends over, whose block tables and slot mappings the engine builds). Per step: output processing
+attends over, whose block tables and slot mappings the engine builds; the bracket: windows of
+more than one step, whose preparation schedlab's engine measures dearer). Per step: output processing
 (device-to-host copy, pythonization, detokenization, stop checks, building outputs),
 
     t_output = output_base_us + output_per_seq_us * num_seqs  [+ api_per_token_us * delivered]
@@ -29,7 +31,8 @@ from policies.base import check_settings
 _US = 1e-6
 _COSTS = ("schedule_base_us", "schedule_per_seq_us", "schedule_per_token_us",
           "schedule_per_kv_token_us", "output_base_us",
-          "output_per_seq_us", "api_per_token_us")
+          "output_per_seq_us", "api_per_token_us", "schedule_multi_step_us",
+          "schedule_multi_step_per_seq_us")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,8 @@ class OverheadSpec:
     defer_last_output: bool = True
     api_server_on_critical_path: bool = True
     schedule_per_kv_token_us: float = 0.0  # added last: positional construction keeps its meaning
+    schedule_multi_step_us: float = 0.0  # more per window of k > 1 steps
+    schedule_multi_step_per_seq_us: float = 0.0  # ... and per sequence in it
 
     def __post_init__(self) -> None:
         for name in _COSTS:
@@ -78,11 +83,13 @@ def scale_overhead(spec: OverheadSpec, factor: float) -> OverheadSpec:
 
 
 def schedule_time(spec: OverheadSpec, num_seqs: int, num_tokens: int,
-                  kv_tokens: int = 0) -> float:
+                  kv_tokens: int = 0, num_steps: int = 1) -> float:
     """Seconds of one scheduler invocation with its input preparation."""
-    return (spec.schedule_base_us + spec.schedule_per_seq_us * num_seqs
-            + spec.schedule_per_token_us * num_tokens
-            + spec.schedule_per_kv_token_us * kv_tokens) * _US
+    t = (spec.schedule_base_us + spec.schedule_per_seq_us * num_seqs
+         + spec.schedule_per_token_us * num_tokens + spec.schedule_per_kv_token_us * kv_tokens)
+    if num_steps > 1:
+        t += spec.schedule_multi_step_us + spec.schedule_multi_step_per_seq_us * num_seqs
+    return t * _US
 
 
 def output_time(spec: OverheadSpec, num_seqs: int, num_delivered: int) -> float:

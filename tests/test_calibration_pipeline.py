@@ -27,6 +27,14 @@ def test_calibrate_validate_plot_on_cpu(tmp_path):
         assert lo <= hw[key] <= hi and math.isfinite(hw[key])
     assert all(math.isfinite(v) for v in out["terms"]["median_abs_rel_error"])
     assert (conf / "calibration" / "cpu_calibrated.csv").exists()
+    # the CPU costs come from served windows of both kinds (k = 1 and k > 1), and the fit
+    # prices a served window's CPU gap within a factor of two at its median
+    data = pd.read_csv(conf / "calibration" / "cpu_calibrated.csv")
+    served = data[data["kind"] == "served"]
+    assert len(served) >= 8 and set(served["k"]) >= {1, 4}
+    assert (served["cpu_s"] > 0).all() and (served["cpu_s"] >= served["prepare_s"]).all()
+    assert "served synthetic runs" in oh_file.read_text()
+    assert out["overhead_errors"]["schedule_and_prepare"] < 1.0
 
     df = validate.main(["--model", "tiny", "--device", "cpu", "--hardware", str(hw_file),
                         "--overhead", str(oh_file), "--workload", "synthetic",

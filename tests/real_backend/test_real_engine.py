@@ -117,6 +117,30 @@ def test_steps_rows_and_stats() -> None:
     assert res.stats["cuda_graph_sizes"] == []
 
 
+def test_kept_runner_serves_the_next_run_alike(device_oracle) -> None:
+    """backend.keep_runner: a second run of the same shape reuses the first's runner and gives
+    the same ids (sampling reseeded, temperature sampling included); a run of another shape, or
+    one without the setting, builds its own."""
+    from real_backend import engine
+
+    def run(policy="cp2", params=None, **backend):
+        return serve(make_requests(), policy, params or {"num_steps": 4}, 16, keep_runner=True,
+                     sampling={"temperature": 0.8, "top_k": 20}, **backend)
+
+    first, second = run(), run()
+    assert not first.stats["runner_kept"] and second.stats["runner_kept"]
+    assert first.token_ids == second.token_ids
+    assert len(engine._KEPT) == 1
+    assert run(params={"num_steps": 8}).stats["runner_kept"]  # any k <= 16: one shape
+    assert not run(params={"num_steps": 20}).stats["runner_kept"]  # longer lookahead: rebuilt
+    assert not serve(make_requests(2), "single_step", {}, None).stats["runner_kept"]
+    assert not engine._KEPT  # a run without the setting drops what was kept
+    greedy = serve(make_requests(), "cp2", {"num_steps": 4}, 16, keep_runner=True)
+    assert serve(make_requests(), "cp2", {"num_steps": 4}, 16,
+                 keep_runner=True).token_ids == greedy.token_ids == device_oracle
+    engine._KEPT.clear()
+
+
 @pytest.mark.parametrize(("setting", "message"), [
     ({"colour": 1}, "backend has no setting 'colour'"),
     ({"cpu_kv_cache_gib": 0}, "backend.cpu_kv_cache_gib must be > 0"),
@@ -126,6 +150,8 @@ def test_steps_rows_and_stats() -> None:
     ({"dtype": "int8"}, "backend.dtype must be auto or one of"),
     ({"kernels": "cuda"}, "backend.kernels must be auto, torch or triton"),
     ({"prefill_graph_max_tokens": 1024}, r"backend.prefill_graph_max_tokens must be in \[0, 512\]"),
+    ({"piecewise_graph_max_tokens": 4096},
+     r"backend.piecewise_graph_max_tokens must be in \[0, 2048\]"),
 ])
 def test_bad_settings_are_one_line_errors(setting, message) -> None:
     with pytest.raises(ValueError, match=message):
