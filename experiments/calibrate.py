@@ -109,7 +109,7 @@ class Profiler:
         import torch
 
         from real_backend.config import BackendConfig
-        from real_backend.engine import build_runner
+        from real_backend.engine import build_runner, release_kept_runner
 
         self.torch = torch
         self.spec = spec
@@ -120,6 +120,7 @@ class Profiler:
         probe = make_scheduler("multi_step", {"num_steps": 16},
                                SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192), 1,
                                spec.max_model_len)
+        release_kept_runner()  # a kept runner of earlier runs would hold the device's memory
         self.runner = build_runner(spec, self.cfg, probe)
         self.cuda = self.runner.device.type == "cuda"
         kv = self.runner.kv_cache
@@ -255,8 +256,9 @@ class Profiler:
                    quick: bool) -> None:
         """CPU costs as a served run pays them: the serving loop on this runner over a synthetic
         workload (lognormal lengths, all at t=0; never the validation's ShareGPT). One row per
-        window: schedule + input preparation + update (the CPU gap between two windows) and
-        pythonization per step. Hand-built microbenchmark windows measure preparation up to
+        window: the time it adds beyond its GPU work (to the next window's start: schedule,
+        input preparation, the launch the GPU waits for, the drain, update), its timed CPU
+        parts, and pythonization per step. Hand-built microbenchmark windows measure preparation up to
         0.3 ms dearer than served ones at small batches."""
         from real_backend.engine import serve_on
 
@@ -268,11 +270,16 @@ class Profiler:
         sched = make_scheduler(policy, params, SchedulerConfig(
             max_num_seqs=256, block_size=self.runner.block_size), self.blocks.num_blocks,
             self.spec.max_model_len)
-        for w in serve_on(self.runner, sched, reqs, seed=self.next_id):
+        windows = serve_on(self.runner, sched, reqs, seed=self.next_id)
+        for w, nxt in zip(windows, windows[1:]):
             self.rows.append({"kind": "served", "k": w["k"], "step": 0, "policy": policy,
                               "num_seqs": w["num_seqs"], "num_tokens": w["num_tokens"],
                               "kv_tokens": w["kv_tokens"], "prepare_s": w["prepare_s"],
+                              "launch_s": w["launch_s"], "gpu_s": w["gpu_s"],
                               "cpu_s": w["schedule_s"] + w["prepare_s"] + w["update_s"],
+                              # the time the window adds beyond its GPU work (0 on the CPU)
+                              "gap_s": max(nxt["t_start"] - w["t_start"] - w["gpu_s"], 0.0)
+                              if self.cuda else math.nan,
                               "pythonize_s": w["pythonize_s"] / w["k"]})
 
     def free(self, seqs: list[ScheduledSeq]) -> None:
@@ -581,7 +588,11 @@ def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[st
                                 rows["kv_tokens"], multi, multi * rows["num_seqs"]])
 
     if len(served) >= 8:
-        X, y = window_features(served), served["cpu_s"].to_numpy()
+        # the GPU's idle time between served windows (schedule, preparation, the launch the
+        # GPU waits for, the drain, update); data without it (and the CPU): the timed CPU parts
+        gap = served.get("gap_s", pd.Series(np.nan, index=served.index))
+        y = np.where(gap.notna(), gap - served["pythonize_s"] * served["k"], served["cpu_s"])
+        X = window_features(served)
         out_rows = served
     else:
         sched = data[data["kind"] == "scheduler"]
@@ -760,8 +771,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     write_yaml(Path(args.conf_dir) / "hardware" / f"{args.name}.yaml", hw_d, header)
     served = int((data["kind"] == "served").sum())
     oheader = (f"Calibrated by `{command}` on {stamp}: schedlab's real backend's CPU costs.\n"
-               + (f"schedule_*: the CPU gap between two served windows (schedule, input\n"
-                  f"preparation, update), fitted on {served} windows of served synthetic runs;\n"
+               + (f"schedule_*: the GPU's idle time between two served windows (schedule, input\n"
+                  f"preparation, launch, drain, update; older data: the timed CPU parts), fitted\n"
+                  f"on {served} windows of served synthetic runs;\n"
                   "output_*: pythonization per step (async: overlaps the next step).\n"
                   if served >= 8 else
                   "schedule_*: Scheduler.schedule()+update() plus the runner's input preparation,\n"

@@ -134,6 +134,12 @@ def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
         release_device_memory()
 
 
+def release_kept_runner() -> None:
+    """Drop the runner kept by ``backend.keep_runner`` (before building another on the device)."""
+    _KEPT.clear()
+    release_device_memory()
+
+
 # The last run's runner (weights, KV cache, CUDA graphs), kept for the next run of the same model,
 # backend settings and scheduler limits when ``backend.keep_runner``: its setup takes ~20 s on a
 # GPU. A failed run's runner is never kept.
