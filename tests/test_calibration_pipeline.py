@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -95,3 +96,34 @@ def test_importing_the_engine_loads_cuda_kernels_eagerly_unless_told_otherwise()
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "LAZY"
+
+
+def test_overhead_fit_recovers_served_costs_and_prefers_the_idle_gap():
+    """Served rows: the window term is fitted on each window's idle gap where recorded (less
+    its pythonization, priced per step), else on its timed CPU parts; windows of k > 1 get
+    their own base and per-sequence terms."""
+    from experiments.calibrate import fit_overhead
+
+    rng = np.random.default_rng(0)
+    n = rng.integers(1, 257, 200)
+    k = rng.choice([1, 8], 200)
+    tokens = np.where(rng.random(200) < 0.3, n + rng.integers(16, 2000, 200), n)
+    kv = n * rng.integers(100, 1500, 200)
+    multi = (k > 1).astype(float)
+    cpu = 1e-6 * (200 + 5 * n + 0.2 * tokens + 0.001 * kv + 300 * multi + 2 * multi * n)
+    pyth = 1e-6 * (10 + 0.1 * n)
+    rows = pd.DataFrame({"kind": "served", "k": k, "step": 0, "num_seqs": n, "num_tokens": tokens,
+                         "kv_tokens": kv, "prepare_s": cpu / 2, "cpu_s": cpu,
+                         "pythonize_s": pyth})
+    prof, err = fit_overhead(rows, "x")
+    assert prof["schedule_base_us"] == pytest.approx(200, rel=1e-3)
+    assert prof["schedule_per_seq_us"] == pytest.approx(5, rel=1e-3)
+    assert prof["schedule_multi_step_us"] == pytest.approx(300, rel=1e-3)
+    assert prof["schedule_multi_step_per_seq_us"] == pytest.approx(2, rel=1e-3)
+    assert prof["output_base_us"] == pytest.approx(10, rel=1e-3)
+    assert err["schedule_and_prepare"] < 1e-6
+    # the idle gap: the timed parts plus 150 us of launch and drain per window
+    gapped = rows.assign(gap_s=cpu + 150e-6 + pyth * k)
+    prof_gap, _ = fit_overhead(gapped, "x")
+    assert prof_gap["schedule_base_us"] == pytest.approx(350, rel=1e-3)
+    assert prof_gap["schedule_per_seq_us"] == pytest.approx(5, rel=1e-3)
