@@ -267,9 +267,15 @@ class Profiler:
         outputs = np.clip(np.round(self.rng.lognormal(np.log(120), 0.9, num_prompts)), 2, cap_o)
         reqs = [Request(self.new_id(), 0.0, int(p), int(o)) for p, o in zip(prompts, outputs,
                                                                           strict=True)]
-        sched = make_scheduler(policy, params, SchedulerConfig(
-            max_num_seqs=256, block_size=self.runner.block_size), self.blocks.num_blocks,
-            self.spec.max_model_len)
+        def scheduler(budget: int | None) -> Scheduler:
+            return make_scheduler(policy, params, SchedulerConfig(
+                max_num_seqs=256, max_num_batched_tokens=budget,
+                block_size=self.runner.block_size), self.blocks.num_blocks,
+                self.spec.max_model_len)
+
+        sched = scheduler(None)  # the policy's own token budget, within the profiled 8192
+        if sched.max_num_batched_tokens > 8192:
+            sched = scheduler(8192)
         windows = serve_on(self.runner, sched, reqs, seed=self.next_id)
         for w, nxt in zip(windows, windows[1:]):
             self.rows.append({"kind": "served", "k": w["k"], "step": 0, "policy": policy,
@@ -572,8 +578,8 @@ def fit_clock(data: pd.DataFrame, timeline: pd.DataFrame, clock: pd.DataFrame,
 
 
 def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[str, float]]:
-    """Per invocation, a + b*num_seqs + c*num_tokens + d*kv_tokens, plus m + n*num_seqs in windows
-    of more than one step; per step, e + f*num_seqs.
+    """Per invocation, a + b*num_seqs + c*num_tokens + d*kv_tokens, plus m + n*num_seqs*(k - 1) in
+    windows of k > 1 steps; per step, e + f*num_seqs.
 
     With served rows (``Profiler.served_cpu``): the window term is the CPU gap a served window
     costs (schedule + input preparation + update), the step term its pythonization. Older data
@@ -583,15 +589,18 @@ def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[st
     served = data[data["kind"] == "served"]
 
     def window_features(rows: pd.DataFrame) -> np.ndarray:
-        multi = (rows["k"] > 1).to_numpy(dtype=float)
+        k = rows["k"].to_numpy(dtype=float)
         return np.column_stack([np.ones(len(rows)), rows["num_seqs"], rows["num_tokens"],
-                                rows["kv_tokens"], multi, multi * rows["num_seqs"]])
+                                rows["kv_tokens"], (k > 1).astype(float),
+                                rows["num_seqs"] * (k - 1)])
 
     if len(served) >= 8:
         # the GPU's idle time between served windows (schedule, preparation, the launch the
-        # GPU waits for, the drain, update); data without it (and the CPU): the timed CPU parts
+        # GPU waits for, the drain, update) less the last step's pythonization, which the
+        # per-step term prices (earlier steps' overlap the GPU); data without it (and the CPU):
+        # the timed CPU parts
         gap = served.get("gap_s", pd.Series(np.nan, index=served.index))
-        y = np.where(gap.notna(), gap - served["pythonize_s"] * served["k"], served["cpu_s"])
+        y = np.where(gap.notna(), gap - served["pythonize_s"], served["cpu_s"])
         X = window_features(served)
         out_rows = served
     else:

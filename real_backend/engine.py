@@ -81,6 +81,7 @@ def build_runner(spec: ModelSpec, cfg: BackendConfig, probe: Scheduler,
     runner.capture_graphs()
     if device.type == "cuda":
         runner.warm_up(probe.max_num_batched_tokens, max_seqs)
+    runner.generator.manual_seed(cfg.seed)  # sampling starts from the seed, warm-up or not
     return runner
 
 
@@ -116,11 +117,14 @@ def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
     key = repr((model, cfg, probe.config, probe.max_num_batched_tokens, _lookahead(probe)))
     kept = _KEPT.pop(key, None) if cfg.keep_runner else None
     _KEPT.clear()
-    release_device_memory()  # what an earlier run in this process left in torch's cache
-    runner = kept or build_runner(model, cfg, probe, clock)
     if kept:  # this run's clock and a fresh sampler; the rest is rewritten before it is read
+        runner = kept  # (its allocator cache stays warm, as a fresh runner's is after warm-up)
         runner.outputs.clock = clock
         runner.generator.manual_seed(cfg.seed)
+        runner.piecewise_capture_s = 0.0  # nothing captured for this run
+    else:
+        release_device_memory()  # what an earlier run in this process left in torch's cache
+        runner = build_runner(model, cfg, probe, clock)
     ok = False
     try:
         out = _serving_loop(requests, make_scheduler, model, cfg, runner, clock, t_setup, progress)
@@ -202,7 +206,8 @@ def serve_on(runner: ModelRunner, sched: Scheduler, requests: list[Request],
     with it, on the runner it profiles."""
     fill_prompt_tokens(requests, runner.model.spec, seed)
     steps: list[dict[str, Any]] = []
-    clock = Clock()
+    clock, saved = Clock(), runner.outputs.clock
+    runner.outputs.clock = clock  # delivery times on the loop's clock
     gc.collect()
     gc.freeze()
     clock.start()
@@ -211,6 +216,7 @@ def serve_on(runner: ModelRunner, sched: Scheduler, requests: list[Request],
                tqdm(disable=True))
     finally:
         gc.unfreeze()
+        runner.outputs.clock = saved
     return steps
 
 

@@ -5,11 +5,13 @@ Per scheduler invocation (once per window): schedule + input preparation + H2D c
     t_schedule = schedule_base_us + schedule_per_seq_us * num_seqs
                + schedule_per_token_us * num_tokens
                + schedule_per_kv_token_us * kv_tokens
-             [ + schedule_multi_step_us + schedule_multi_step_per_seq_us * num_seqs ]
+             [ + schedule_multi_step_us
+                 + schedule_multi_step_per_seq_us * num_seqs * (num_steps - 1) ]
 
 (num_tokens: the query tokens of the window's first step; kv_tokens: the KV-cache tokens it
 attends over, whose block tables and slot mappings the engine builds; the bracket: windows of
-more than one step, whose preparation schedlab's engine measures dearer). Per step: output processing
+more than one step, whose preparation schedlab's engine measures dearer and whose update()
+appends num_steps tokens to every sequence). Per step: output processing
 (device-to-host copy, pythonization, detokenization, stop checks, building outputs),
 
     t_output = output_base_us + output_per_seq_us * num_seqs  [+ api_per_token_us * delivered]
@@ -53,7 +55,7 @@ class OverheadSpec:
     api_server_on_critical_path: bool = True
     schedule_per_kv_token_us: float = 0.0  # added last: positional construction keeps its meaning
     schedule_multi_step_us: float = 0.0  # more per window of k > 1 steps
-    schedule_multi_step_per_seq_us: float = 0.0  # ... and per sequence in it
+    schedule_multi_step_per_seq_us: float = 0.0  # ... and per sequence and step beyond the first
 
     def __post_init__(self) -> None:
         for name in _COSTS:
@@ -88,7 +90,8 @@ def schedule_time(spec: OverheadSpec, num_seqs: int, num_tokens: int,
     t = (spec.schedule_base_us + spec.schedule_per_seq_us * num_seqs
          + spec.schedule_per_token_us * num_tokens + spec.schedule_per_kv_token_us * kv_tokens)
     if num_steps > 1:
-        t += spec.schedule_multi_step_us + spec.schedule_multi_step_per_seq_us * num_seqs
+        t += (spec.schedule_multi_step_us
+              + spec.schedule_multi_step_per_seq_us * num_seqs * (num_steps - 1))
     return t * _US
 
 
