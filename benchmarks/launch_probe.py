@@ -54,9 +54,10 @@ def served(out: Path, model: list[str], prompts: int) -> None:
     for lo, hi in ((1, 384), (385, 768), (769, 1536), (1537, 1 << 20)):
         m = mixed[(mixed.num_tokens >= lo) & (mixed.num_tokens <= hi)]
         if len(m):
-            TABLE.append(f"served mixed {lo}-{hi} tok: n={len(m)} seqs med {m.num_seqs.median():.0f} "
-                         f"gpu med {m.gpu_s.median()*1e3:.2f} launch med "
-                         f"{m.launch_s.median()*1e3:.2f} prep med {m.prepare_s.median()*1e3:.2f} ms")
+            TABLE.append(f"served mixed {lo}-{hi} tok: n={len(m)} seqs med "
+                         f"{m.num_seqs.median():.0f} gpu med {m.gpu_s.median()*1e3:.2f} "
+                         f"launch med {m.launch_s.median()*1e3:.2f} "
+                         f"prep med {m.prepare_s.median()*1e3:.2f} ms")
 
 
 def served_profiled(out: Path, model: list[str], prompts: int) -> None:
@@ -201,7 +202,8 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     if args.smoke:
-        model, device, reps = ["model=tiny", "backend.device=cpu", "backend.num_blocks=2048"], "cpu", 2
+        model = ["model=tiny", "backend.device=cpu", "backend.num_blocks=2048"]
+        device, reps = "cpu", 2
     else:
         import os
 

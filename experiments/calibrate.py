@@ -83,7 +83,8 @@ def grid(quick: bool, max_len: int) -> dict[str, list]:
                        + [(1, 512, 512), (1, 512, 2048), (1, 2048, 2048), (4, 512, 1024)]),
         # (batch size, context length, k)
         "decode": [(b, c, 4) for b in (1, 8, 32, 64, 128, 256) for c in (128, 512, 1024, 2048)]
-                  + [(b, 512, 1) for b in (1, 8, 16, 64, 96, 200, 256)] + [(256, 512, 8), (64, 1024, 16)]
+                  + [(b, 512, 1) for b in (1, 8, 16, 64, 96, 200, 256)]
+                  + [(256, 512, 8), (64, 1024, 16)]
                   # ragged contexts (0: drawn from 32..2000 per sequence), as served batches are
                   + [(b, 0, 4) for b in (32, 128, 192, 256)] + [(256, 0, 8)]
                   # skewed contexts (-1: 32 + Exp(400), capped at 2000)
@@ -258,8 +259,8 @@ class Profiler:
         workload (lognormal lengths, all at t=0; never the validation's ShareGPT). One row per
         window: the time it adds beyond its GPU work (to the next window's start: schedule,
         input preparation, the launch the GPU waits for, the drain, update), its timed CPU
-        parts, and pythonization per step. Hand-built microbenchmark windows measure preparation up to
-        0.3 ms dearer than served ones at small batches."""
+        parts, and pythonization per step. Hand-built microbenchmark windows measure preparation
+        up to 0.3 ms dearer than served ones at small batches."""
         from real_backend.engine import serve_on
 
         cap_p, cap_o = (40, 12) if quick else (2000, 1000)
@@ -267,6 +268,7 @@ class Profiler:
         outputs = np.clip(np.round(self.rng.lognormal(np.log(120), 0.9, num_prompts)), 2, cap_o)
         reqs = [Request(self.new_id(), 0.0, int(p), int(o)) for p, o in zip(prompts, outputs,
                                                                           strict=True)]
+
         def scheduler(budget: int | None) -> Scheduler:
             return make_scheduler(policy, params, SchedulerConfig(
                 max_num_seqs=256, max_num_batched_tokens=budget,

@@ -4,9 +4,9 @@ Decode steps replay CUDA graphs captured at batch sizes 1, 2, 4, 8, 16, 24, ...,
 prefill-only steps of at most 8 prompts replay graphs captured at padded token and prompt
 counts; every other step of at most ``piecewise_graph_max_tokens`` tokens (mixed prefill +
 decode steps, larger prefills) replays piecewise graphs captured at a padded token count, with
-attention run eagerly between the pieces; decode attention splits each sequence's keys over several programs when the batch is
-too small to fill the GPU. The engine captures and launches exactly these; the simulator prices
-exactly these. No torch here: the simulator imports it.
+attention run eagerly between the pieces; decode attention splits each sequence's keys over
+several programs when the batch is too small to fill the GPU. The engine captures and launches
+exactly these; the simulator prices exactly these. No torch here: the simulator imports it.
 """
 
 from __future__ import annotations

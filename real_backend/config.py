@@ -60,7 +60,8 @@ class BackendConfig:
                              f"{PREFILL_GRAPH_TOKENS[-1]}], got {self.prefill_graph_max_tokens}")
         if not 0 <= self.piecewise_graph_max_tokens <= PIECEWISE_GRAPH_TOKENS[-1]:
             raise ValueError(f"backend.piecewise_graph_max_tokens must be in [0, "
-                             f"{PIECEWISE_GRAPH_TOKENS[-1]}], got {self.piecewise_graph_max_tokens}")
+                             f"{PIECEWISE_GRAPH_TOKENS[-1]}], "
+                             f"got {self.piecewise_graph_max_tokens}")
         if self.kernels not in ("auto", "torch", "triton"):
             raise ValueError(f"backend.kernels must be auto, torch or triton, got {self.kernels!r}")
 

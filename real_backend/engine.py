@@ -165,20 +165,11 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
                          f"{sched.config.block_size}, then {runner.block_size}")
     fill_prompt_tokens(requests, model, cfg.seed)
     setup_s = perf_counter() - t_setup
-    pending = deque(sorted(requests, key=lambda r: r.arrival_time))
     steps: list[dict[str, Any]] = []
     bar = tqdm(total=len(requests), disable=not progress, unit="req", desc="serving")
-    # Everything built so far (model, graphs, requests) lives for the whole run: keep it out of
-    # the collector's scans, so that a collection during a launch-bound step stays short.
-    gc.collect()
-    gc.freeze()
     replays_before = runner.prefill_graph_replays  # the warm-up's are not the run's
     pieces_before = runner.piecewise_replays
-    clock.start()
-    try:
-        _serve(pending, sched, runner, clock, steps, bar)
-    finally:
-        gc.unfreeze()
+    _serve_frozen(requests, sched, runner, clock, steps, bar)
     duration = clock()
     bar.close()
     stats = {**dataclasses.asdict(sched.stats), "setup_s": setup_s,
@@ -208,16 +199,26 @@ def serve_on(runner: ModelRunner, sched: Scheduler, requests: list[Request],
     steps: list[dict[str, Any]] = []
     clock, saved = Clock(), runner.outputs.clock
     runner.outputs.clock = clock  # delivery times on the loop's clock
+    try:
+        _serve_frozen(requests, sched, runner, clock, steps, tqdm(disable=True))
+    finally:
+        runner.outputs.clock = saved
+    return steps
+
+
+def _serve_frozen(requests: list[Request], sched: Scheduler, runner: ModelRunner, clock: Clock,
+                  steps: list[dict[str, Any]], bar: tqdm) -> None:
+    """``_serve`` from t = 0 with everything built so far (model, graphs, requests) frozen out of
+    the collector's scans: it lives for the whole run, and a collection during a launch-bound
+    step then stays short."""
+    pending = deque(sorted(requests, key=lambda r: r.arrival_time))
     gc.collect()
     gc.freeze()
     clock.start()
     try:
-        _serve(deque(sorted(requests, key=lambda r: r.arrival_time)), sched, runner, clock, steps,
-               tqdm(disable=True))
+        _serve(pending, sched, runner, clock, steps, bar)
     finally:
         gc.unfreeze()
-        runner.outputs.clock = saved
-    return steps
 
 
 def _serve(pending: deque[Request], sched: Scheduler, runner: ModelRunner, clock: Clock,

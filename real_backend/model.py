@@ -83,13 +83,18 @@ def layer_input(model: Llama, i: int, x: torch.Tensor, delta: torch.Tensor | Non
     with the previous layer's MLP output ``delta`` added (fused into the RMSNorm). ``qkv_out``:
     where the fused qkv projection is written (piecewise graphs' static buffer)."""
     spec, w = model.spec, model.layers[i]
-    n, d = x.shape[0], spec.head_dim
     h, x = kernels.add_rms_norm(x, delta, w.input_norm, spec.rms_norm_eps)
     qkv = F.linear(h, w.qkv) if qkv_out is None else torch.matmul(h, w.qkv.t(), out=qkv_out)
-    q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
-    q, k, v = q.view(n, -1, d), k.view(n, -1, d), v.view(n, -1, d)
+    q, k, v = split_heads(spec, qkv)
     kernels.rotary_embedding(positions, q, k, model.rope)
     return q, k, v, x
+
+
+def split_heads(spec: ModelSpec, qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Views q [T, heads, D], k and v [T, kv_heads, D] of a fused qkv projection [T, ...]."""
+    n, d = qkv.shape[0], spec.head_dim
+    q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
+    return q.view(n, -1, d), k.view(n, -1, d), v.view(n, -1, d)
 
 
 def layer_output(model: Llama, i: int, x: torch.Tensor, attn: torch.Tensor,
@@ -101,7 +106,8 @@ def layer_output(model: Llama, i: int, x: torch.Tensor, attn: torch.Tensor,
     return x, F.linear(kernels.silu_and_mul(F.linear(h, w.gate_up)), w.down)
 
 
-def final_norm(model: Llama, x: torch.Tensor, delta: torch.Tensor, kernels: Kernels) -> torch.Tensor:
+def final_norm(model: Llama, x: torch.Tensor, delta: torch.Tensor,
+               kernels: Kernels) -> torch.Tensor:
     return kernels.add_rms_norm(x, delta, model.norm, model.spec.rms_norm_eps)[0]
 
 
@@ -142,9 +148,9 @@ class PieceBuffers:
         def buf(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
             return torch.zeros(shape, dtype=dt, device=device)
 
-        return cls(buf(rows, dt=torch.int64), buf(rows, dt=torch.int64), buf(rows, spec.hidden_size),
-                   buf(rows, spec.q_size + 2 * spec.kv_size), buf(rows, spec.q_size),
-                   buf(rows, spec.hidden_size))
+        return cls(buf(rows, dt=torch.int64), buf(rows, dt=torch.int64),
+                   buf(rows, spec.hidden_size), buf(rows, spec.q_size + 2 * spec.kv_size),
+                   buf(rows, spec.q_size), buf(rows, spec.hidden_size))
 
 
 def decoder_piece(model: Llama, bufs: PieceBuffers, i: int, tokens: int, kernels: Kernels) -> None:
@@ -174,10 +180,8 @@ def forward_piecewise(model: Llama, bufs: PieceBuffers, n: int, meta: AttentionM
     for i in range(len(model.layers) + 1):
         run_piece(i)
         if i < len(model.layers):
-            q, k, v = bufs.qkv[:n].split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
-            d = spec.head_dim
-            out = paged_attention(q.view(n, -1, d), k.view(n, -1, d), v.view(n, -1, d),
-                                  kv_cache.k[i], kv_cache.v[i], meta, kernels, scale)
+            q, k, v = split_heads(spec, bufs.qkv[:n])
+            out = paged_attention(q, k, v, kv_cache.k[i], kv_cache.v[i], meta, kernels, scale)
             bufs.attn[:n].copy_(out.reshape(n, spec.q_size))
     return bufs.hidden[:n]
 

@@ -11,10 +11,10 @@ the coefficients by least squares (the two rooflines by choosing each step's bin
            + R(F_lm / (P * eta_mm), B_lm / (W * eta_mem))             LM head (sampled rows only)
            + t_sampler + N_s * V * b_logit / (W * eta_mem)            sampler
          + t_replay + N_k * t_graph_kernel                            (CUDA graph), or for
-                                        eager steps the whole sum so far is max(sum, N_k * t_launch),
-                                        or for piecewise graphs (L + 1) t_replay + N_k t_graph_kernel
-                                        and at least (L + 1 + L n_e) t_launch (n_e: eager
-                                        attention kernels between pieces)
+                                  eager steps the whole sum so far is max(sum, N_k * t_launch),
+                                  or for piecewise graphs (L + 1) t_replay + N_k t_graph_kernel
+                                  and at least (L + 1 + L n_e) t_launch (n_e: eager attention
+                                  kernels between pieces)
            + t_advance_step            (steps 2..k of a multi-step window)
            + 2 L (t_ar + 2 (tp-1)/tp * T h d / (N * eta_ar))          TP all-reduces (tp > 1)
            + t_ar + (tp-1)/tp * N_s V d / (N * eta_ar)                logits gather (tp > 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from rb_util import greedy_dense, load_spec
@@ -16,6 +18,27 @@ from real_backend.weights import random_model
 SPEC = load_spec("tiny")
 
 
+def _random_requests(seed: int, num_blocks: int, lengths: tuple[int, ...], blocks_each: int,
+                     max_tokens: int) -> list[Request]:
+    """Seeded random prompts of the given lengths, each owning its own run of a shuffled cache."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = torch.randperm(num_blocks, generator=g).tolist()
+    prompts = [[int(t) for t in torch.randint(0, SPEC.vocab_size, (n,), generator=g)]
+               for n in lengths]
+    return [Request(i, 0.0, 0, max_tokens, prompt_token_ids=p,
+                    block_table=blocks[i * blocks_each:(i + 1) * blocks_each])
+            for i, p in enumerate(prompts)]
+
+
+def _one_step(runner: ModelRunner, entries, samples=lambda r, q: True) -> None:
+    """A one-step window of (request, query tokens) rows; updates requests like update()."""
+    seqs = [ScheduledSeq(r, q, r.num_computed_tokens, 1, samples(r, q)) for r, q in entries]
+    res = runner.run_window(Batch(seqs, 1))
+    for s, ids in zip(seqs, res.sampled, strict=True):
+        s.request.num_computed_tokens += s.num_query_tokens
+        s.request.output_token_ids += ids
+
+
 def test_windows_with_ragged_step_counts() -> None:
     """Rows leave a window at different steps (4/2/1 steps, then 3/1/2), and a 1-token prefill
     chunk that samples nothing rides in pure-decode windows: ids still equal the oracle's."""
@@ -23,13 +46,8 @@ def test_windows_with_ragged_step_counts() -> None:
     runner = ModelRunner(model, BackendConfig(device="cpu", num_blocks=64), block_size=4,
                          max_num_seqs=8, max_lookahead=8)
     runner.allocate_kv_cache(64)
-    g = torch.Generator().manual_seed(0)
-    blocks = torch.randperm(64, generator=g).tolist()
-    prompts = [[int(t) for t in torch.randint(0, SPEC.vocab_size, (n,), generator=g)]
-               for n in (9, 3, 14, 5)]
-    reqs = [Request(i, 0.0, 0, 12, prompt_token_ids=p, block_table=blocks[i * 16:(i + 1) * 16])
-            for i, p in enumerate(prompts)]
-    oracle = [greedy_dense(model, p, 12) for p in prompts]
+    reqs = _random_requests(0, 64, (9, 3, 14, 5), 16, 12)
+    oracle = [greedy_dense(model, r.prompt_token_ids, 12) for r in reqs]
 
     def run(entries):
         """entries: (request, query tokens, steps); updates requests like Scheduler.update."""
@@ -151,20 +169,10 @@ def test_padded_prefill_graph_inputs_equal_oracle(kernels: str) -> None:
     runner.warm_up(64, 4)  # scribbles on block 0, which a request below then owns
     fake = _EagerPrefillGraphs(runner)
     runner.prefill_graphs = fake
-    g = torch.Generator().manual_seed(1)
-    blocks = torch.randperm(96, generator=g).tolist()
-    prompts = [[int(t) for t in torch.randint(0, SPEC.vocab_size, (n,), generator=g)]
-               for n in (11, 5, 23, 40, 70)]
-    reqs = [Request(i, 0.0, 0, 6, prompt_token_ids=p, block_table=blocks[i * 19:(i + 1) * 19])
-            for i, p in enumerate(prompts)]
-    oracle = [greedy_dense(model, p, 3) for p in prompts]
+    reqs = _random_requests(1, 96, (11, 5, 23, 40, 70), 19, 6)
+    oracle = [greedy_dense(model, r.prompt_token_ids, 3) for r in reqs]
 
-    def run(entries):
-        seqs = [ScheduledSeq(r, q, r.num_computed_tokens, 1, True) for r, q in entries]
-        res = runner.run_window(Batch(seqs, 1))
-        for s, ids in zip(seqs, res.sampled, strict=True):
-            s.request.num_computed_tokens += s.num_query_tokens
-            s.request.output_token_ids += ids
+    run = partial(_one_step, runner)
 
     a, b, c, d, e = reqs
     run([(a, 11), (b, 5), (c, 13)])  # 29 tokens -> (32, 4); c's chunk samples nothing
@@ -213,21 +221,12 @@ def test_mixed_steps_through_piecewise_pieces_equal_oracle() -> None:
         b.normal_()
     fake = _EagerPiecewiseGraphs(runner, 64)
     runner.piecewise = fake
-    g = torch.Generator().manual_seed(2)
-    blocks = torch.randperm(96, generator=g).tolist()
-    prompts = [[int(t) for t in torch.randint(0, SPEC.vocab_size, (n,), generator=g)]
-               for n in (9, 30, 17, 70)]
-    reqs = [Request(i, 0.0, 0, 6, prompt_token_ids=p, block_table=blocks[i * 22:(i + 1) * 22])
-            for i, p in enumerate(prompts)]
-    oracle = [greedy_dense(model, p, 4) for p in prompts]
+    reqs = _random_requests(2, 96, (9, 30, 17, 70), 22, 6)
+    oracle = [greedy_dense(model, r.prompt_token_ids, 4) for r in reqs]
 
-    def run(entries):
-        seqs = [ScheduledSeq(r, q, r.num_computed_tokens, 1, r.num_computed_tokens + q
-                             >= len(r.prompt_token_ids)) for r, q in entries]
-        res = runner.run_window(Batch(seqs, 1))
-        for s, ids in zip(seqs, res.sampled, strict=True):
-            s.request.num_computed_tokens += s.num_query_tokens
-            s.request.output_token_ids += ids
+    # a chunk samples when it ends its prompt
+    run = partial(_one_step, runner,
+                  samples=lambda r, q: r.num_computed_tokens + q >= len(r.prompt_token_ids))
 
     a, b, c, d = reqs
     run([(a, 9), (b, 20)])  # 29 tokens, 2 prompts, over the prefill graphs' 16: pieces of 32
