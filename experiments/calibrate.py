@@ -8,8 +8,9 @@ without a cached prefix; decode windows of k steps over batch sizes x context le
 batches) run through the real backend's ModelRunner, plus the CPU cost of the real Scheduler's
 schedule() + update() against batch size. Windows with a prefill draw a new shape around their
 nominal one for every timed repetition, as served windows never repeat one; the collector is
-frozen while profiling, as it is while serving. The fit sees only these microbenchmarks, never
-an end-to-end run. It sets the coefficients of ``simulator.cost_model`` (a least-squares fit of
+frozen while profiling, as it is while serving. Served runs of a synthetic workload on the same
+runner add each window's CPU gap and each step's shape and time. The fit sees only these, never
+the validation's runs (ShareGPT). It sets the coefficients of ``simulator.cost_model`` (a least-squares fit of
 log step time) and of ``simulator.overhead`` (linear least squares), reports each term's fit
 error, and writes ``conf/hardware/<name>.yaml`` and ``conf/overhead/<overhead_name>.yaml``.
 On a GPU with NVML it also samples the SM clock throughout (and opens with two clock bursts),
@@ -60,6 +61,8 @@ FIT_KEYS = [("matmul_efficiency", 1e-7, 1.0), ("mem_bw_efficiency", 1e-7, 1.0),
 SHAPE_COLS = ["num_tokens", "num_seqs", "num_prefill_tokens", "num_sampled", "attn_pairs",
               "kv_tokens", "is_first", "max_kv_tokens"]
 OPTIONAL_COLS = {"max_kv_tokens"}  # absent from older data: read as 0 (term off)
+# the rows the step-time fit sees: microbenchmark windows and steps of served synthetic runs
+STEP_KINDS = ["prefill", "decode", "mixed", "served_step"]
 
 
 # ---------------------------------------------------------------------------- profiling grid
@@ -253,14 +256,19 @@ class Profiler:
             self._record_shapes(kind, batch, self.window_id, [gpu], [out.prepare_s],
                                 [out.pythonize_s])
 
-    def served_cpu(self, policy: str, params: dict[str, Any], num_prompts: int,
-                   quick: bool) -> None:
-        """CPU costs as a served run pays them: the serving loop on this runner over a synthetic
-        workload (lognormal lengths, all at t=0; never the validation's ShareGPT). One row per
-        window: the time it adds beyond its GPU work (to the next window's start: schedule,
-        input preparation, the launch the GPU waits for, the drain, update), its timed CPU
-        parts, and pythonization per step. Hand-built microbenchmark windows measure preparation
-        up to 0.3 ms dearer than served ones at small batches."""
+    def served(self, policy: str, params: dict[str, Any], num_prompts: int,
+               quick: bool) -> None:
+        """The serving loop on this runner over a synthetic workload (lognormal lengths, all at
+        t=0; never the validation's ShareGPT), for the costs that only serving shows.
+
+        CPU: one ``served`` row per window: the time it adds beyond its GPU work (to the next
+        window's start: schedule, input preparation, the launch the GPU waits for, the drain,
+        update), its timed CPU parts, and pythonization per step. Hand-built microbenchmark
+        windows measure preparation up to 0.3 ms dearer than served ones at small batches.
+        GPU: one ``served_step`` row per step, its shape and time (with the clock it ran at),
+        for the step-time fit beside the microbenchmarks (a fit on isolated windows alone
+        priced served large decode batches and multi-prompt prefills 2-11% fast).
+        """
         from real_backend.engine import serve_on
 
         cap_p, cap_o = (40, 12) if quick else (2000, 1000)
@@ -278,7 +286,21 @@ class Profiler:
         sched = scheduler(None)  # the policy's own token budget, within the profiled 8192
         if sched.max_num_batched_tokens > 8192:
             sched = scheduler(8192)
-        windows = serve_on(self.runner, sched, reqs, seed=self.next_id)
+
+        def on_window(batch: Batch, out, wall_s: float) -> None:
+            t1 = time.perf_counter()  # the window's GPU work has drained
+            k = batch.num_steps
+            gpu = out.gpu_step_s if self.cuda else [(wall_s - out.prepare_s) / k] * k
+            self.window_id += 1
+            self.timeline.append((self.window_id, t1 - wall_s, t1, sum(gpu)))
+            self.timed[self.window_id] = [(t1 - sum(gpu), t1)]
+            first = len(self.rows)
+            self._record_shapes("served_step", batch, self.window_id, [gpu], [out.prepare_s],
+                                [out.pythonize_s])
+            for row in self.rows[first:]:
+                row["policy"] = policy
+
+        windows = serve_on(self.runner, sched, reqs, seed=self.next_id, on_window=on_window)
         for w, nxt in zip(windows, windows[1:]):
             self.rows.append({"kind": "served", "k": w["k"], "step": 0, "policy": policy,
                               "num_seqs": w["num_seqs"], "num_tokens": w["num_tokens"],
@@ -416,7 +438,7 @@ def profile(spec: ModelSpec, backend: dict[str, Any], quick: bool, reps: int,
                     p.cpu_scheduler(n, k)
                 bar.update()
             for policy, params in g["served"]:
-                p.served_cpu(policy, params, 12 if quick else 400, quick)
+                p.served(policy, params, 12 if quick else 400, quick)
                 bar.update()
     finally:
         gc.unfreeze()
@@ -472,7 +494,7 @@ def fit_gpu(data: pd.DataFrame, spec: ModelSpec,
     elasticity fitted with the rest (0: the sampled clock explains nothing; 1: fully)."""
     from scipy.optimize import least_squares
 
-    steps = data[data["kind"].isin(["prefill", "decode", "mixed"])].reset_index(drop=True)
+    steps = data[data["kind"].isin(STEP_KINDS)].reset_index(drop=True)
     shapes = [_shape(r) for r in steps.itertuples()]
     slows = _slowdowns(steps)
     measured = steps["gpu_s"].to_numpy()
@@ -583,7 +605,7 @@ def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[st
     """Per invocation, a + b*num_seqs + c*num_tokens + d*kv_tokens, plus m + n*num_seqs*(k - 1) in
     windows of k > 1 steps; per step, e + f*num_seqs.
 
-    With served rows (``Profiler.served_cpu``): the window term is the CPU gap a served window
+    With served rows (``Profiler.served``): the window term is the CPU gap a served window
     costs (schedule + input preparation + update), the step term its pythonization. Older data
     without them: schedule + update from the Scheduler bench (k=1) plus the microbenchmarks'
     input preparation per window, and pythonization plus update()'s per-step share per step.
@@ -662,6 +684,7 @@ def term_errors(steps: pd.DataFrame) -> pd.DataFrame:
         "decode, KV reads, CUDA graph (decode step 1)": (steps["kind"] == "decode") & (steps["step"] == 0),
         "advance_step (decode steps 2..k)": (steps["kind"] == "decode") & (steps["step"] > 0),
         "mixed prefill + decode": steps["kind"] == "mixed",
+        "served steps, synthetic workloads": steps["kind"] == "served_step",
     }
     rows = []
     for term, mask in groups.items():
@@ -777,7 +800,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     header = (f"Calibrated by `{command}` on {stamp}, model {spec.name}.\n"
               f"Datasheet numbers from {base_name}; the fitted keys: "
               + ", ".join(k for k, _, _ in FIT_KEYS) + ".\n"
-              f"Fit error of step time (microbenchmarks only):\n{err_lines}\n{clock_line}\n"
+              f"Fit error of step time (microbenchmarks and served synthetic runs):\n{err_lines}\n{clock_line}\n"
               f"Data: {save}")
     write_yaml(Path(args.conf_dir) / "hardware" / f"{args.name}.yaml", hw_d, header)
     served = int((data["kind"] == "served").sum())

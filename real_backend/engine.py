@@ -35,6 +35,10 @@ class RealResult:
     token_ids: dict[int, list[int]] | None = None  # request_id -> output ids (save_token_ids)
 
 
+# sees each served window as it ends: (batch, its result, wall seconds of run_window)
+OnWindow = Callable[[Batch, WindowResult, float], None]
+
+
 class Clock:
     """Seconds since ``start()``: the clock of arrival times, delivery times and the duration."""
 
@@ -190,24 +194,32 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
     return RealResult(duration, stats, steps, token_ids)
 
 
-def serve_on(runner: ModelRunner, sched: Scheduler, requests: list[Request],
-             seed: int = 0) -> list[dict[str, Any]]:
+def serve_on(runner: ModelRunner, sched: Scheduler, requests: list[Request], seed: int = 0,
+             on_window: OnWindow | None = None) -> list[dict[str, Any]]:
     """Serve ``requests`` with an existing runner and scheduler (whose block manager must own the
     runner's cache); the window rows of steps.csv. The calibration measures served CPU costs
-    with it, on the runner it profiles."""
+    and served step times with it, on the runner it profiles; ``on_window(batch, result,
+    wall_s)`` sees each window as it ends, before update() moves its requests on."""
     fill_prompt_tokens(requests, runner.model.spec, seed)
     steps: list[dict[str, Any]] = []
     clock, saved = Clock(), runner.outputs.clock
     runner.outputs.clock = clock  # delivery times on the loop's clock
+
+    def observed(batch: Batch, out: WindowResult, wall_s: float) -> None:
+        t = perf_counter()
+        on_window(batch, out, wall_s)
+        clock.t0 += perf_counter() - t  # the observer's time is taken off the loop's clock
+
     try:
-        _serve_frozen(requests, sched, runner, clock, steps, tqdm(disable=True))
+        _serve_frozen(requests, sched, runner, clock, steps, tqdm(disable=True),
+                      observed if on_window else None)
     finally:
         runner.outputs.clock = saved
     return steps
 
 
 def _serve_frozen(requests: list[Request], sched: Scheduler, runner: ModelRunner, clock: Clock,
-                  steps: list[dict[str, Any]], bar: tqdm) -> None:
+                  steps: list[dict[str, Any]], bar: tqdm, on_window: OnWindow | None = None) -> None:
     """``_serve`` from t = 0 with everything built so far (model, graphs, requests) frozen out of
     the collector's scans: it lives for the whole run, and a collection during a launch-bound
     step then stays short."""
@@ -216,13 +228,13 @@ def _serve_frozen(requests: list[Request], sched: Scheduler, runner: ModelRunner
     gc.freeze()
     clock.start()
     try:
-        _serve(pending, sched, runner, clock, steps, bar)
+        _serve(pending, sched, runner, clock, steps, bar, on_window)
     finally:
         gc.unfreeze()
 
 
 def _serve(pending: deque[Request], sched: Scheduler, runner: ModelRunner, clock: Clock,
-           steps: list[dict[str, Any]], bar: tqdm) -> None:
+           steps: list[dict[str, Any]], bar: tqdm, on_window: OnWindow | None = None) -> None:
     """The main loop: release arrivals, schedule a window, run it, hand its tokens back."""
     while pending or sched.has_unfinished:
         while pending and pending[0].arrival_time <= clock():
@@ -236,7 +248,10 @@ def _serve(pending: deque[Request], sched: Scheduler, runner: ModelRunner, clock
                                    f"and {sched.num_waiting} waiting requests")
             time.sleep(max(0.0, pending[0].arrival_time - clock()))
             continue
+        t_run = clock()
         out = runner.run_window(batch)
+        if on_window is not None:
+            on_window(batch, out, clock() - t_run)
         t_update = clock()
         bar.update(len(sched.update(batch, out.step_times, out.sampled)))
         steps.append(_window_row(batch, out, t, schedule_s, clock() - t_update))

@@ -36,6 +36,8 @@ def test_calibrate_validate_plot_on_cpu(tmp_path):
     assert (served["cpu_s"] > 0).all() and (served["cpu_s"] >= served["prepare_s"]).all()
     assert "served synthetic runs" in oh_file.read_text()
     assert out["overhead_errors"]["schedule_and_prepare"] < 1.0
+    # the step-time fit also saw every step of the served windows
+    assert "served steps, synthetic workloads" in set(out["terms"]["term"])
 
     df = validate.main(["--model", "tiny", "--device", "cpu", "--hardware", str(hw_file),
                         "--overhead", str(oh_file), "--workload", "synthetic",
@@ -80,6 +82,41 @@ def test_eager_windows_draw_a_new_shape_every_repetition():
     assert (pre["kv_tokens"] - pre["num_prefill_tokens"]).between(2 * 28, 2 * 36).all()
     assert rows.loc[rows["kind"] == "sustain", "gpu_s"].isna().all()
     assert p.blocks.num_free_blocks == free  # every measured window's blocks came back
+
+
+def test_served_runs_record_every_step_and_the_observer_costs_the_loop_nothing():
+    """Profiler.served: one served_step row per step of every window (k rows for a window of k
+    steps, step 1's shape equal to the window's), step times positive; the CPU rows' gaps leave
+    out the time the observer spends (here a slow one, 0.2 s a window)."""
+    import time
+
+    from experiments import calibrate
+    from policies import ModelSpec, Request, SchedulerConfig, make_scheduler
+    from real_backend.engine import serve_on
+
+    spec = ModelSpec.from_dict(calibrate.load_conf("model", "tiny"))
+    p = calibrate.Profiler(spec, {"device": "cpu", "num_blocks": 512}, reps=1)
+    p.served("multi_step", {"num_steps": 4}, 10, quick=True)
+    rows = pd.DataFrame(p.rows)
+    steps = rows[rows["kind"] == "served_step"]
+    windows = steps.groupby("window")
+    assert (windows.size() == windows["k"].first()).all() and (steps["gpu_s"] > 0).all()
+    assert set(steps["policy"]) == {"multi_step"} and 4 in set(steps["k"])
+    first = steps[steps["step"] == 0]
+    served = rows[rows["kind"] == "served"]
+    assert len(served) == len(first) - 1  # a window's gap needs the next window
+    assert list(served["num_tokens"]) == list(first["num_tokens"])[:-1]
+    assert list(served["kv_tokens"]) == list(first["kv_tokens"])[:-1]
+
+    sched = make_scheduler("single_step", {}, SchedulerConfig(max_num_seqs=8,
+                           max_num_batched_tokens=256), p.blocks.num_blocks, spec.max_model_len)
+    reqs = [Request(1000 + i, 0.0, 8, 3) for i in range(4)]
+    seen = []
+    windows = serve_on(p.runner, sched, reqs,
+                       on_window=lambda b, out, wall: (seen.append(wall), time.sleep(0.2)))
+    starts = [w["t_start"] for w in windows]
+    assert len(seen) == len(windows) >= 3
+    assert max(b - a for a, b in zip(starts, starts[1:])) < 0.2
 
 
 def test_importing_the_engine_loads_cuda_kernels_eagerly_unless_told_otherwise():
