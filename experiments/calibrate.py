@@ -14,8 +14,7 @@ the validation's runs (ShareGPT). It sets the coefficients of ``simulator.cost_m
 log step time) and of ``simulator.overhead`` (linear least squares), reports each term's fit
 error, and writes ``conf/hardware/<name>.yaml`` and ``conf/overhead/<overhead_name>.yaml``.
 On a GPU with NVML it also samples the SM clock throughout (and opens with two clock bursts),
-prices each step at the clock it ran at to the extent step times follow it (a fitted
-elasticity), and fits ``simulator.clock``'s power-limited clock term on the samples.
+prices each step at the clock it ran at (``--clock-elasticity``), and fits ``simulator.clock``'s power-limited clock term on the samples.
 """
 
 from __future__ import annotations
@@ -486,12 +485,13 @@ def _slowdowns(rows: pd.DataFrame) -> np.ndarray:
     return np.where(np.isfinite(slow) & (slow > 0), slow, 1.0)
 
 
-def fit_gpu(data: pd.DataFrame, spec: ModelSpec,
-            base: HardwareSpec) -> tuple[HardwareSpec, pd.DataFrame, float]:
-    """Least squares on log step time over the cost model's coefficients (bounded), and the
-    clock elasticity: where the data has each window's sampled SM clock, a step is priced at
-    slowdown 1 + elasticity * (max clock / its clock - 1) of its compute-bound terms, the
-    elasticity fitted with the rest (0: the sampled clock explains nothing; 1: fully)."""
+def fit_gpu(data: pd.DataFrame, spec: ModelSpec, base: HardwareSpec,
+            elasticity: float | None = 1.0) -> tuple[HardwareSpec, pd.DataFrame, float]:
+    """Least squares on log step time over the cost model's coefficients (bounded). Where the
+    data has each window's sampled SM clock, a step is priced at slowdown 1 + elasticity *
+    (max clock / its clock - 1) of its compute-bound terms; ``elasticity`` None fits it with
+    the rest (0: the sampled clock explains nothing; 1: fully). Returns the elasticity used
+    (0 where no clock was sampled)."""
     from scipy.optimize import least_squares
 
     steps = data[data["kind"].isin(STEP_KINDS)].reset_index(drop=True)
@@ -520,18 +520,23 @@ def fit_gpu(data: pd.DataFrame, spec: ModelSpec,
         return np.array([step_time(s, spec, hw, 1.0 + elasticity * (w - 1.0))
                          for s, w in zip(shapes, slows, strict=True)])
 
-    def resid(x: np.ndarray) -> np.ndarray:
-        pred = predict(spec_of(x[:len(keys)]), x[-1] if clocked else 0.0)
-        return np.log(np.maximum(pred, 1e-12)) - np.log(measured)
+    free = clocked and elasticity is None  # fitted with the rest
+    if not clocked:
+        elasticity = 0.0
 
-    bounds = keys + ([("clock_elasticity", 0.0, 1.5)] if clocked else [])
+    def resid(x: np.ndarray) -> np.ndarray:
+        e = x[-1] if free else elasticity
+        return np.log(np.maximum(predict(spec_of(x[:len(keys)]), e), 1e-12)) - np.log(measured)
+
+    bounds = keys + ([("clock_elasticity", 0.0, 1.5)] if free else [])
     lo = np.array([b[1] for b in bounds])
     hi = np.array([b[2] for b in bounds])
-    x0 = np.clip(np.array([base_d[k] for k, _, _ in keys] + ([1.0] if clocked else []),
+    x0 = np.clip(np.array([base_d[k] for k, _, _ in keys] + ([1.0] if free else []),
                           dtype=float), lo + 1e-9, hi)
-    sol = least_squares(resid, x0, bounds=(lo, hi), x_scale="jac", max_nfev=4000)
-    hw = spec_of(sol.x[:len(keys)])
-    elasticity = float(sol.x[-1]) if clocked else 0.0
+    x = least_squares(resid, x0, bounds=(lo, hi), x_scale="jac", max_nfev=4000).x
+    hw = spec_of(x[:len(keys)])
+    if free:
+        elasticity = float(x[-1])
     steps = steps.assign(predicted_s=predict(hw, elasticity))
     steps["rel_error"] = steps["predicted_s"] / steps["gpu_s"] - 1
     return hw, steps, elasticity
@@ -666,6 +671,19 @@ def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[st
     return prof, err
 
 
+def _elasticity(value: str) -> float | None:
+    """--clock-elasticity: 'fit' (None) or a number >= 0."""
+    if value == "fit":
+        return None
+    try:
+        x = float(value)
+    except ValueError:
+        x = math.nan
+    if not x >= 0:
+        raise argparse.ArgumentTypeError(f"expected 'fit' or a number >= 0, got {value!r}")
+    return x
+
+
 def _nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     from scipy.optimize import nnls
 
@@ -735,6 +753,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--burst", type=float, default=None, help="seconds of the clock bursts "
                     "(default 10 on cuda, 0: none)")
     ap.add_argument("--quick", action="store_true", help="a tiny grid (CPU smoke test)")
+    ap.add_argument("--clock-elasticity", type=_elasticity, default=1.0, help="how much of the sampled clock's "
+                    "slowdown shows in compute-bound step times: a number (default 1: step time "
+                    "scales with the clock) or 'fit'. Fitting it was unstable on H200 data (0, "
+                    "0.96, 0.06 in three calibrations): the profiled clocks vary too little to "
+                    "tell it from matmul efficiency, and a served step's clock is one or two "
+                    "samples, noise that pulls a fitted coefficient towards 0")
     args = ap.parse_args(argv)
     try:
         spec = ModelSpec.from_dict(load_conf("model", args.model))
@@ -770,7 +794,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             col = data.get(key, pd.Series(dtype=float)).dropna()
             graphs[key] = int(col.max()) if len(col) else 0
         base = dataclasses.replace(base, **graphs)
-        hw, steps, elasticity = fit_gpu(data, spec, base)
+        hw, steps, elasticity = fit_gpu(data, spec, base, args.clock_elasticity)
         if args.data:  # the window timeline and clock samples saved beside the data, if any
             parts = [_companion(Path(args.data), part) for part in ("timeline", "clock")]
             timeline, clock = (pd.read_csv(f) if f.exists() else pd.DataFrame() for f in parts)
@@ -795,8 +819,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"clock slowdown 1 + {clock_err['clock power slowdown']:.3g} u + "
         f"{clock_err['clock heat slowdown']:.3g} heat (tau {hw.clock_tau_s:.3g} s), rms error "
         f"{clock_err['clock slowdown rms']:.3f} over {clock_err['samples']:.0f} samples;\n"
-        f"  step times follow {clock_err['elasticity']:.0%} of it (fitted elasticity), so the "
-        "profile's slowdowns are that share" if clock_err else "not sampled, off"))
+        f"  step times follow {clock_err['elasticity']:.0%} of it ("
+        + ("fitted" if args.clock_elasticity is None else "--clock-elasticity")
+        + "), so the profile's slowdowns are that share" if clock_err else "not sampled, off"))
     header = (f"Calibrated by `{command}` on {stamp}, model {spec.name}.\n"
               f"Datasheet numbers from {base_name}; the fitted keys: "
               + ", ".join(k for k, _, _ in FIT_KEYS) + ".\n"

@@ -55,8 +55,11 @@ def measured_from_dir(root: Path) -> dict[tuple, dict[str, Any]]:
 
     A vLLM benchmark_serving file names its policy through --metadata (policy=..., num_steps=...)
     or, failing that, is read as multi_step with its num_scheduler_steps (single_step if absent).
+    Several files of one configuration are repeats of one measurement (the same workload, seed
+    and KV cache): each metric is their mean, and ``repeats`` / ``spread`` (max - min over the
+    mean, per metric) say how much the measurement itself moved.
     """
-    out = {}
+    runs: dict[tuple, list[dict[str, Any]]] = {}
     for p in sorted(root.rglob("*.json")):
         try:
             res = json.loads(p.read_text())
@@ -77,10 +80,26 @@ def measured_from_dir(root: Path) -> dict[tuple, dict[str, Any]]:
             raise ValueError(f"{p}: policy {row['policy']} without a step count "
                              "(num_steps or num_scheduler_steps)")
         k = None if row["policy"] == "single_step" else int(row["k"])
-        key = (row["policy"], k, float(row["request_rate"]))
-        if key in out:
-            raise ValueError(f"{p} and {out[key]['run_dir']} both measure {key}")
-        out[key] = row
+        runs.setdefault((row["policy"], k, float(row["request_rate"])), []).append(row)
+    return {key: _repeats(rows) for key, rows in runs.items()}
+
+
+def _repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's measurement from its repeats: the metrics' means."""
+    first = rows[0]
+    for r in rows[1:]:
+        for field in ("num_prompts", "seed", "num_blocks"):
+            a, b = first.get(field), r.get(field)
+            if a == a and b == b and a != b:  # (NaN: not recorded)
+                raise ValueError(f"{r['run_dir']} and {first['run_dir']} measure the same "
+                                 f"configuration with different {field} ({b} and {a})")
+    out = {**first, "repeats": len(rows), "spread": {}}
+    for m in METRICS:
+        vals = [r[m] for r in rows if r.get(m) is not None and r[m] == r[m]]
+        if vals:
+            mean = sum(vals) / len(vals)
+            out[m] = mean
+            out["spread"][m] = (max(vals) - min(vals)) / mean if mean else 0.0
     return out
 
 
@@ -91,7 +110,9 @@ def relative_errors(pred: dict, meas: dict) -> list[dict[str, Any]]:
         if p is None or q is None:
             continue
         err = (p - q) / q if q else (0.0 if p == q else math.inf)
-        rows.append({"metric": m, "predicted": p, "measured": q, "rel_error": err})
+        rows.append({"metric": m, "predicted": p, "measured": q, "rel_error": err,
+                     "repeats": meas.get("repeats", 1),
+                     "measured_spread": meas.get("spread", {}).get(m, 0.0)})
     return rows
 
 
@@ -119,6 +140,11 @@ def markdown(df: pd.DataFrame, command: str) -> str:
     worst = df.groupby("metric")["rel_error"].apply(lambda s: s.abs().max())
     lines += ["", "Worst absolute error over the grid: " + ", ".join(
         f"{m} {worst[m]:.1%}" for m in keep if m in worst)]
+    if "repeats" in df and df["repeats"].max() > 1:
+        spread = df.groupby("metric")["measured_spread"].max()
+        lines += ["", f"Measured side: the mean of {df['repeats'].min()}-{df['repeats'].max()} "
+                  "repeats per configuration; the largest spread between repeats (max - min "
+                  "over mean): " + ", ".join(f"{m} {spread[m]:.1%}" for m in keep if m in spread)]
     return "\n".join(lines) + "\n"
 
 

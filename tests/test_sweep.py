@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,3 +98,29 @@ def test_model_too_big_for_cpu_is_a_one_line_error(tmp_path):
     assert p.returncode == 2
     err = p.stderr.strip().splitlines()
     assert len(err) == 1 and "llama3_70b needs" in err[0] and "Traceback" not in p.stderr
+
+
+def test_measured_repeats_are_averaged_and_their_spread_kept(tmp_path):
+    """Several result files of one configuration are repeats: each metric is their mean and the
+    spread (max - min over mean) is kept; repeats of different workloads are refused."""
+    import json
+
+    from experiments.validate import measured_from_dir
+
+    def vllm_file(name: str, thr: float, ttft: float, **extra) -> None:
+        res = {"request_throughput": thr, "median_ttft_ms": ttft, "request_rate": 20,
+               "num_scheduler_steps": 8, "num_prompts": 300, **extra}
+        (tmp_path / name).write_text(json.dumps(res))
+
+    vllm_file("a.json", 10.0, 30.0)
+    vllm_file("b.json", 12.0, 50.0)
+    vllm_file("c.json", 5.0, 9.0, num_scheduler_steps=4)
+    got = measured_from_dir(tmp_path)
+    k8 = got[("multi_step", 8, 20.0)]
+    assert k8["repeats"] == 2 and k8["request_throughput"] == pytest.approx(11.0)
+    assert k8["median_ttft_ms"] == pytest.approx(40.0)
+    assert k8["spread"]["median_ttft_ms"] == pytest.approx(0.5)
+    assert got[("multi_step", 4, 20.0)]["repeats"] == 1
+    vllm_file("d.json", 11.0, 40.0, num_prompts=1000)
+    with pytest.raises(ValueError, match="different num_prompts"):
+        measured_from_dir(tmp_path)
