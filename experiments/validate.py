@@ -142,7 +142,8 @@ def markdown(df: pd.DataFrame, command: str) -> str:
         f"{m} {worst[m]:.1%}" for m in keep if m in worst)]
     if "repeats" in df and df["repeats"].max() > 1:
         spread = df.groupby("metric")["measured_spread"].max()
-        lines += ["", f"Measured side: the mean of {df['repeats'].min()}-{df['repeats'].max()} "
+        lo, hi = df["repeats"].min(), df["repeats"].max()
+        lines += ["", f"Measured side: the mean of {lo if lo == hi else f'{lo}-{hi}'} "
                   "repeats per configuration; the largest spread between repeats (max - min "
                   "over mean): " + ", ".join(f"{m} {spread[m]:.1%}" for m in keep if m in spread)]
     return "\n".join(lines) + "\n"
