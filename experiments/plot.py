@@ -66,8 +66,18 @@ def _stem(ctx: dict) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", stem)
 
 
+def _plot_repeats(ax, line: pd.DataFrame, col: str, label: str) -> None:
+    """``col`` against k; repeats of one k (several runs of one configuration) are drawn as
+    their mean with a bar from the smallest to the largest."""
+    by_k = line.groupby("k")[col].agg(["mean", "min", "max"]).sort_index()
+    spread = [by_k["mean"] - by_k["min"], by_k["max"] - by_k["mean"]]
+    ax.errorbar(by_k.index, by_k["mean"], yerr=spread if (by_k["max"] > by_k["min"]).any()
+                else None, marker="o", capsize=3, label=label)
+
+
 def plot_steps(df: pd.DataFrame, out: Path) -> list[Path]:
-    """req/s versus k (a line per policy, or per policy and GPU), and TTFT/TPOT versus k."""
+    """req/s versus k (a line per policy, or per policy and GPU), and TTFT/TPOT versus k;
+    repeated runs of one configuration as their mean and range."""
     made: list[Path] = []
     df = df[df["k"].notna()]
     # every setting but k and the line's own keys splits figures, so no line mixes configs
@@ -79,10 +89,9 @@ def plot_steps(df: pd.DataFrame, out: Path) -> list[Path]:
         fig2, (ax_ttft, ax_tpot) = plt.subplots(1, 2, figsize=(11, 4.2))
         for name, line in sub.groupby(_line_key(sub)):
             label = " / ".join(map(str, name)) if isinstance(name, tuple) else str(name)
-            line = line.sort_values("k")
-            ax.plot(line["k"], line["request_throughput"], marker="o", label=label)
-            ax_ttft.plot(line["k"], line["median_ttft_ms"], marker="o", label=label)
-            ax_tpot.plot(line["k"], line["median_tpot_ms"], marker="o", label=label)
+            for a, col in ((ax, "request_throughput"), (ax_ttft, "median_ttft_ms"),
+                           (ax_tpot, "median_tpot_ms")):
+                _plot_repeats(a, line, col, label)
         hw = " vs ".join(sorted(map(str, sub["hardware"].dropna().unique())))
         ctx = {**ctx, "hardware": hw}
         ax.set(xlabel="scheduler steps per window, k", ylabel="request throughput (req/s)",
