@@ -296,12 +296,13 @@ class Profiler:
             first = len(self.rows)
             self._record_shapes("served_step", batch, self.window_id, [gpu], [out.prepare_s],
                                 [out.pythonize_s])
-            for row in self.rows[first:]:
-                row["policy"] = policy
+            for row in self.rows[first:]:  # (served_window: the served row of its CPU costs)
+                row.update(policy=policy, served_window=batch.window_id)
 
         windows = serve_on(self.runner, sched, reqs, seed=self.next_id, on_window=on_window)
         for w, nxt in zip(windows, windows[1:]):
             self.rows.append({"kind": "served", "k": w["k"], "step": 0, "policy": policy,
+                              "served_window": w["window"],
                               "num_seqs": w["num_seqs"], "num_tokens": w["num_tokens"],
                               "kv_tokens": w["kv_tokens"], "prepare_s": w["prepare_s"],
                               "launch_s": w["launch_s"], "gpu_s": w["gpu_s"],
@@ -679,8 +680,8 @@ def _elasticity(value: str) -> float | None:
         x = float(value)
     except ValueError:
         x = math.nan
-    if not x >= 0:
-        raise argparse.ArgumentTypeError(f"expected 'fit' or a number >= 0, got {value!r}")
+    if not (math.isfinite(x) and x >= 0):
+        raise argparse.ArgumentTypeError(f"expected 'fit' or a finite number >= 0, got {value!r}")
     return x
 
 
@@ -820,7 +821,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{clock_err['clock heat slowdown']:.3g} heat (tau {hw.clock_tau_s:.3g} s), rms error "
         f"{clock_err['clock slowdown rms']:.3f} over {clock_err['samples']:.0f} samples;\n"
         f"  step times follow {clock_err['elasticity']:.0%} of it ("
-        + ("fitted" if args.clock_elasticity is None else "--clock-elasticity")
+        + ("fitted" if args.clock_elasticity is None
+           else f"--clock-elasticity {args.clock_elasticity:g}")
         + "), so the profile's slowdowns are that share" if clock_err else "not sampled, off"))
     header = (f"Calibrated by `{command}` on {stamp}, model {spec.name}.\n"
               f"Datasheet numbers from {base_name}; the fitted keys: "

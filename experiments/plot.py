@@ -113,7 +113,8 @@ def plot_steps(df: pd.DataFrame, out: Path) -> list[Path]:
 
 
 def plot_rates(df: pd.DataFrame, out: Path) -> list[Path]:
-    """Throughput-latency curves: median TTFT and TPOT versus the offered request rate."""
+    """Throughput-latency curves: median TTFT and TPOT versus the offered request rate (repeats
+    at one rate as their mean)."""
     made: list[Path] = []
     df = df[df["request_rate"].notna() & ~df["request_rate"].apply(
         lambda r: math.isinf(r) if isinstance(r, float) else False)]
@@ -122,6 +123,8 @@ def plot_rates(df: pd.DataFrame, out: Path) -> list[Path]:
             continue
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
         for (pol, k), line in sub.groupby(["policy", "k"], dropna=False):
+            line = line.groupby("request_rate")[["request_throughput", "median_ttft_ms",
+                                                  "median_tpot_ms"]].mean()
             line = line.sort_values("request_throughput")
             label = f"{pol} k={k:g}" if k == k else str(pol)
             a1.plot(line["request_throughput"], line["median_ttft_ms"], marker="o", label=label)

@@ -85,22 +85,35 @@ def measured_from_dir(root: Path) -> dict[tuple, dict[str, Any]]:
 
 
 def _repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """One configuration's measurement from its repeats: the metrics' means."""
+    """One configuration's measurement from its repeats: the metrics' means, and their spread
+    (NaN where fewer than two repeats have the metric)."""
     first = rows[0]
     for r in rows[1:]:
         for field in ("num_prompts", "seed", "num_blocks"):
-            a, b = first.get(field), r.get(field)
-            if a == a and b == b and a != b:  # (NaN: not recorded)
+            a, b = _known(first.get(field)), _known(r.get(field))
+            if a != b:
                 raise ValueError(f"{r['run_dir']} and {first['run_dir']} measure the same "
-                                 f"configuration with different {field} ({b} and {a})")
+                                 f"configuration with different {field} ({b!r} and {a!r})")
     out = {**first, "repeats": len(rows), "spread": {}}
     for m in METRICS:
-        vals = [r[m] for r in rows if r.get(m) is not None and r[m] == r[m]]
+        vals = [r[m] for r in rows if _known(r.get(m)) is not None]
         if vals:
             mean = sum(vals) / len(vals)
             out[m] = mean
-            out["spread"][m] = (max(vals) - min(vals)) / mean if mean else 0.0
+            out["spread"][m] = ((max(vals) - min(vals)) / mean if mean else 0.0) \
+                if len(vals) > 1 else math.nan
     return out
+
+
+def _known(value: Any) -> Any:
+    """A recorded value as a comparable one: None where not recorded (None or NaN), numbers
+    (a vLLM file's metadata may hold "1") as floats."""
+    if value is None or value != value:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
 
 
 def relative_errors(pred: dict, meas: dict) -> list[dict[str, Any]]:
@@ -112,7 +125,7 @@ def relative_errors(pred: dict, meas: dict) -> list[dict[str, Any]]:
         err = (p - q) / q if q else (0.0 if p == q else math.inf)
         rows.append({"metric": m, "predicted": p, "measured": q, "rel_error": err,
                      "repeats": meas.get("repeats", 1),
-                     "measured_spread": meas.get("spread", {}).get(m, 0.0)})
+                     "measured_spread": meas.get("spread", {}).get(m, math.nan)})
     return rows
 
 

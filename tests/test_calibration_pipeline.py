@@ -102,21 +102,26 @@ def test_served_runs_record_every_step_and_the_observer_costs_the_loop_nothing()
     windows = steps.groupby("window")
     assert (windows.size() == windows["k"].first()).all() and (steps["gpu_s"] > 0).all()
     assert set(steps["policy"]) == {"multi_step"} and 4 in set(steps["k"])
-    first = steps[steps["step"] == 0]
-    served = rows[rows["kind"] == "served"]
+    first = steps[steps["step"] == 0].set_index("served_window")
+    served = rows[rows["kind"] == "served"].set_index("served_window")
     assert len(served) == len(first) - 1  # a window's gap needs the next window
-    assert list(served["num_tokens"]) == list(first["num_tokens"])[:-1]
-    assert list(served["kv_tokens"]) == list(first["kv_tokens"])[:-1]
+    assert served.index.isin(first.index).all()
+    for col in ("num_tokens", "num_seqs", "kv_tokens", "k"):
+        assert (served[col] == first.loc[served.index, col]).all()
 
     sched = make_scheduler("single_step", {}, SchedulerConfig(max_num_seqs=8,
                            max_num_batched_tokens=256), p.blocks.num_blocks, spec.max_model_len)
     reqs = [Request(1000 + i, 0.0, 8, 3) for i in range(4)]
     seen = []
     windows = serve_on(p.runner, sched, reqs,
-                       on_window=lambda b, out, wall: (seen.append(wall), time.sleep(0.2)))
+                       on_window=lambda b, out, wall: (seen.append(out.step_times),
+                                                       time.sleep(0.2)))
     starts = [w["t_start"] for w in windows]
     assert len(seen) == len(windows) >= 3
     assert max(b - a for a, b in zip(starts, starts[1:])) < 0.2
+    delivered = [t for times in seen for t in times]  # delivery times still never go back
+    assert delivered == sorted(delivered)
+    assert all(t < s for t, s in zip((times[-1] for times in seen), starts[1:]))
 
 
 def test_importing_the_engine_loads_cuda_kernels_eagerly_unless_told_otherwise():

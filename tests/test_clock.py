@@ -126,8 +126,10 @@ def test_clock_sampler_is_none_without_a_gpu():
     assert ClockSampler.for_device(0) is None
 
 
-@pytest.mark.parametrize("follows", [1.0, 0.0])
-def test_fit_gpu_finds_how_much_of_the_sampled_clock_shows_in_step_times(follows):
+@pytest.mark.parametrize("follows,given", [(1.0, None), (0.0, None), (1.0, 1.0)])
+def test_fit_gpu_finds_how_much_of_the_sampled_clock_shows_in_step_times(follows, given):
+    """Fitted (given None), the elasticity comes out as the data's; held at 1 (the default)
+    on data that follows the clock, the rest of the fit is as good."""
     from experiments.calibrate import SHAPE_COLS, fit_gpu
 
     truth = dataclasses.replace(H200, roofline_exponent=2.0, kernel_launch_us=5.0)
@@ -148,6 +150,6 @@ def test_fit_gpu_finds_how_much_of_the_sampled_clock_shows_in_step_times(follows
                      **{c: getattr(shape, c) for c in SHAPE_COLS},
                      "gpu_s": stage_time(shape, MODEL, truth), "sm_mhz": 1980.0,
                      "max_sm_mhz": 1980.0})
-    hw, steps, elasticity = fit_gpu(pd.DataFrame(rows), MODEL, H200, elasticity=None)
+    hw, steps, elasticity = fit_gpu(pd.DataFrame(rows), MODEL, H200, elasticity=given)
     assert elasticity == pytest.approx(follows, abs=0.15)
     assert steps["rel_error"].abs().median() < 0.02

@@ -120,7 +120,10 @@ def test_measured_repeats_are_averaged_and_their_spread_kept(tmp_path):
     assert k8["repeats"] == 2 and k8["request_throughput"] == pytest.approx(11.0)
     assert k8["median_ttft_ms"] == pytest.approx(40.0)
     assert k8["spread"]["median_ttft_ms"] == pytest.approx(0.5)
-    assert got[("multi_step", 4, 20.0)]["repeats"] == 1
+    k4 = got[("multi_step", 4, 20.0)]
+    assert k4["repeats"] == 1 and k4["spread"]["median_ttft_ms"] != k4["spread"]["median_ttft_ms"]
+    vllm_file("e.json", 7.0, 11.0, num_scheduler_steps=4, seed="0")  # metadata as text: the same
+    assert measured_from_dir(tmp_path)[("multi_step", 4, 20.0)]["repeats"] == 2
     vllm_file("d.json", 11.0, 40.0, num_prompts=1000)
     with pytest.raises(ValueError, match="different num_prompts"):
         measured_from_dir(tmp_path)
