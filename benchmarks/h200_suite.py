@@ -1,6 +1,7 @@
 """The GPU measurements of BENCHMARKS.md and docs/validation in one process (one device lease).
 
     python benchmarks/h200_suite.py OUT_DIR [--parts grid,calib,poisson,fp32] [--prompts N]
+                                            [--repeats N]
 
 grid:    llama3_8b (random bf16), ShareGPT 1000 prompts (seed 0), all at t=0: single_step,
          multi_step k=1,2,4,8,16, chunked_prefill, cp1 k=8, cp2 k=8 (the real backend)
@@ -84,6 +85,9 @@ def main() -> None:
     ap.add_argument("--extra", default="", help="comma-separated overrides added to every run "
                     "(e.g. backend.piecewise_graph_max_tokens=0)")
     ap.add_argument("--tag", default="", help="suffix of every run directory (A/B runs)")
+    ap.add_argument("--repeats", type=int, default=1, help="run the grid and Poisson parts this "
+                    "many times, each a full pass (directories *_r1, *_r2, ...; validation "
+                    "averages them)")
     ap.add_argument("--smoke", action="store_true", help="tiny model on cpu: check the script")
     args = ap.parse_args()
     if args.smoke:
@@ -122,9 +126,13 @@ def main() -> None:
     chosen = None if not args.policies else [
         (p.split(":")[0], int(p.split(":")[1]) if ":" in p else None)
         for p in args.policies.split(",")]
+    if args.repeats < 1:
+        raise SystemExit(f"error: --repeats must be >= 1, got {args.repeats}")
+    rep = [f"_r{i + 1}" if args.repeats > 1 else "" for i in range(args.repeats)]
     if "grid" in parts or "single" in parts:
-        for policy, k in (chosen or GRID if "grid" in parts else GRID[:1]):
-            go(f"grid/{policy}_k{k or 1}", real(policy, k, "inf", 0, args.prompts))
+        for r in rep:  # full passes, so that a slow spell of the host spreads over policies
+            for policy, k in (chosen or GRID if "grid" in parts else GRID[:1]):
+                go(f"grid/{policy}_k{k or 1}{r}", real(policy, k, "inf", 0, args.prompts))
     if "calib" in parts:
         from experiments.calibrate import main as calibrate
 
@@ -137,10 +145,11 @@ def main() -> None:
             table.append("calibration FAILED")
     if "poisson" in parts:
         grid = chosen or POLICIES
-        for policy, k in grid:  # policy-major: runs of one shape follow each other
-            for rate in args.rates.split(","):
-                go(f"poisson/{policy}_k{k or 1}_rate{rate}",
-                   real(policy, k, rate, 1, args.poisson_prompts))
+        for r in rep:
+            for policy, k in grid:  # policy-major: runs of one shape follow each other
+                for rate in args.rates.split(","):
+                    go(f"poisson/{policy}_k{k or 1}_rate{rate}{r}",
+                       real(policy, k, rate, 1, args.poisson_prompts))
     if "fp32" in parts:
         import torch
 
