@@ -187,6 +187,11 @@ class Profiler:
             self.timed.setdefault(wid, []).append((t1 - sum(out.gpu_step_s), t1))
         return out, t1 - t0
 
+    def _step_times(self, out, wall: float, k: int) -> list[float]:
+        """A window's step times: CUDA events on the GPU; on the CPU, where kernels run
+        synchronously, its wall time less input preparation, shared evenly by its k steps."""
+        return out.gpu_step_s if self.cuda else [(wall - out.prepare_s) / k] * k
+
     def _record_shapes(self, kind: str, batch: Batch, wid: int, per_step: list,
                        prepare: list[float], pythonize: list[float]) -> None:
         k = batch.num_steps
@@ -226,7 +231,7 @@ class Profiler:
         per_step, prepare, pythonize = [], [], []
         for _ in range(self.reps):
             out, wall = self._timed(wid, batch, after_decode=kind != "decode")
-            gpu = out.gpu_step_s if self.cuda else [(wall - out.prepare_s) / k] * k
+            gpu = self._step_times(out, wall, k)
             per_step.append(gpu)
             prepare.append(out.prepare_s)
             pythonize.append(out.pythonize_s)
@@ -250,7 +255,7 @@ class Profiler:
             batch = Batch(seqs, 1)
             self.window_id += 1
             out, wall = self._timed(self.window_id, batch, after_decode=True)
-            gpu = out.gpu_step_s if self.cuda else [wall - out.prepare_s]
+            gpu = self._step_times(out, wall, 1)
             self.free(seqs)
             self._record_shapes(kind, batch, self.window_id, [gpu], [out.prepare_s],
                                 [out.pythonize_s])
@@ -288,8 +293,7 @@ class Profiler:
 
         def on_window(batch: Batch, out, wall_s: float) -> None:
             t1 = time.perf_counter()  # the window's GPU work has drained
-            k = batch.num_steps
-            gpu = out.gpu_step_s if self.cuda else [(wall_s - out.prepare_s) / k] * k
+            gpu = self._step_times(out, wall_s, batch.num_steps)
             self.window_id += 1
             self.timeline.append((self.window_id, t1 - wall_s, t1, sum(gpu)))
             self.timed[self.window_id] = [(t1 - sum(gpu), t1)]
