@@ -10,11 +10,13 @@ schedule() + update() against batch size. Windows with a prefill draw a new shap
 nominal one for every timed repetition, as served windows never repeat one; the collector is
 frozen while profiling, as it is while serving. Served runs of a synthetic workload on the same
 runner add each window's CPU gap and each step's shape and time. The fit sees only these, never
-the validation's runs (ShareGPT). It sets the coefficients of ``simulator.cost_model`` (a least-squares fit of
-log step time) and of ``simulator.overhead`` (linear least squares), reports each term's fit
-error, and writes ``conf/hardware/<name>.yaml`` and ``conf/overhead/<overhead_name>.yaml``.
-On a GPU with NVML it also samples the SM clock throughout (and opens with two clock bursts),
-prices each step at the clock it ran at (``--clock-elasticity``), and fits ``simulator.clock``'s power-limited clock term on the samples.
+the validation's runs (ShareGPT). It sets the coefficients of ``simulator.cost_model`` (a
+least-squares fit of log step time) and of ``simulator.overhead`` (linear least squares),
+reports each term's fit error, and writes ``conf/hardware/<name>.yaml`` and
+``conf/overhead/<overhead_name>.yaml``. On a GPU with NVML it also samples the SM clock
+throughout (and opens with two clock bursts), prices each step at the clock it ran at
+(``--clock-elasticity``), and fits ``simulator.clock``'s power-limited clock term on the
+samples.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ FIT_KEYS = [("matmul_efficiency", 1e-7, 1.0), ("mem_bw_efficiency", 1e-7, 1.0),
 SHAPE_COLS = ["num_tokens", "num_seqs", "num_prefill_tokens", "num_sampled", "attn_pairs",
               "kv_tokens", "is_first", "max_kv_tokens"]
 OPTIONAL_COLS = {"max_kv_tokens"}  # absent from older data: read as 0 (term off)
+MIN_SERVED_WINDOWS = 8  # fewer served windows: the CPU costs come from the microbenchmarks
 # the rows the step-time fit sees: microbenchmark windows and steps of served synthetic runs
 STEP_KINDS = ["prefill", "decode", "mixed", "served_step"]
 
@@ -182,10 +185,15 @@ class Profiler:
         t0 = time.perf_counter()
         out = self.runner.run_window(batch)
         t1 = time.perf_counter()
-        self.timeline.append((wid, t0, t1, sum(out.gpu_step_s)))
-        if timed:
-            self.timed.setdefault(wid, []).append((t1 - sum(out.gpu_step_s), t1))
+        self._log(wid, t0, t1, sum(out.gpu_step_s), timed)
         return out, t1 - t0
+
+    def _log(self, wid: int, t0: float, t1: float, gpu_s: float, timed: bool) -> None:
+        """A window run from t0 to t1 with gpu_s of GPU work: on the timeline, and if timed,
+        its GPU span (which ended at t1) for the clock samples."""
+        self.timeline.append((wid, t0, t1, gpu_s))
+        if timed:
+            self.timed.setdefault(wid, []).append((t1 - gpu_s, t1))
 
     def _step_times(self, out, wall: float, k: int) -> list[float]:
         """A window's step times: CUDA events on the GPU; on the CPU, where kernels run
@@ -295,8 +303,7 @@ class Profiler:
             t1 = time.perf_counter()  # the window's GPU work has drained
             gpu = self._step_times(out, wall_s, batch.num_steps)
             self.window_id += 1
-            self.timeline.append((self.window_id, t1 - wall_s, t1, sum(gpu)))
-            self.timed[self.window_id] = [(t1 - sum(gpu), t1)]
+            self._log(self.window_id, t1 - wall_s, t1, sum(gpu), timed=True)
             first = len(self.rows)
             self._record_shapes("served_step", batch, self.window_id, [gpu], [out.prepare_s],
                                 [out.pythonize_s])
@@ -621,6 +628,7 @@ def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[st
     input preparation per window, and pythonization plus update()'s per-step share per step.
     """
     served = data[data["kind"] == "served"]
+    from_served = len(served) >= MIN_SERVED_WINDOWS
 
     def window_features(rows: pd.DataFrame) -> np.ndarray:
         k = rows["k"].to_numpy(dtype=float)
@@ -628,7 +636,7 @@ def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[st
                                 rows["kv_tokens"], (k > 1).astype(float),
                                 rows["num_seqs"] * (k - 1)])
 
-    if len(served) >= 8:
+    if from_served:
         # the GPU's idle time between served windows (schedule, preparation, the launch the
         # GPU waits for, the drain, update) less the last step's pythonization, which the
         # per-step term prices (earlier steps' overlap the GPU); data without it (and the CPU):
@@ -650,7 +658,7 @@ def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[st
     Xo = np.column_stack([np.ones(len(out_rows)), out_rows["num_seqs"]])
     coef_o = _nnls(Xo, out_rows["pythonize_s"].to_numpy())
     coef_py = coef_o.copy()  # the pythonization fit alone, for its error
-    if not len(served) >= 8:
+    if not from_served:
         # update() appends every step's token to every request: the part of the scheduler's
         # cost that grows with k is per step and per sequence, so it joins the per-step cost
         by_k = {k: sched[sched["k"] == k].set_index("num_seqs")["sched_s"] for k in (1, 8)}
@@ -758,9 +766,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--burst", type=float, default=None, help="seconds of the clock bursts "
                     "(default 10 on cuda, 0: none)")
     ap.add_argument("--quick", action="store_true", help="a tiny grid (CPU smoke test)")
-    ap.add_argument("--clock-elasticity", type=_elasticity, default=1.0, help="how much of the sampled clock's "
-                    "slowdown shows in compute-bound step times: a number (default 1: step time "
-                    "scales with the clock) or 'fit'. Fitting it was unstable on H200 data (0, "
+    ap.add_argument("--clock-elasticity", type=_elasticity, default=1.0,
+                    help="how much of the sampled clock's slowdown shows in compute-bound "
+                    "step times: a number (default 1: step time scales with the clock) or 'fit'. Fitting it was unstable on H200 data (0, "
                     "0.96, 0.06 in three calibrations): the profiled clocks vary too little to "
                     "tell it from matmul efficiency, and a served step's clock is one or two "
                     "samples, noise that pulls a fitted coefficient towards 0")
@@ -831,7 +839,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     header = (f"Calibrated by `{command}` on {stamp}, model {spec.name}.\n"
               f"Datasheet numbers from {base_name}; the fitted keys: "
               + ", ".join(k for k, _, _ in FIT_KEYS) + ".\n"
-              f"Fit error of step time (microbenchmarks and served synthetic runs):\n{err_lines}\n{clock_line}\n"
+              "Fit error of step time (microbenchmarks and served synthetic runs):\n"
+              f"{err_lines}\n{clock_line}\n"
               f"Data: {save}")
     write_yaml(Path(args.conf_dir) / "hardware" / f"{args.name}.yaml", hw_d, header)
     served = int((data["kind"] == "served").sum())
@@ -840,7 +849,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"preparation, launch, drain, update; older data: the timed CPU parts), fitted\n"
                   f"on {served} windows of served synthetic runs;\n"
                   "output_*: pythonization per step (async: overlaps the next step).\n"
-                  if served >= 8 else
+                  if served >= MIN_SERVED_WINDOWS else
                   "schedule_*: Scheduler.schedule()+update() plus the runner's input preparation,\n"
                   "per window; output_*: pythonization per step (async: overlaps the next step)\n"
                   "plus update()'s per-step share.\n")

@@ -219,7 +219,8 @@ def serve_on(runner: ModelRunner, sched: Scheduler, requests: list[Request], see
 
 
 def _serve_frozen(requests: list[Request], sched: Scheduler, runner: ModelRunner, clock: Clock,
-                  steps: list[dict[str, Any]], bar: tqdm, on_window: OnWindow | None = None) -> None:
+                  steps: list[dict[str, Any]], bar: tqdm,
+                  on_window: OnWindow | None = None) -> None:
     """``_serve`` from t = 0 with everything built so far (model, graphs, requests) frozen out of
     the collector's scans: it lives for the whole run, and a collection during a launch-bound
     step then stays short."""
@@ -248,10 +249,9 @@ def _serve(pending: deque[Request], sched: Scheduler, runner: ModelRunner, clock
                                    f"and {sched.num_waiting} waiting requests")
             time.sleep(max(0.0, pending[0].arrival_time - clock()))
             continue
-        t_run = clock()
         out = runner.run_window(batch)
         if on_window is not None:
-            on_window(batch, out, clock() - t_run)
+            on_window(batch, out, clock() - t - schedule_s)
         t_update = clock()
         bar.update(len(sched.update(batch, out.step_times, out.sampled)))
         steps.append(_window_row(batch, out, t, schedule_s, clock() - t_update))
