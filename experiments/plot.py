@@ -142,7 +142,8 @@ def plot_rates(df: pd.DataFrame, out: Path) -> list[Path]:
 
 
 def plot_validation(df: pd.DataFrame, out: Path, title: str = "") -> list[Path]:
-    """Predicted (simulator) against measured for each metric, with the y = x line."""
+    """Predicted (simulator) against measured for each metric, with the y = x line; bars span
+    each side's repeats (half the max - min range either way) where the table has them."""
     metrics = [m for m in df["metric"].unique()]
     cols = min(4, len(metrics))
     rows = math.ceil(len(metrics) / cols)
@@ -150,10 +151,17 @@ def plot_validation(df: pd.DataFrame, out: Path, title: str = "") -> list[Path]:
     for ax, metric in zip(axes.flat, metrics, strict=False):
         sub = df[df["metric"] == metric]
         for pol, pts in sub.groupby("policy"):
-            ax.scatter(pts["measured"], pts["predicted"], label=str(pol), s=18)
+            half = {side: (pts[side] * pts[f"{side}_spread"].fillna(0.0) / 2
+                           if f"{side}_spread" in pts else None)
+                    for side in ("measured", "predicted")}
+            ax.errorbar(pts["measured"], pts["predicted"], xerr=half["measured"],
+                        yerr=half["predicted"], fmt="o", ms=4, elinewidth=0.6, capsize=0,
+                        label=str(pol))
         lo = min(sub["measured"].min(), sub["predicted"].min())
         hi = max(sub["measured"].max(), sub["predicted"].max())
         ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
+        if lo > 0 and hi / lo > 30:  # offline TTFTs in seconds beside online ones in ms
+            ax.set(xscale="log", yscale="log")
         unit = "req/s" if "throughput" in metric else "ms"
         ax.set(xlabel=f"measured ({unit})", ylabel=f"simulated ({unit})", title=metric)
         ax.grid(alpha=0.3)

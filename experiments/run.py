@@ -65,6 +65,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
                            gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
                            stream_per_step=bool(backend.get("stream_per_step", False)),
                            num_blocks=backend.get("num_blocks"),
+                           time_scale=float(backend.get("time_scale", 1.0)),
                            progress=bool(cfg.get("progress", True)))
     elif backend["name"] == "real":
         from real_backend.engine import run_real

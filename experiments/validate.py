@@ -55,9 +55,11 @@ def measured_from_dir(root: Path) -> dict[tuple, dict[str, Any]]:
 
     A vLLM benchmark_serving file names its policy through --metadata (policy=..., num_steps=...)
     or, failing that, is read as multi_step with its num_scheduler_steps (single_step if absent).
-    Several files of one configuration are repeats of one measurement (the same workload, seed
-    and KV cache): each metric is their mean, and ``repeats`` / ``spread`` (max - min over the
-    mean, per metric) say how much the measurement itself moved.
+    Several files of one configuration are repeats of one measurement (the same workload and
+    seed): each metric is their mean, and ``repeats`` / ``spread`` (max - min over the mean, per
+    metric) say how much the measurement itself moved. Their KV caches may differ by a few
+    blocks (free memory varies between processes); ``cache_sizes`` lists them, and main()
+    accepts that only where the simulator predicts the same for every one of them.
     """
     runs: dict[tuple, list[dict[str, Any]]] = {}
     for p in sorted(root.rglob("*.json")):
@@ -89,12 +91,14 @@ def _repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     (NaN where fewer than two repeats have the metric)."""
     first = rows[0]
     for r in rows[1:]:
-        for field in ("num_prompts", "seed", "num_blocks"):
+        for field in ("num_prompts", "seed"):
             a, b = _known(first.get(field)), _known(r.get(field))
             if a != b:
                 raise ValueError(f"{r['run_dir']} and {first['run_dir']} measure the same "
                                  f"configuration with different {field} ({b!r} and {a!r})")
-    out = {**first, "repeats": len(rows), "spread": {}}
+    sizes = {_known(r.get("num_blocks")) for r in rows}
+    out = {**first, "repeats": len(rows), "spread": {},
+           "cache_sizes": sorted(int(b) for b in sizes if b is not None)}
     for m in METRICS:
         vals = [r[m] for r in rows if _known(r.get(m)) is not None]
         if vals:
@@ -125,7 +129,8 @@ def relative_errors(pred: dict, meas: dict) -> list[dict[str, Any]]:
         err = (p - q) / q if q else (0.0 if p == q else math.inf)
         rows.append({"metric": m, "predicted": p, "measured": q, "rel_error": err,
                      "repeats": meas.get("repeats", 1),
-                     "measured_spread": meas.get("spread", {}).get(m, math.nan)})
+                     "measured_spread": meas.get("spread", {}).get(m, math.nan),
+                     "predicted_spread": pred.get("spread", {}).get(m, math.nan)})
     return rows
 
 
@@ -159,7 +164,52 @@ def markdown(df: pd.DataFrame, command: str) -> str:
         lines += ["", f"Measured side: the mean of {lo if lo == hi else f'{lo}-{hi}'} "
                   "repeats per configuration; the largest spread between repeats (max - min "
                   "over mean): " + ", ".join(f"{m} {spread[m]:.1%}" for m in keep if m in spread)]
+    if "predicted_spread" in df and df["predicted_spread"].notna().any():
+        spread = df.groupby("metric")["predicted_spread"].max()
+        lines += ["", "Simulated side: the mean of runs over a spread of time scales (one run is "
+                  "one draw of the phase between arrivals and windows); the largest spread "
+                  "between those runs: " + ", ".join(f"{m} {spread[m]:.1%}" for m in keep
+                                                     if m in spread)]
     return "\n".join(lines) + "\n"
+
+
+def time_scales(repeats: int, spread: float) -> list[float]:
+    """The simulated repeats' time scales: ``repeats`` evenly over 1 +- ``spread``."""
+    if repeats < 1 or not 0.0 <= spread < 0.5:
+        raise ValueError(f"--sim-repeats must be >= 1 and --sim-spread in [0, 0.5), got "
+                         f"{repeats} and {spread}")
+    if repeats == 1:
+        return [1.0]
+    return [1.0 - spread + 2.0 * spread * i / (repeats - 1) for i in range(repeats)]
+
+
+def predict(overrides: list[str], run_dir: Path, profiles: dict, cache_sizes: list[int],
+            scales: list[float]) -> dict[str, Any]:
+    """The simulator's result for a measured configuration: the mean of runs at each of
+    ``scales`` (every priced cost times the scale), run with the KV cache that was measured.
+
+    One run is one draw of the phase between arrivals and windows (simulator/engine.py, item
+    6); runs over a spread of time scales average it, as measured repeats do. Repeats measured
+    with different caches are simulated with each; their predictions must be equal (the cache
+    never limited the run), else they are not repeats of one measurement.
+    """
+    preds = []
+    for blocks in cache_sizes or [None]:
+        runs = []
+        for scale in scales:
+            name = run_dir.name + (f"_nb{blocks}" if len(cache_sizes) > 1 else "") \
+                + (f"_ts{scale:.4f}" if len(scales) > 1 else "")
+            sub = run_dir.with_name(name)
+            cache = [] if blocks is None else [f"backend.num_blocks={blocks}"]
+            runs.append(row_of(run_one(overrides + cache + [f"backend.time_scale={scale}"], sub,
+                                       profiles), sub / "result.json"))
+        preds.append(_repeats(runs))
+    for p in preds[1:]:
+        if any(_known(p.get(m)) != _known(preds[0].get(m)) for m in METRICS):
+            raise SystemExit(f"error: --measured-dir: repeats of {run_dir.name} ran with KV "
+                             f"caches of {cache_sizes} blocks, and the simulator predicts "
+                             "different results for them; keep one cache size per configuration")
+    return preds[0]
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
@@ -179,6 +229,11 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     ap.add_argument("--stream-per-step", type=lambda v: v.lower() in ("1", "true", "yes"),
                     default=True, help="simulate per-step streaming, as schedlab's engine does "
                     "(true); false for vLLM V0, whose multi-step windows stream in bursts")
+    ap.add_argument("--sim-repeats", type=int, default=9,
+                    help="simulated runs per configuration, averaged (see --sim-spread)")
+    ap.add_argument("--sim-spread", type=float, default=0.01,
+                    help="the simulated runs' time scales span 1 +- this: each run is one draw "
+                    "of the phase between arrivals and windows, which moves with the step time")
     ap.add_argument("--measured-dir", default=None,
                     help="take the measured side from result.json files here (ours or vLLM's)")
     ap.add_argument("--runs", default="validation_runs", help="where run directories go")
@@ -196,8 +251,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         if args.measured_dir and not Path(args.measured_dir).is_dir():
             raise ValueError(f"--measured-dir {args.measured_dir} is not a directory")
         measured = measured_from_dir(Path(args.measured_dir)) if args.measured_dir else None
+        scales = time_scales(args.sim_repeats, args.sim_spread)
     except ValueError as err:
-        raise SystemExit(f"error: --rates/--policies/--measured-dir: {err}") from None
+        raise SystemExit(f"error: --rates/--policies/--measured-dir/--sim-*: {err}") from None
     runs = Path(args.runs)
     try:
         profiles = {"hardware": load_conf("hardware", args.hardware),
@@ -224,12 +280,13 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 base = config_overrides(policy, k, rate, args,
                                         int(n) if n == n and n is not None else args.num_prompts,
                                         int(seed) if seed == seed and seed is not None else 0)
-            blocks = meas.get("num_blocks")
-            same_cache = [f"backend.num_blocks={int(blocks)}"] if blocks and blocks == blocks else []
             stream = [f"backend.stream_per_step={str(args.stream_per_step).lower()}"]
-            pred = row_of(run_one(base + ["backend=sim"] + same_cache + stream, runs / "sim" / tag,
-                                  profiles),
-                          runs / "sim" / tag / "result.json")
+            sizes = meas.get("cache_sizes")
+            if sizes is None:  # one run of our own
+                blocks = _known(meas.get("num_blocks"))
+                sizes = [] if blocks is None else [int(blocks)]
+            pred = predict(base + ["backend=sim"] + stream, runs / "sim" / tag, profiles, sizes,
+                           scales)
             for r in relative_errors(pred, meas):
                 rows.append({"policy": policy, "k": k, "request_rate": rate, **r})
     if not rows:

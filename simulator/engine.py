@@ -21,6 +21,13 @@ Timeline of one window (every decision is the scheduler's; this module only keep
    together when its last output processing finishes, as vLLM V0 multi-step streams in
    bursts; ``stream_per_step=True`` delivers each step's tokens once they are processed.
 
+6. ``time_scale`` multiplies every priced cost (each step's GPU time, the schedule and
+   output-processing and API-server times). A request's TTFT depends on where its arrival falls in the
+   window cycle, and that phase, summed over hundreds of windows, moves with the step time:
+   a 0.5% faster GPU replays the same trace as a different draw of median TTFT (with k = 16
+   at 20 req/s, 50 against 60 ms). One run is one such draw; experiments.validate averages
+   runs whose time_scale spans the cost model's own uncertainty.
+
 The engine thread and the API-server process are FIFO servers kept as "busy until" times:
 work is always claimed at the current simulated time, so ``start = max(now, busy_until)`` is
 exactly a FIFO queue and needs no simpy event. Delivery can end after ``update()`` ran (and
@@ -37,6 +44,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import simpy
 from tqdm import tqdm
@@ -46,7 +54,7 @@ from policies.model_spec import ModelSpec
 from policies.request import Request, RequestState
 from policies.scheduler import Scheduler, SchedulerStats
 from simulator.clock import PowerClock
-from simulator.cost_model import window_shapes
+from simulator.cost_model import StepShape, window_shapes
 from simulator.hardware import HardwareSpec
 from simulator.memory import blocks_per_engine
 from simulator.overhead import OverheadSpec, api_time, output_time, schedule_time
@@ -67,6 +75,7 @@ class SimResult:
     num_blocks: int  # KV blocks per virtual engine
     gpu_busy_fraction: float  # of duration, averaged over the pipeline stages
     cpu_busy_fraction: float  # of duration, the engine thread
+    steps: list[dict[str, Any]]  # one row per window, steps.csv (the real engine's columns)
 
 
 @dataclass(slots=True, eq=False)
@@ -76,6 +85,7 @@ class _Window:
     stage_times: list[float]  # per step, on each pipeline stage
     out_cost: list[float]  # per step, engine-thread output processing
     delivered: list[int]  # per step, tokens the client receives
+    first: StepShape  # step 1's shape
     gpu_done: list[float] = field(default_factory=list)
     out_done: list[float] = field(default_factory=list)
 
@@ -93,6 +103,7 @@ class _Sim:
     arrivals_left: list[int]
     wake: list[simpy.Event | None]
     clock: PowerClock  # the GPU's power-limited SM clock (off unless the profile sets it)
+    time_scale: float  # multiplies every priced cost
     cpu_free: float = 0.0  # when the engine thread is next idle
     api_free: float = 0.0  # when the separate API-server process is next idle
     delivery: dict[float, float] = field(default_factory=dict)  # step's GPU done -> delivered
@@ -100,13 +111,14 @@ class _Sim:
     gpu_busy: float = 0.0  # stage-seconds
     cpu_busy: float = 0.0
     num_finished: int = 0
+    steps: list[dict[str, Any]] = field(default_factory=list)
 
 
 def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
              model: ModelSpec, hw: HardwareSpec, overhead: OverheadSpec, *,
              block_size: int = 16, gpu_memory_utilization: float = 0.9,
              max_model_len: int | None = None, num_blocks: int | None = None,
-             stream_per_step: bool = False,
+             stream_per_step: bool = False, time_scale: float = 1.0,
              progress: bool = True) -> SimResult:
     """Serve ``requests`` (fresh ones: their timings are filled in) and return the run's summary.
 
@@ -123,6 +135,8 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
                                        max_model_len=max_model_len)
     elif num_blocks < 1:
         raise ValueError(f"backend.num_blocks must be >= 1, got {num_blocks}")
+    if not 0.0 < time_scale < float("inf"):  # NaN fails too
+        raise ValueError(f"backend.time_scale must be a positive number, got {time_scale}")
     pp = hw.pp
     schedulers = [make_scheduler(num_blocks) for _ in range(pp)]
     order = sorted(requests, key=lambda r: r.arrival_time)
@@ -131,7 +145,8 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
     with tqdm(total=len(requests), disable=not progress, unit="req", desc="simulating") as bar:
         sim = _Sim(env, [simpy.Resource(env, 1) for _ in range(pp)] if pp > 1 else [],
                    schedulers, model, hw, overhead, stream_per_step, bar,
-                   [len(order[v::pp]) for v in range(pp)], [None] * pp, PowerClock(model, hw))
+                   [len(order[v::pp]) for v in range(pp)], [None] * pp, PowerClock(model, hw),
+                   time_scale)
         env.process(_arrivals(sim, order))
         for v in range(pp):
             env.process(_engine(sim, v))
@@ -146,7 +161,7 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
         requests=requests, duration=duration, wall_seconds=wall, stats=stats,
         num_windows=stats.num_windows, num_finished=sim.num_finished, num_blocks=num_blocks,
         gpu_busy_fraction=sim.gpu_busy / (pp * duration) if duration > 0 else 0.0,
-        cpu_busy_fraction=sim.cpu_busy / duration if duration > 0 else 0.0)
+        cpu_busy_fraction=sim.cpu_busy / duration if duration > 0 else 0.0, steps=sim.steps)
 
 
 def _engine(sim: _Sim, v: int) -> Generator:
@@ -157,7 +172,8 @@ def _engine(sim: _Sim, v: int) -> Generator:
     while True:
         while sim.cpu_free - env.now > _EPS:  # the engine thread is busy (outputs, other engines)
             yield env.timeout(sim.cpu_free - env.now)
-        batch = sched.schedule(env.now) if sched.has_unfinished else None
+        t_start = env.now
+        batch = sched.schedule(t_start) if sched.has_unfinished else None
         if batch is None:
             if pending is not None:
                 _claim_output_processing(sim, pending, pending.batch.num_steps - 1)
@@ -179,6 +195,7 @@ def _engine(sim: _Sim, v: int) -> Generator:
         yield env.timeout(win.schedule_cost)
         yield from _run_steps(sim, win)
         _close_window(sim, sched, win)
+        sim.steps.append(_window_row(win, t_start))
         if asynchronous and sim.overhead.defer_last_output:
             pending = win
         else:  # blocking: every step's outputs now; async, not deferred: the last step's
@@ -225,12 +242,32 @@ def _open_window(sim: _Sim, batch: Batch) -> _Window:
     out_cost = [output_time(spec, s.num_seqs, d) for s, d in zip(shapes, delivered, strict=True)]
     cost = schedule_time(spec, len(batch.seqs), shapes[0].num_tokens, shapes[0].kv_tokens,
                          batch.num_steps)
+    scale = sim.time_scale
+    if scale != 1.0:
+        cost *= scale
+        out_cost = [c * scale for c in out_cost]
     # the GPU starts the window once it is scheduled (pipeline stages: a close lower bound)
-    win = _Window(batch, cost, sim.clock.window_times(shapes, sim.env.now + cost), out_cost,
-                  delivered)
+    gpu = sim.clock.window_times(shapes, sim.env.now + cost)
+    if scale != 1.0:
+        gpu = [t * scale for t in gpu]
+    win = _Window(batch, cost, gpu, out_cost, delivered, shapes[0])
     sim.cpu_busy += win.schedule_cost
     sim.gpu_busy += sum(win.stage_times) * max(len(sim.stages), 1)
     return win
+
+
+def _window_row(win: _Window, t_start: float) -> dict[str, Any]:
+    """steps.csv's row of a closed window, in the real engine's columns where they mean the same
+    (gpu_s per pipeline stage; the CPU before the GPU starts is one term, schedule_prepare_s)."""
+    batch = win.batch
+    return {
+        "window": batch.window_id, "t_start": t_start, "k": batch.num_steps,
+        "num_seqs": len(batch.seqs), "num_prefill_seqs": len(batch.seqs) - batch.num_decode_seqs,
+        "num_tokens": win.first.num_tokens, "kv_tokens": win.first.kv_tokens,
+        "num_preempted": len(batch.preempted), "num_wasted_steps": batch.num_wasted_steps,
+        "schedule_prepare_s": win.schedule_cost, "gpu_s": sum(win.stage_times),
+        "gpu_step_s": ";".join(f"{g:.6f}" for g in win.stage_times),
+    }
 
 
 def _run_steps(sim: _Sim, win: _Window) -> Generator:
@@ -287,12 +324,13 @@ def _deliver(sim: _Sim, win: _Window) -> None:
     spec, k = sim.overhead, win.batch.num_steps
     times = list(win.out_done) if sim.stream_per_step else [win.out_done[-1]] * k
     if not spec.api_server_on_critical_path and spec.api_per_token_us > 0:
+        scale = sim.time_scale
         if sim.stream_per_step:
             for j in range(k):
-                sim.api_free = max(sim.api_free, times[j]) + api_time(spec, win.delivered[j])
+                sim.api_free = max(sim.api_free, times[j]) + api_time(spec, win.delivered[j]) * scale
                 times[j] = sim.api_free
         else:
-            sim.api_free = max(sim.api_free, times[-1]) + api_time(spec, sum(win.delivered))
+            sim.api_free = max(sim.api_free, times[-1]) + api_time(spec, sum(win.delivered)) * scale
             times = [sim.api_free] * k
     delivery = sim.delivery
     for g, t in zip(win.gpu_done, times, strict=True):

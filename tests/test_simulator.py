@@ -348,3 +348,22 @@ def test_input_preparation_grows_with_the_kv_tokens_a_window_attends_over():
     extra = [2.0 * US * n for n in (100, 100 + 101, 100 + 101 + 102)]
     assert req.token_times == pytest.approx(
         [t + e for t, e in zip(base.requests[0].token_times, extra, strict=True)], abs=1e-12)
+
+
+def test_time_scale_stretches_every_cost_and_steps_csv_has_each_window():
+    """time_scale multiplies every priced cost: offline (all arrivals at t = 0, no clock model)
+    the whole run stretches by it exactly. The window rows follow the real engine's columns."""
+    base = run("multi_step", synthetic(40), overhead=V06)
+    slow = run("multi_step", synthetic(40), overhead=V06, time_scale=2.0)
+    assert slow.duration == pytest.approx(2.0 * base.duration, rel=1e-9)
+    for a, b in zip(base.requests, slow.requests, strict=True):
+        assert b.token_times == pytest.approx([2.0 * t for t in a.token_times], rel=1e-9)
+    assert len(base.steps) == base.num_windows
+    assert [r["window"] for r in base.steps] == sorted(r["window"] for r in base.steps)
+    row = base.steps[0]
+    assert row["gpu_s"] == pytest.approx(sum(float(g) for g in row["gpu_step_s"].split(";")),
+                                         abs=1e-5)
+    assert all(r["t_start"] <= s["t_start"] for r, s in pairwise(base.steps))
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="backend.time_scale"):
+            run("multi_step", synthetic(2), time_scale=bad)

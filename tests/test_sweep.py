@@ -127,3 +127,58 @@ def test_measured_repeats_are_averaged_and_their_spread_kept(tmp_path):
     vllm_file("d.json", 11.0, 40.0, num_prompts=1000)
     with pytest.raises(ValueError, match="different num_prompts"):
         measured_from_dir(tmp_path)
+
+
+def test_repeats_with_different_kv_caches_must_predict_alike(tmp_path):
+    """Repeats measured with KV caches a few blocks apart are simulated with each cache; they are
+    one measurement only where every cache gives the same prediction."""
+    import argparse
+    import json
+    import math
+
+    from experiments.calibrate import load_conf
+    from experiments.validate import config_overrides, measured_from_dir, predict
+
+    for name, blocks in (("a", 4096), ("b", 4100)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(
+            {"request_throughput": 1.0, "schedlab": {
+                "policy": "multi_step", "k": 4, "num_blocks": blocks,
+                "workload": {"kind": "synthetic", "request_rate": "inf", "num_prompts": 40,
+                             "seed": 0}}}))
+    assert measured_from_dir(tmp_path)[("multi_step", 4, math.inf)]["cache_sizes"] == [4096, 4100]
+    args = argparse.Namespace(model="tiny", workload="synthetic", override=[])
+    profiles = {"hardware": load_conf("hardware", "cpu"), "overhead": load_conf("overhead", "none")}
+    sim = config_overrides("multi_step", 4, math.inf, args, 40, 0) + ["backend=sim"]
+    runs = tmp_path / "runs"
+    same = predict(sim, runs / "roomy", profiles, [4096, 4100], [1.0])
+    assert {p.name for p in runs.iterdir()} == {"roomy_nb4096", "roomy_nb4100"}
+    assert same["request_throughput"] > 0
+    with pytest.raises(SystemExit, match="predicts different results"):
+        predict(sim, runs / "tight", profiles, [4096, 100], [1.0])  # 100 blocks: the cache binds
+
+
+def test_simulated_repeats_average_runs_over_time_scales(tmp_path):
+    """The prediction is the mean of runs at time scales spread evenly over 1 +- spread, with
+    their spread kept beside the measurement's."""
+    import argparse
+    import json
+    import math
+
+    from experiments.calibrate import load_conf
+    from experiments.validate import config_overrides, predict, time_scales
+
+    assert time_scales(1, 0.01) == [1.0]
+    assert time_scales(3, 0.01) == pytest.approx([0.99, 1.0, 1.01])
+    for bad in ((0, 0.01), (3, -0.1), (3, 0.5)):
+        with pytest.raises(ValueError, match="--sim-repeats"):
+            time_scales(*bad)
+    args = argparse.Namespace(model="tiny", workload="synthetic", override=[])
+    profiles = {"hardware": load_conf("hardware", "cpu"), "overhead": load_conf("overhead", "none")}
+    sim = config_overrides("multi_step", 4, 30.0, args, 30, 0) + ["backend=sim"]
+    got = predict(sim, tmp_path / "k4", profiles, [], [0.9, 1.1])
+    runs = [json.loads((tmp_path / f"k4_ts{s}" / "result.json").read_text())
+            for s in ("0.9000", "1.1000")]
+    ttft = [r["median_ttft_ms"] for r in runs]
+    assert got["repeats"] == 2 and got["median_ttft_ms"] == pytest.approx(sum(ttft) / 2)
+    assert got["spread"]["median_ttft_ms"] == pytest.approx(abs(ttft[1] - ttft[0]) * 2 / sum(ttft))
+    assert all(math.isfinite(v) for v in got["spread"].values())
