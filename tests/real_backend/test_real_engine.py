@@ -120,12 +120,13 @@ def test_steps_rows_and_stats() -> None:
 def test_kept_runner_serves_the_next_run_alike(device_oracle) -> None:
     """backend.keep_runner: a second run of the same shape reuses the first's runner and gives
     the same ids (sampling reseeded, temperature sampling included); a run of another shape, or
-    one without the setting, builds its own."""
+    one without the setting, builds its own. Served on the test device (its graphs on a GPU),
+    so greedy ids match that device's oracle."""
     from real_backend import engine
 
     def run(policy="cp2", params=None, **backend):
         return serve(make_requests(), policy, params or {"num_steps": 4}, 16, keep_runner=True,
-                     sampling={"temperature": 0.8, "top_k": 20}, **backend)
+                     sampling={"temperature": 0.8, "top_k": 20}, device=DEVICE, **backend)
 
     first, second = run(), run()
     assert not first.stats["runner_kept"] and second.stats["runner_kept"]
@@ -133,11 +134,13 @@ def test_kept_runner_serves_the_next_run_alike(device_oracle) -> None:
     assert len(engine._KEPT) == 1
     assert run(params={"num_steps": 8}).stats["runner_kept"]  # any k <= 16: one shape
     assert not run(params={"num_steps": 20}).stats["runner_kept"]  # longer lookahead: rebuilt
-    assert not serve(make_requests(2), "single_step", {}, None).stats["runner_kept"]
+    assert not serve(make_requests(2), "single_step", {}, None,
+                     device=DEVICE).stats["runner_kept"]
     assert not engine._KEPT  # a run without the setting drops what was kept
-    greedy = serve(make_requests(), "cp2", {"num_steps": 4}, 16, keep_runner=True)
-    assert serve(make_requests(), "cp2", {"num_steps": 4}, 16,
-                 keep_runner=True).token_ids == greedy.token_ids == device_oracle
+    greedy = serve(make_requests(), "cp2", {"num_steps": 4}, 16, keep_runner=True, device=DEVICE,
+                   dtype="float32")
+    assert serve(make_requests(), "cp2", {"num_steps": 4}, 16, keep_runner=True, device=DEVICE,
+                 dtype="float32").token_ids == greedy.token_ids == device_oracle
     engine._KEPT.clear()
 
 
