@@ -21,7 +21,7 @@ LATENCY_KEYS = [f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
 SCHEDLAB_KEYS = ["backend", "policy", "k", "model", "hardware", "overhead", "wall_seconds",
                  "num_blocks",
                  "num_invocations", "num_preemptions", "num_wasted_steps", "gpu_busy_fraction",
-                 "simulated_seconds_per_wall_second"]
+                 "simulated_seconds_per_wall_second", "time_scale"]
 
 
 def parse_rate(rate: str | float) -> float:

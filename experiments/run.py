@@ -92,6 +92,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
         **outcome_stats(outcome),
     }
     if backend["name"] == "sim":
+        extra["time_scale"] = float(backend.get("time_scale", 1.0))
         extra["simulated_seconds"] = outcome.duration
         extra["simulated_seconds_per_wall_second"] = outcome.duration / max(wall, 1e-9)
     if backend.get("save_token_ids"):
