@@ -142,8 +142,8 @@ def plot_rates(df: pd.DataFrame, out: Path) -> list[Path]:
 
 
 def plot_validation(df: pd.DataFrame, out: Path, title: str = "") -> list[Path]:
-    """Predicted (simulator) against measured for each metric, with the y = x line; bars span
-    each side's repeats (half the max - min range either way) where the table has them."""
+    """Predicted (simulator) against measured for each metric, with the y = x line; where the
+    table has each side's spread between its runs, bars of half that range either way."""
     metrics = [m for m in df["metric"].unique()]
     cols = min(4, len(metrics))
     rows = math.ceil(len(metrics) / cols)
@@ -151,11 +151,13 @@ def plot_validation(df: pd.DataFrame, out: Path, title: str = "") -> list[Path]:
     for ax, metric in zip(axes.flat, metrics, strict=False):
         sub = df[df["metric"] == metric]
         for pol, pts in sub.groupby("policy"):
-            half = {side: (pts[side] * pts[f"{side}_spread"].fillna(0.0) / 2
-                           if f"{side}_spread" in pts else None)
-                    for side in ("measured", "predicted")}
-            ax.errorbar(pts["measured"], pts["predicted"], xerr=half["measured"],
-                        yerr=half["predicted"], fmt="o", ms=4, elinewidth=0.6, capsize=0,
+            bars = {}
+            for side in ("measured", "predicted"):
+                if f"{side}_spread" in pts:  # half the range either way, above zero (log axes)
+                    half = pts[side] * pts[f"{side}_spread"].fillna(0.0) / 2
+                    bars[side] = [half.clip(upper=pts[side] * 0.99), half]
+            ax.errorbar(pts["measured"], pts["predicted"], xerr=bars.get("measured"),
+                        yerr=bars.get("predicted"), fmt="o", ms=4, elinewidth=0.6, capsize=0,
                         label=str(pol))
         lo = min(sub["measured"].min(), sub["predicted"].min())
         hi = max(sub["measured"].max(), sub["predicted"].max())

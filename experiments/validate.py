@@ -198,11 +198,13 @@ def predict(overrides: list[str], run_dir: Path, profiles: dict, cache_sizes: li
         runs = []
         for scale in scales:
             name = run_dir.name + (f"_nb{blocks}" if len(cache_sizes) > 1 else "") \
-                + (f"_ts{scale:.4f}" if len(scales) > 1 else "")
+                + (f"_ts{scale:.6g}" if len(scales) > 1 else "")
             sub = run_dir.with_name(name)
             cache = [] if blocks is None else [f"backend.num_blocks={blocks}"]
-            runs.append(row_of(run_one(overrides + cache + [f"backend.time_scale={scale}"], sub,
-                                       profiles), sub / "result.json"))
+            # one run at scale 1 keeps a --override backend.time_scale
+            scaled = [f"backend.time_scale={scale}"] if scales != [1.0] else []
+            runs.append(row_of(run_one(overrides + cache + scaled, sub, profiles),
+                               sub / "result.json"))
         preds.append(_repeats(runs))
     for p in preds[1:]:
         if any(_known(p.get(m)) != _known(preds[0].get(m)) for m in METRICS):
@@ -230,7 +232,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                     default=True, help="simulate per-step streaming, as schedlab's engine does "
                     "(true); false for vLLM V0, whose multi-step windows stream in bursts")
     ap.add_argument("--sim-repeats", type=int, default=9,
-                    help="simulated runs per configuration, averaged (see --sim-spread)")
+                    help="simulated runs per configuration, averaged (see --sim-spread); 1: one "
+                    "run, at --override backend.time_scale if given")
     ap.add_argument("--sim-spread", type=float, default=0.01,
                     help="the simulated runs' time scales span 1 +- this: each run is one draw "
                     "of the phase between arrivals and windows, which moves with the step time")

@@ -48,18 +48,20 @@ class PowerClock:
         self.heat = u + (self.heat - u) * math.exp(-seconds / self.hw.clock_tau_s)
         self.t += seconds
 
-    def window_times(self, shapes: Sequence[StepShape], start: float) -> list[float]:
-        """Per-stage seconds of a window's steps when its first step starts at ``start``."""
+    def window_times(self, shapes: Sequence[StepShape], start: float,
+                     scale: float = 1.0) -> list[float]:
+        """Per-stage seconds of a window's steps when its first step starts at ``start``, each
+        times ``scale``; the heat follows the scaled steps."""
         model, hw = self.model, self.hw
         if not self.on:
-            return [stage_time(s, model, hw) for s in shapes]
+            return [stage_time(s, model, hw) * scale for s in shapes]
         self.rest_until(start)
         times = []
         for s in shapes:
             t_full, busy = step_cost(s, model, hw)
             u = busy / t_full if t_full > 0 else 0.0
             slow = self.slowdown(u)
-            t = stage_time(s, model, hw, slow)
+            t = stage_time(s, model, hw, slow) * scale
             self.run(u, t)
             times.append(t)
         return times

@@ -195,7 +195,7 @@ def _engine(sim: _Sim, v: int) -> Generator:
         yield env.timeout(win.schedule_cost)
         yield from _run_steps(sim, win)
         _close_window(sim, sched, win)
-        sim.steps.append(_window_row(win, t_start))
+        sim.steps.append(_window_row(win, t_start, v))
         if asynchronous and sim.overhead.defer_last_output:
             pending = win
         else:  # blocking: every step's outputs now; async, not deferred: the last step's
@@ -247,21 +247,20 @@ def _open_window(sim: _Sim, batch: Batch) -> _Window:
         cost *= scale
         out_cost = [c * scale for c in out_cost]
     # the GPU starts the window once it is scheduled (pipeline stages: a close lower bound)
-    gpu = sim.clock.window_times(shapes, sim.env.now + cost)
-    if scale != 1.0:
-        gpu = [t * scale for t in gpu]
+    gpu = sim.clock.window_times(shapes, sim.env.now + cost, scale)
     win = _Window(batch, cost, gpu, out_cost, delivered, shapes[0])
     sim.cpu_busy += win.schedule_cost
     sim.gpu_busy += sum(win.stage_times) * max(len(sim.stages), 1)
     return win
 
 
-def _window_row(win: _Window, t_start: float) -> dict[str, Any]:
+def _window_row(win: _Window, t_start: float, v: int) -> dict[str, Any]:
     """steps.csv's row of a closed window, in the real engine's columns where they mean the same
-    (gpu_s per pipeline stage; the CPU before the GPU starts is one term, schedule_prepare_s)."""
+    (gpu_s per pipeline stage; the CPU before the GPU starts is one term, schedule_prepare_s);
+    window ids count per virtual engine."""
     batch = win.batch
     return {
-        "window": batch.window_id, "t_start": t_start, "k": batch.num_steps,
+        "virtual_engine": v, "window": batch.window_id, "t_start": t_start, "k": batch.num_steps,
         "num_seqs": len(batch.seqs), "num_prefill_seqs": len(batch.seqs) - batch.num_decode_seqs,
         "num_tokens": win.first.num_tokens, "kv_tokens": win.first.kv_tokens,
         "num_preempted": len(batch.preempted), "num_wasted_steps": batch.num_wasted_steps,

@@ -364,6 +364,15 @@ def test_time_scale_stretches_every_cost_and_steps_csv_has_each_window():
     assert row["gpu_s"] == pytest.approx(sum(float(g) for g in row["gpu_step_s"].split(";")),
                                          abs=1e-5)
     assert all(r["t_start"] <= s["t_start"] for r, s in pairwise(base.steps))
+    # with the clock model on, its heat follows the scaled steps: the run still stretches by
+    # the scale (to the heat's small response to longer steps)
+    hw = HardwareSpec.from_dict(load("hardware", "h200_calibrated"))
+    assert hw.clock_heat_slowdown > 0
+    on = run("multi_step", synthetic(100), hw=hw, overhead=V06)
+    for scale in (0.99, 1.01):
+        ratio = run("multi_step", synthetic(100), hw=hw, overhead=V06, time_scale=scale).duration
+        assert ratio / on.duration == pytest.approx(scale, abs=2e-4)
+    assert {r["virtual_engine"] for r in base.steps} == {0}
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="backend.time_scale"):
             run("multi_step", synthetic(2), time_scale=bad)

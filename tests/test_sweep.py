@@ -177,8 +177,10 @@ def test_simulated_repeats_average_runs_over_time_scales(tmp_path):
     sim = config_overrides("multi_step", 4, 30.0, args, 30, 0) + ["backend=sim"]
     got = predict(sim, tmp_path / "k4", profiles, [], [0.9, 1.1])
     runs = [json.loads((tmp_path / f"k4_ts{s}" / "result.json").read_text())
-            for s in ("0.9000", "1.1000")]
+            for s in ("0.9", "1.1")]
     ttft = [r["median_ttft_ms"] for r in runs]
+    assert runs[1]["schedlab"]["time_scale"] == 1.1  # each run at its own scale
+    assert runs[1]["duration"] > runs[0]["duration"]
     assert got["repeats"] == 2 and got["median_ttft_ms"] == pytest.approx(sum(ttft) / 2)
     assert got["spread"]["median_ttft_ms"] == pytest.approx(abs(ttft[1] - ttft[0]) * 2 / sum(ttft))
     assert all(math.isfinite(v) for v in got["spread"].values())
