@@ -53,6 +53,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
     def new_scheduler(num_blocks: int):
         return make_scheduler(policy_name, policy_cfg, sched_cfg, num_blocks, model.max_model_len)
 
+    time_scale = float(backend.get("time_scale", 1.0))  # the simulator's
     wall0 = time.perf_counter()
     if backend["name"] == "sim":
         from simulator.engine import simulate
@@ -65,7 +66,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
                            gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
                            stream_per_step=bool(backend.get("stream_per_step", False)),
                            num_blocks=backend.get("num_blocks"),
-                           time_scale=float(backend.get("time_scale", 1.0)),
+                           time_scale=time_scale,
                            progress=bool(cfg.get("progress", True)))
     elif backend["name"] == "real":
         from real_backend.engine import run_real
@@ -92,7 +93,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
         **outcome_stats(outcome),
     }
     if backend["name"] == "sim":
-        extra["time_scale"] = float(backend.get("time_scale", 1.0))
+        extra["time_scale"] = time_scale
         extra["simulated_seconds"] = outcome.duration
         extra["simulated_seconds_per_wall_second"] = outcome.duration / max(wall, 1e-9)
     if backend.get("save_token_ids"):

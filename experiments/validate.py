@@ -195,12 +195,12 @@ def predict(overrides: list[str], run_dir: Path, profiles: dict, cache_sizes: li
     """
     preds = []
     for blocks in cache_sizes or [None]:
+        cache = [] if blocks is None else [f"backend.num_blocks={blocks}"]
         runs = []
         for scale in scales:
             name = run_dir.name + (f"_nb{blocks}" if len(cache_sizes) > 1 else "") \
                 + (f"_ts{scale:.6g}" if len(scales) > 1 else "")
             sub = run_dir.with_name(name)
-            cache = [] if blocks is None else [f"backend.num_blocks={blocks}"]
             # one run at scale 1 keeps a --override backend.time_scale
             scaled = [f"backend.time_scale={scale}"] if scales != [1.0] else []
             runs.append(row_of(run_one(overrides + cache + scaled, sub, profiles),
@@ -269,9 +269,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             tag = f"{policy}_k{k or 1}_rate{rate:g}"
             if measured is None:
                 base = config_overrides(policy, k, rate, args, args.num_prompts, args.seed)
-                meas = row_of(run_one(base + ["backend=real", f"backend.device={args.device}"]
-                                      + args.real_override, runs / "real" / tag),
-                              runs / "real" / tag / "result.json")
+                meas = _repeats([row_of(run_one(base + ["backend=real",
+                                                        f"backend.device={args.device}"]
+                                                + args.real_override, runs / "real" / tag),
+                                        runs / "real" / tag / "result.json")])
             else:
                 meas = measured.get((policy, k, rate))
                 if meas is None:
@@ -284,12 +285,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                                         int(n) if n == n and n is not None else args.num_prompts,
                                         int(seed) if seed == seed and seed is not None else 0)
             stream = [f"backend.stream_per_step={str(args.stream_per_step).lower()}"]
-            sizes = meas.get("cache_sizes")
-            if sizes is None:  # one run of our own
-                blocks = _known(meas.get("num_blocks"))
-                sizes = [] if blocks is None else [int(blocks)]
-            pred = predict(base + ["backend=sim"] + stream, runs / "sim" / tag, profiles, sizes,
-                           scales)
+            pred = predict(base + ["backend=sim"] + stream, runs / "sim" / tag, profiles,
+                           meas["cache_sizes"], scales)
             for r in relative_errors(pred, meas):
                 rows.append({"policy": policy, "k": k, "request_rate": rate, **r})
     if not rows:

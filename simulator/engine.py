@@ -21,12 +21,12 @@ Timeline of one window (every decision is the scheduler's; this module only keep
    together when its last output processing finishes, as vLLM V0 multi-step streams in
    bursts; ``stream_per_step=True`` delivers each step's tokens once they are processed.
 
-6. ``time_scale`` multiplies every priced cost (each step's GPU time, the schedule and
-   output-processing and API-server times). A request's TTFT depends on where its arrival falls in the
-   window cycle, and that phase, summed over hundreds of windows, moves with the step time:
-   a 0.5% faster GPU replays the same trace as a different draw of median TTFT (with k = 16
-   at 20 req/s, 50 against 60 ms). One run is one such draw; experiments.validate averages
-   runs whose time_scale spans the cost model's own uncertainty.
+6. ``time_scale`` multiplies every priced cost: each step's GPU time (through the clock
+   model) and every CPU cost (``scale_overhead``). A request's TTFT depends on where its
+   arrival falls in the window cycle, and that phase, summed over hundreds of windows, moves
+   with the step time: a 0.5% faster GPU replays the same trace as a different draw of median
+   TTFT (with k = 16 at 20 req/s, 50 against 60 ms). One run is one such draw;
+   experiments.validate averages runs whose time_scale spans the cost model's own uncertainty.
 
 The engine thread and the API-server process are FIFO servers kept as "busy until" times:
 work is always claimed at the current simulated time, so ``start = max(now, busy_until)`` is
@@ -57,7 +57,7 @@ from simulator.clock import PowerClock
 from simulator.cost_model import StepShape, window_shapes
 from simulator.hardware import HardwareSpec
 from simulator.memory import blocks_per_engine
-from simulator.overhead import OverheadSpec, api_time, output_time, schedule_time
+from simulator.overhead import OverheadSpec, api_time, output_time, scale_overhead, schedule_time
 
 _EPS = 1e-9  # seconds: busy-until times this close to now count as now (float round-off)
 
@@ -103,7 +103,7 @@ class _Sim:
     arrivals_left: list[int]
     wake: list[simpy.Event | None]
     clock: PowerClock  # the GPU's power-limited SM clock (off unless the profile sets it)
-    time_scale: float  # multiplies every priced cost
+    time_scale: float  # multiplies each step's GPU time (the CPU costs come scaled in overhead)
     cpu_free: float = 0.0  # when the engine thread is next idle
     api_free: float = 0.0  # when the separate API-server process is next idle
     delivery: dict[float, float] = field(default_factory=dict)  # step's GPU done -> delivered
@@ -137,6 +137,8 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
         raise ValueError(f"backend.num_blocks must be >= 1, got {num_blocks}")
     if not 0.0 < time_scale < float("inf"):  # NaN fails too
         raise ValueError(f"backend.time_scale must be a positive number, got {time_scale}")
+    if time_scale != 1.0:
+        overhead = scale_overhead(overhead, time_scale)
     pp = hw.pp
     schedulers = [make_scheduler(num_blocks) for _ in range(pp)]
     order = sorted(requests, key=lambda r: r.arrival_time)
@@ -242,12 +244,8 @@ def _open_window(sim: _Sim, batch: Batch) -> _Window:
     out_cost = [output_time(spec, s.num_seqs, d) for s, d in zip(shapes, delivered, strict=True)]
     cost = schedule_time(spec, len(batch.seqs), shapes[0].num_tokens, shapes[0].kv_tokens,
                          batch.num_steps)
-    scale = sim.time_scale
-    if scale != 1.0:
-        cost *= scale
-        out_cost = [c * scale for c in out_cost]
     # the GPU starts the window once it is scheduled (pipeline stages: a close lower bound)
-    gpu = sim.clock.window_times(shapes, sim.env.now + cost, scale)
+    gpu = sim.clock.window_times(shapes, sim.env.now + cost, sim.time_scale)
     win = _Window(batch, cost, gpu, out_cost, delivered, shapes[0])
     sim.cpu_busy += win.schedule_cost
     sim.gpu_busy += sum(win.stage_times) * max(len(sim.stages), 1)
@@ -323,13 +321,12 @@ def _deliver(sim: _Sim, win: _Window) -> None:
     spec, k = sim.overhead, win.batch.num_steps
     times = list(win.out_done) if sim.stream_per_step else [win.out_done[-1]] * k
     if not spec.api_server_on_critical_path and spec.api_per_token_us > 0:
-        scale = sim.time_scale
         if sim.stream_per_step:
             for j in range(k):
-                sim.api_free = max(sim.api_free, times[j]) + api_time(spec, win.delivered[j]) * scale
+                sim.api_free = max(sim.api_free, times[j]) + api_time(spec, win.delivered[j])
                 times[j] = sim.api_free
         else:
-            sim.api_free = max(sim.api_free, times[-1]) + api_time(spec, sum(win.delivered)) * scale
+            sim.api_free = max(sim.api_free, times[-1]) + api_time(spec, sum(win.delivered))
             times = [sim.api_free] * k
     delivery = sim.delivery
     for g, t in zip(win.gpu_done, times, strict=True):
