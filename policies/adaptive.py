@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.base import KStepPolicy, check_steps, register
+from policies.base import KStepPolicy, check_number, check_steps, register
 
 
 @register
@@ -52,11 +52,8 @@ class Adaptive(KStepPolicy):
         check_steps("num_steps", self.num_steps)
         check_steps("min_steps", self.min_steps)
         check_steps("backlog_min_steps", self.backlog_min_steps)
-        if self.overhead_steps < 0:
-            raise ValueError(f"policy.overhead_steps must be >= 0, got {self.overhead_steps}")
-        if not self.arrivals_per_window > 0:
-            raise ValueError("policy.arrivals_per_window must be > 0, got "
-                             f"{self.arrivals_per_window}")
+        check_number("policy.overhead_steps", self.overhead_steps, minimum=0)
+        check_number("policy.arrivals_per_window", self.arrivals_per_window, positive=True)
 
     def window_steps(self, sched, has_prefill: bool) -> int:
         if has_prefill:

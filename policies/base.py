@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -70,10 +71,29 @@ def check_settings(section: str, given: Iterable[str], known: Iterable[str]) -> 
                          + (", ".join(sorted(known)) or "none"))
 
 
-def check_steps(setting: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"policy.{setting} must be an integer >= 1, got {value!r}")
+def check_int(setting: str, value: Any, minimum: int) -> int:
+    """``value`` if it is an integer >= ``minimum`` (1.5, 2.0, "3" and True are refused: a
+    setting silently rounded or cast runs a different configuration than the one recorded)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{setting} must be an integer >= {minimum}, got {value!r}")
     return value
+
+
+def check_number(setting: str, value: Any, *, minimum: float | None = None,
+                 positive: bool = False) -> float:
+    """``value`` if it is a finite real number (>= ``minimum``; > 0 if ``positive``)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value)):
+        raise ValueError(f"{setting} must be a finite number, got {value!r}")
+    if positive and not value > 0:
+        raise ValueError(f"{setting} must be > 0, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{setting} must be >= {minimum}, got {value!r}")
+    return value
+
+
+def check_steps(setting: str, value: Any) -> int:
+    return check_int(f"policy.{setting}", value, 1)
 
 
 def make_policy(name: str, **params: Any) -> Policy:

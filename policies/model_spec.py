@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
+
+from policies.base import check_int, check_number, check_settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,13 +27,21 @@ class ModelSpec:
     tie_word_embeddings: bool = False
     tokenizer: str | None = None  # name quicktok knows; None: the workload must give lengths
     dtype_bytes: int = 2  # bf16 weights and KV cache on the GPU
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
-                     "intermediate_size", "vocab_size", "max_model_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+                     "intermediate_size", "vocab_size", "max_model_len", "dtype_bytes"):
+            check_int(f"model.{name}", getattr(self, name), 1)
+        check_int("model.head_dim", self.head_dim, 0)
+        check_number("model.rope_theta", self.rope_theta, positive=True)
+        check_number("model.rms_norm_eps", self.rms_norm_eps, positive=True)
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise ValueError("model.tie_word_embeddings must be true or false, got "
+                             f"{self.tie_word_embeddings!r}")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+            raise ValueError(f"model.rope_scaling must be a mapping or null, got {self.rope_scaling!r}")
+        if self.tokenizer is not None and not isinstance(self.tokenizer, str):
+            raise ValueError(f"model.tokenizer must be a name or null, got {self.tokenizer!r}")
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.num_heads % self.num_kv_heads:
@@ -41,10 +51,10 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
-        known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in d.items() if k in known and k != "extra"}
-        extra = {k: v for k, v in d.items() if k not in known}
-        return cls(**kwargs, extra=extra)
+        check_settings("model", d, (f.name for f in fields(cls)))
+        if not isinstance(d.get("name"), str) or not d["name"]:
+            raise ValueError(f"model.name must be a non-empty name, got {d.get('name')!r}")
+        return cls(**d)
 
     @property
     def q_size(self) -> int:

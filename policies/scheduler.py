@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from policies.base import Policy, check_settings
+from policies.base import Policy, check_int, check_number, check_settings
 from policies.batch import Batch, ScheduledSeq
 from policies.block_manager import BlockManager
 from policies.request import Request, RequestState
@@ -30,14 +30,12 @@ class SchedulerConfig:
         return cls(**d)
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1:
-            raise ValueError(f"scheduler.max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            raise ValueError("scheduler.max_num_batched_tokens must be >= 1, "
-                             f"got {self.max_num_batched_tokens}")
-        if self.block_size < 1:
-            raise ValueError(f"scheduler.block_size must be >= 1, got {self.block_size}")
-        if not 0.0 <= self.watermark < 1.0:
+        check_int("scheduler.max_num_seqs", self.max_num_seqs, 1)
+        if self.max_num_batched_tokens is not None:
+            check_int("scheduler.max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        check_int("scheduler.block_size", self.block_size, 1)
+        check_number("scheduler.watermark", self.watermark, minimum=0)
+        if not self.watermark < 1.0:
             raise ValueError(f"scheduler.watermark must be in [0, 1), got {self.watermark}")
 
 

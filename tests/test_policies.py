@@ -234,7 +234,7 @@ def test_bad_policy_settings(name, params, msg):
 
 
 def test_bad_scheduler_settings_and_requests():
-    with pytest.raises(ValueError, match="scheduler.max_num_batched_tokens must be >= 1"):
+    with pytest.raises(ValueError, match="scheduler.max_num_batched_tokens must be an integer >= 1"):
         SchedulerConfig(max_num_batched_tokens=0)
     with pytest.raises(ValueError, match="scheduler.max_num_seqs"):
         SchedulerConfig(max_num_seqs=0)
