@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -82,52 +84,189 @@ def _hf_names(spec: ModelSpec, model: Llama) -> dict[str, tuple[torch.Tensor, in
     return names
 
 
+# What transformers' LlamaConfig assumes when config.json omits a key: the checkpoint was
+# trained with these, so an omitted key is compared as its default, not skipped.
+_HF_DEFAULTS = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+                "rope_scaling": None}
+# Buffers some checkpoints carry that the model computes itself (as transformers and vLLM skip).
+_RECOMPUTED = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+def _containment_root(path: Path) -> Path:
+    """The directory no checkpoint file may leave: ``path`` itself, or for a Hugging Face hub
+    cache snapshot (``models--org--name/snapshots/<rev>``, whose files are symlinks into
+    ``../../blobs``) the model's cache directory."""
+    path = path.resolve()
+    if path.parent.name == "snapshots" and (path.parent.parent / "blobs").is_dir():
+        return path.parent.parent
+    return path
+
+
+def _inside(path: Path, name: str, named_by: Path | None = None) -> Path:
+    """``path / name`` if it stays inside the checkpoint's directory once ``..`` and symlinks are
+    resolved: an index or a link must not make the loader read files elsewhere."""
+    target = path / name
+    resolved = target.resolve()
+    if Path(name).is_absolute() or not resolved.is_relative_to(_containment_root(path)):
+        what = f"{named_by} names {name!r}, which" if named_by else f"{target}"
+        raise ValueError(f"backend.weights: {what} resolves to {resolved}, outside {path}")
+    return target
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"backend.weights: {file} is not readable JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"backend.weights: {file} must hold a JSON object, "
+                         f"got {type(data).__name__}")
+    return data
+
+
+def _rope(cfg: dict[str, Any]) -> tuple[Any, Any]:
+    """(rope_theta, rope_scaling) of a config.json; newer transformers write both as one
+    ``rope_parameters`` object, older ones as two keys (``type`` is the old ``rope_type``)."""
+    if isinstance(cfg.get("rope_parameters"), dict):
+        scaling = dict(cfg["rope_parameters"])
+        theta = scaling.pop("rope_theta", cfg.get("rope_theta", _HF_DEFAULTS["rope_theta"]))
+    else:
+        theta = cfg.get("rope_theta", _HF_DEFAULTS["rope_theta"])
+        scaling = cfg.get("rope_scaling", _HF_DEFAULTS["rope_scaling"])
+    return theta, _normal_rope_scaling(scaling)
+
+
+def _normal_rope_scaling(scaling: Any) -> Any:
+    """One spelling of "no scaling" (None) and of the scaling's kind (``rope_type``)."""
+    if not isinstance(scaling, dict):
+        return scaling
+    scaling = dict(scaling)
+    if "type" in scaling:
+        scaling.setdefault("rope_type", scaling.pop("type"))
+    return None if scaling in ({}, {"rope_type": "default"}) else scaling
+
+
+def _same(theirs: Any, ours: Any) -> bool:
+    """Equal, with floats compared to rounding (1e-05 in JSON is 1e-5 in YAML) and booleans
+    never equal to numbers."""
+    if isinstance(theirs, dict) and isinstance(ours, dict):
+        return theirs.keys() == ours.keys() and all(_same(theirs[k], ours[k]) for k in theirs)
+    if isinstance(theirs, bool) or isinstance(ours, bool):
+        return type(theirs) is type(ours) and theirs == ours
+    if isinstance(theirs, (int, float)) and isinstance(ours, (int, float)):
+        return math.isclose(theirs, ours, rel_tol=1e-9)
+    return theirs == ours
+
+
 def _check_config(spec: ModelSpec, path: Path) -> None:
+    """Refuse a checkpoint whose config.json disagrees with the model conf on any setting the
+    forward pass reads: a mismatch would run, silently, a different model than the one named."""
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise ValueError(f"backend.weights {path} has no config.json")
-    cfg = json.loads(cfg_file.read_text())
-    for hf_key, field in _HF_CONFIG.items():
-        if hf_key in cfg and cfg[hf_key] != getattr(spec, field):
-            raise ValueError(f"backend.weights {path}: config.json has {hf_key} {cfg[hf_key]} "
-                             f"but model {spec.name} has {field} {getattr(spec, field)}")
+    cfg_file = _inside(path, "config.json")
+    cfg = _read_json(cfg_file)
+    theta, scaling = _rope(cfg)
+    checks = [(hf_key, cfg[hf_key], field) for hf_key, field in _HF_CONFIG.items()
+              if hf_key in cfg]
+    if cfg.get("head_dim") is not None:  # null: hidden_size // num_attention_heads
+        checks.append(("head_dim", cfg["head_dim"], "head_dim"))
+    checks += [("rope_theta", theta, "rope_theta"), ("rope_scaling", scaling, "rope_scaling"),
+               ("rms_norm_eps", cfg.get("rms_norm_eps", _HF_DEFAULTS["rms_norm_eps"]),
+                "rms_norm_eps"),
+               ("tie_word_embeddings",
+                cfg.get("tie_word_embeddings", _HF_DEFAULTS["tie_word_embeddings"]),
+                "tie_word_embeddings")]
+    for hf_key, theirs, field in checks:
+        ours = getattr(spec, field)
+        if field == "rope_scaling":
+            ours = _normal_rope_scaling(ours)
+        if not _same(theirs, ours):
+            raise ValueError(f"backend.weights: {cfg_file} has {hf_key} {theirs} "
+                             f"but model {spec.name} has {field} {ours}")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"backend.weights: {cfg_file} has hidden_act {cfg['hidden_act']} "
+                         "but the engine's MLP is SwiGLU (silu)")
+
+
+def _weight_files(path: Path) -> tuple[list[Path], dict[str, str], Path]:
+    """The safetensors files of a checkpoint, the index's tensor -> file map (empty without an
+    index) and the file that lists them (the index, or the single model.safetensors)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        index = _inside(path, index.name)
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+            raise ValueError(f"backend.weights: {index} needs a weight_map object of tensor "
+                             "name -> file name")
+        files = [_inside(path, name, index) for name in sorted(set(weight_map.values()))]
+        for file in files:
+            if not file.is_file():
+                raise ValueError(f"backend.weights: {index} names {file.name}, which does "
+                                 "not exist")
+        return files, weight_map, index
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [_inside(path, single.name)], {}, single
+    raise ValueError(f"backend.weights {path} has neither model.safetensors nor "
+                     "model.safetensors.index.json")
+
+
+def _tensors(file: Path, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of one safetensors file; a damaged file is a one-line error naming it."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="pt", device=str(device)) as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"backend.weights: {file} is not a readable safetensors file "
+                         f"({err})") from None
 
 
 def load_hf_model(spec: ModelSpec, path: str | Path, device: torch.device | str,
                   dtype: torch.dtype) -> Llama:
     """Load a local Hugging Face Llama directory: config.json plus model.safetensors or shards
-    listed in model.safetensors.index.json; q/k/v and gate/up are fused on the way in."""
-    from safetensors import safe_open
+    listed in model.safetensors.index.json; q/k/v and gate/up are fused on the way in.
 
+    Refused, each with a one-line ValueError naming the file: a config.json that disagrees with
+    ``spec``, a damaged file, a file outside the directory, and a tensor that is missing, extra,
+    repeated, not floating point or of the wrong shape."""
     path, device = Path(path), torch.device(device)
     _check_config(spec, path)
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (path / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise ValueError(f"backend.weights {path} has neither model.safetensors nor "
-                         "model.safetensors.index.json")
+    files, weight_map, listing = _weight_files(path)
     model = _empty_model(spec, device, dtype)
     targets = _hf_names(spec, model)
-    missing = set(targets)
-    for name_of_file in files:
-        with safe_open(str(path / name_of_file), framework="pt", device=str(device)) as f:
-            for name in f.keys():
-                if name not in targets:
-                    continue  # e.g. rotary_emb.inv_freq, which we compute ourselves
-                dst, row, rows = targets[name]
-                src = f.get_tensor(name)
-                expect = (rows,) + tuple(dst.shape[1:])
-                if tuple(src.shape) != expect:
-                    raise ValueError(f"backend.weights {path}: {name} has shape "
-                                     f"{tuple(src.shape)}, model {spec.name} needs {expect}")
-                dst[row:row + rows].copy_(src)
-                missing.discard(name)
+    found: dict[str, Path] = {}
+    for file in files:
+        for name, src in _tensors(file, device):
+            if name.endswith(_RECOMPUTED) or (name == "lm_head.weight"
+                                              and spec.tie_word_embeddings):
+                continue  # tied: transformers, too, ties lm_head to the embedding and drops it
+            if name in found:
+                raise ValueError(f"backend.weights: tensor {name} is in both {found[name]} "
+                                 f"and {file}")
+            found[name] = file
+            if name not in targets:
+                raise ValueError(f"backend.weights: {file} has tensor {name}, which model "
+                                 f"{spec.name} has no place for")
+            dst, row, rows = targets[name]
+            expect = (rows,) + tuple(dst.shape[1:])
+            if tuple(src.shape) != expect:
+                raise ValueError(f"backend.weights: {file} has {name} of shape "
+                                 f"{tuple(src.shape)}, model {spec.name} needs {expect}")
+            if not src.is_floating_point():
+                raise ValueError(f"backend.weights: {file} has {name} of dtype {src.dtype}, "
+                                 "a model weight must be floating point")
+            dst[row:row + rows].copy_(src)
+    missing = sorted(set(targets) - set(found))
     if missing:
+        where = (f"{listing.name} puts it in {weight_map[missing[0]]}"
+                 if missing[0] in weight_map else f"not in {listing.name}")
         raise ValueError(f"backend.weights {path} lacks {len(missing)} tensors, e.g. "
-                         f"{sorted(missing)[0]}")
+                         f"{missing[0]} ({where})")
     return model
 
 
