@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
-from policies.base import check_settings
+from policies.base import check_int, check_number, check_settings
 from policies.step_sizes import PIECEWISE_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
+from real_backend.kernels import check_triton_runs_on
 from real_backend.sampling import SamplingParams
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -36,6 +37,8 @@ class BackendConfig:
     kernels: str = "auto"  # auto: triton on cuda, torch (the reference ops) on cpu
 
     def __post_init__(self) -> None:
+        if not isinstance(self.device, str):
+            raise ValueError(f"backend.device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         try:
             dev = torch.device(self.device)
         except RuntimeError:
@@ -45,31 +48,42 @@ class BackendConfig:
             raise ValueError(f"backend.device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"backend.device is {self.device} but this machine has no CUDA device")
-        if self.dtype != "auto" and self.dtype not in _DTYPES:
+        if self.dtype != "auto" and (not isinstance(self.dtype, str) or self.dtype not in _DTYPES):
             raise ValueError(f"backend.dtype must be auto or one of {', '.join(_DTYPES)}, "
                              f"got {self.dtype!r}")
-        if self.num_blocks is not None and self.num_blocks < 1:
-            raise ValueError(f"backend.num_blocks must be >= 1, got {self.num_blocks}")
-        if not self.cpu_kv_cache_gib > 0:
-            raise ValueError(f"backend.cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
+        if self.num_blocks is not None:
+            check_int("backend.num_blocks", self.num_blocks, 1)
+        check_number("backend.cpu_kv_cache_gib", self.cpu_kv_cache_gib, positive=True)
+        check_number("backend.gpu_memory_utilization", self.gpu_memory_utilization)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("backend.gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")
-        if not 0 <= self.prefill_graph_max_tokens <= PREFILL_GRAPH_TOKENS[-1]:
-            raise ValueError(f"backend.prefill_graph_max_tokens must be in [0, "
-                             f"{PREFILL_GRAPH_TOKENS[-1]}], got {self.prefill_graph_max_tokens}")
-        if not 0 <= self.piecewise_graph_max_tokens <= PIECEWISE_GRAPH_TOKENS[-1]:
-            raise ValueError(f"backend.piecewise_graph_max_tokens must be in [0, "
-                             f"{PIECEWISE_GRAPH_TOKENS[-1]}], "
-                             f"got {self.piecewise_graph_max_tokens}")
+        for name in ("cuda_graphs", "keep_runner", "async_output", "save_token_ids"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"backend.{name} must be true or false, "
+                                 f"got {getattr(self, name)!r}")
+        for name, sizes in (("prefill_graph_max_tokens", PREFILL_GRAPH_TOKENS),
+                            ("piecewise_graph_max_tokens", PIECEWISE_GRAPH_TOKENS)):
+            if check_int(f"backend.{name}", getattr(self, name), 0) > sizes[-1]:
+                raise ValueError(f"backend.{name} must be in [0, {sizes[-1]}], "
+                                 f"got {getattr(self, name)}")
+        if self.weights is not None and not (isinstance(self.weights, str) and self.weights):
+            raise ValueError("backend.weights must be null (random weights) or a directory, "
+                             f"got {self.weights!r}")
+        check_int("backend.seed", self.seed, 0)
         if self.kernels not in ("auto", "torch", "triton"):
             raise ValueError(f"backend.kernels must be auto, torch or triton, got {self.kernels!r}")
+        if self.kernel_set == "triton":
+            check_triton_runs_on(dev)
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any] | None) -> BackendConfig:
         d = dict(d or {})
         check_settings("backend", d, (f.name for f in fields(cls)))
         if "sampling" in d:
+            if not isinstance(d["sampling"], Mapping):
+                raise ValueError("backend.sampling must be a mapping of temperature, top_k and "
+                                 f"top_p, got {d['sampling']!r}")
             d["sampling"] = SamplingParams.from_mapping(d["sampling"])
         return cls(**d)
 
