@@ -20,6 +20,7 @@ from experiments.workload import (
     bundled_sharegpt_path,
     iter_json_array,
     read_trace,
+    sharegpt,
     to_request,
 )
 
@@ -249,7 +250,7 @@ def test_count_cache_is_reused_and_invalidated(tmp_path, monkeypatch, enc):
     def no_tokenizing(*_):
         raise AssertionError("tokenized although the cache is fresh")
 
-    monkeypatch.setattr(wl, "_count_tokens", no_tokenizing)
+    monkeypatch.setattr(sharegpt, "_count_tokens", no_tokenizing)
     assert build_workload(cfg) == first
     assert build_workload({**cfg, "seed": 3}) != first  # sampling reads the cached counts
     # A changed file (size and mtime) is counted again.

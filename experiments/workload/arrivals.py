@@ -1,0 +1,57 @@
+"""When requests arrive: a gamma (Poisson) process, or a trace's times relative to its first."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+# The settings of the arrival process (kinds sharegpt and synthetic; a trace brings its times).
+ARRIVAL_KEYS = frozenset({"request_rate", "burstiness"})
+
+# A trace time beyond this many seconds (~31,700 years) is no time at all: a parse gone wrong or
+# a unit error (Unix-epoch seconds are ~1.7e9; epoch milliseconds, ~1.7e12, are refused here).
+MAX_TRACE_TIME = 1e12
+# A replay longer than this (~116 days) after the first arrival is taken for a unit error too.
+MAX_TRACE_SPAN = 1e7
+
+
+def arrival_times(num_prompts: int, request_rate: float, burstiness: float, seed: int
+                  ) -> np.ndarray:
+    """Send times: all 0 for an infinite rate, else gamma gaps (shape b, mean 1/rate).
+
+    The first request goes at t=0 and each later one one gap after the previous, exactly like
+    benchmark_serving's get_request. The gaps come from a legacy RandomState seeded with
+    ``seed``, which is the stream np.random.seed(seed) gives benchmark_serving, so a ShareGPT
+    run sees the same arrival times as the vLLM benchmark did (gamma with shape 1 draws the
+    same numbers as the v0.5/v0.6 exponential).
+    """
+    if math.isinf(request_rate):
+        return np.zeros(num_prompts)
+    theta = 1.0 / (request_rate * burstiness)
+    gaps = np.random.RandomState(seed).gamma(shape=burstiness, scale=theta,
+                                            size=max(num_prompts - 1, 0))
+    return np.concatenate([[0.0], np.cumsum(gaps)])
+
+
+def trace_arrival_times(times: Sequence[float], lines: Sequence[int], path: str) -> list[float]:
+    """A trace's sorted arrival times (seconds) made relative to its first arrival.
+
+    A run measures its duration from t=0, so a trace stamped with Unix-epoch times would
+    otherwise report a rate near zero; shifting makes absolute and relative stamps replay
+    alike. ``lines`` gives each time's line in ``path`` for the error messages.
+    """
+    for t, line in zip(times, lines, strict=True):
+        if not (math.isfinite(t) and abs(t) <= MAX_TRACE_TIME):
+            raise ValueError(f"{path}:{line}: arrival_time {t!r} is beyond {MAX_TRACE_TIME:g} s "
+                             f"(times are seconds)")
+    if not times:
+        return []
+    first = times[0]
+    span = times[-1] - first
+    if span > MAX_TRACE_SPAN:
+        raise ValueError(f"{path}:{lines[-1]}: arrival_time {times[-1]!r} is {span:.4g} s after "
+                         f"the first arrival (line {lines[0]}); a trace may span at most "
+                         f"{MAX_TRACE_SPAN:g} s (times are seconds)")
+    return [t - first for t in times]

@@ -1,0 +1,76 @@
+"""The memory a run's requests take, and the guard that refuses a run that would not fit."""
+
+from __future__ import annotations
+
+import os
+
+# Bytes a request costs over a whole run, measured and rounded up. A simulator run of synthetic
+# requests (peak RSS of experiments.run at 20k and 80k requests, outputs of 4 and 256 tokens)
+# takes ~1.7 KiB per request (its RequestSpec, Request, lists and metrics rows) and ~18 B per
+# output token (each token's delivery time). The real backend also keeps prompt token ids (a
+# tuple in the spec and a list in the Request: ~49 B a token measured with tracemalloc) and the
+# ids it samples (an int object and a pointer each).
+BYTES_PER_REQUEST = 2048
+BYTES_PER_OUTPUT_TOKEN = 24
+BYTES_PER_PROMPT_TOKEN_ID = 56
+BYTES_PER_OUTPUT_TOKEN_ID = 48
+# A trace row while the file is read and sorted (a 4-tuple, its float and ints, a list slot).
+BYTES_PER_TRACE_ROW = 256
+
+GIB = 1 << 30
+
+
+def available_memory() -> int | None:
+    """Bytes the system can still give a process without swapping (Linux MemAvailable, else
+    free physical pages); None where neither is known, and then nothing is refused."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def run_bytes(num_requests: int, prompt_tokens: int, output_tokens: int, *,
+              with_token_ids: bool) -> int:
+    """Estimated bytes the requests of one run take from building the workload to its results."""
+    need = num_requests * BYTES_PER_REQUEST + output_tokens * BYTES_PER_OUTPUT_TOKEN
+    if with_token_ids:
+        need += (prompt_tokens * BYTES_PER_PROMPT_TOKEN_ID
+                 + output_tokens * BYTES_PER_OUTPUT_TOKEN_ID)
+    return need
+
+
+def check_run_fits(num_requests: int, prompt_tokens: int | None, output_tokens: int | None, *,
+                   with_token_ids: bool) -> None:
+    """Refuse, naming workload.num_prompts and the memory available, a run whose requests would
+    not fit in memory: it would swap or be killed rather than finish.
+
+    Token counts of None are not known yet (the lengths are not drawn): one token each is the
+    least the requests can take, and the check is made before anything is allocated.
+    """
+    available = available_memory()
+    if available is None:
+        return
+    at_least = "at least " if prompt_tokens is None or output_tokens is None else ""
+    need = run_bytes(num_requests, num_requests if prompt_tokens is None else prompt_tokens,
+                     num_requests if output_tokens is None else output_tokens,
+                     with_token_ids=with_token_ids)
+    if need > available:
+        tokens = "" if at_least else f" and {output_tokens} output tokens"
+        ids = " with prompt token ids" if with_token_ids else ""
+        raise ValueError(
+            f"workload.num_prompts: {num_requests} requests{tokens} would take {at_least}about "
+            f"{need / GIB:.1f} GiB{ids}, more than the {available / GIB:.1f} GiB of memory "
+            f"available; lower workload.num_prompts")
+
+
+def max_trace_rows() -> int | None:
+    """The most trace rows that may be read into memory; None where memory is unknown."""
+    available = available_memory()
+    return None if available is None else max(available // BYTES_PER_TRACE_ROW, 1)

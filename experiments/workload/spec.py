@@ -1,0 +1,43 @@
+"""A workload's request before any backend touches it (RequestSpec), and the Request made of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One request of a workload, before any backend touches it."""
+
+    arrival_time: float
+    prompt_len: int
+    output_len: int
+    prompt_token_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 1 or self.output_len < 1:
+            raise ValueError(
+                f"RequestSpec needs prompt_len >= 1 and output_len >= 1, "
+                f"got {self.prompt_len} and {self.output_len}")
+        if not self.arrival_time >= 0:  # also refuses NaN
+            raise ValueError(f"RequestSpec.arrival_time must be >= 0, got {self.arrival_time}")
+        if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.prompt_len:
+            raise ValueError(
+                f"RequestSpec has {len(self.prompt_token_ids)} prompt token ids "
+                f"but prompt_len {self.prompt_len}")
+
+
+def to_request(spec: RequestSpec, request_id: int, with_token_ids: bool) -> Request:
+    """A fresh Request asking for exactly ``output_len`` tokens, as benchmark_serving does."""
+    token_ids: list[int] | None = None
+    if with_token_ids:
+        if spec.prompt_token_ids is None:
+            raise ValueError(
+                f"request {request_id} carries no prompt token ids; "
+                f"build the workload with vocab_size set")
+        token_ids = list(spec.prompt_token_ids)
+    return Request(request_id=request_id, arrival_time=spec.arrival_time,
+                   prompt_len=spec.prompt_len, max_tokens=spec.output_len,
+                   prompt_token_ids=token_ids)
