@@ -5,24 +5,51 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
+import tempfile
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pandas as pd
+import yaml
 from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from experiments.aggregate import parse_rate, row_of
+from experiments.aggregate import row_of
 from experiments.calibrate import load_conf
 from experiments.files import write_text_atomic
+from experiments.measured import METRICS, average_repeats, checked_rate, known, measured_from_dir
 from experiments.run import CONF_DIR, run
+from policies.base import POLICIES as POLICY_CLASSES
 
-METRICS = ["request_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
-           "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms",
-           "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms"]
 # (policy, k): the grid of the validation issue
 POLICIES = [("single_step", None), ("multi_step", 1), ("multi_step", 2), ("multi_step", 4),
             ("multi_step", 8), ("multi_step", 16), ("cp1", 8), ("cp2", 8)]
+
+
+class InputError(SystemExit):
+    """A mistake in the settings or the input files: main() prints it as one line, exit code 2."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def one_line(err: BaseException | str) -> str:
+    """An error's message on one line (Hydra's and YAML's run over several, with the config
+    search path after the point)."""
+    lines = []
+    for line in str(err).splitlines():
+        if line.strip().startswith("Config search path"):
+            break
+        lines.append(line.strip())
+    return " ".join(line for line in lines if line)
 
 
 def config_overrides(policy: str, k: int | None, rate: float, args, num_prompts: int,
@@ -35,89 +62,55 @@ def config_overrides(policy: str, k: int | None, rate: float, args, num_prompts:
     return ov + list(args.override)
 
 
-def run_one(overrides: list[str], run_dir: Path,
-            replace: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Compose the config as the run command would, then run it (unless already done)."""
+def compose_config(overrides: list[str], sources: dict[str, str] | None = None) -> dict[str, Any]:
+    """The config the run command would compose from ``overrides``; a Hydra error is one line
+    naming the override it came from (``sources``: override -> the flag that gave it)."""
+    try:
+        return _compose(overrides)
+    except (HydraException, OmegaConfBaseException) as err:
+        culprit = overrides[-1]
+        for i in range(1, len(overrides)):  # overrides apply in order: the first prefix to fail
+            try:
+                _compose(overrides[:i])
+            except (HydraException, OmegaConfBaseException):
+                culprit = overrides[i - 1]
+                break
+        flag = (sources or {}).get(culprit, "override")
+        raise InputError(f"{flag} {culprit}: {one_line(err)}") from None
+
+
+def _compose(overrides: list[str]) -> dict[str, Any]:
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        cfg = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
+        return OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
+
+
+def run_one(overrides: list[str], run_dir: Path,
+            replace: dict[str, dict[str, Any]] | None = None,
+            sources: dict[str, str] | None = None) -> dict[str, Any]:
+    """Compose the config as the run command would, then run it (unless already done).
+
+    Bad settings, and a run directory that cannot be written, are an InputError naming them.
+    """
+    cfg = compose_config(overrides, sources)
     cfg.update(replace or {})  # profiles given as files rather than names in conf/
     result, stamp = run_dir / "result.json", run_dir / "config.json"
     key = json.dumps(cfg, sort_keys=True, default=str)
-    if result.exists() and stamp.exists() and stamp.read_text() == key:
-        return json.loads(result.read_text())  # resumable: the same run is not repeated
-    out = run(cfg, run_dir)
-    stamp.write_text(key)  # written last: a run cut short leaves no stamp and is redone
-    return out
-
-
-def measured_from_dir(root: Path) -> dict[tuple, dict[str, Any]]:
-    """Measured results keyed by (policy, k, rate) from our or vLLM's result.json files.
-
-    A vLLM benchmark_serving file names its policy through --metadata (policy=..., num_steps=...)
-    or, failing that, is read as multi_step with its num_scheduler_steps (single_step if absent).
-    Several files of one configuration are repeats of one measurement (the same workload and
-    seed): each metric is their mean, and ``repeats`` / ``spread`` (max - min over the mean, per
-    metric) say how much the measurement itself moved. Their KV caches may differ by a few
-    blocks (free memory varies between processes); ``cache_sizes`` lists them, and main()
-    accepts that only where the simulator predicts the same for every one of them.
-    """
-    runs: dict[tuple, list[dict[str, Any]]] = {}
-    for p in sorted(root.rglob("*.json")):
-        try:
-            res = json.loads(p.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue
-        if not isinstance(res, dict) or "request_throughput" not in res:
-            continue
-        row = row_of(res, p)
-        if "schedlab" not in res:
-            steps = res.get("num_steps", res.get("num_scheduler_steps"))
-            row["policy"] = res.get("policy") or ("multi_step" if steps else "single_step")
-            row["k"] = int(steps) if steps else None
-            row["num_prompts"] = res.get("num_prompts") or res.get("completed")
-            row["seed"] = res.get("seed", 0)  # benchmark_serving's default
-        if row["request_rate"] is None:
-            raise ValueError(f"{p}: no request_rate; cannot match it to a configuration")
-        if row["policy"] != "single_step" and row["k"] is None:
-            raise ValueError(f"{p}: policy {row['policy']} without a step count "
-                             "(num_steps or num_scheduler_steps)")
-        k = None if row["policy"] == "single_step" else int(row["k"])
-        runs.setdefault((row["policy"], k, float(row["request_rate"])), []).append(row)
-    return {key: _repeats(rows) for key, rows in runs.items()}
-
-
-def _repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """One configuration's measurement from its repeats: the metrics' means, and their spread
-    (NaN where fewer than two repeats have the metric)."""
-    first = rows[0]
-    for r in rows[1:]:
-        for field in ("num_prompts", "seed"):
-            a, b = _known(first.get(field)), _known(r.get(field))
-            if a != b:
-                raise ValueError(f"{r['run_dir']} and {first['run_dir']} measure the same "
-                                 f"configuration with different {field} ({b!r} and {a!r})")
-    sizes = {_known(r.get("num_blocks")) for r in rows}
-    out = {**first, "repeats": len(rows), "spread": {},
-           "cache_sizes": sorted(int(b) for b in sizes if b is not None)}
-    for m in METRICS:
-        vals = [r[m] for r in rows if _known(r.get(m)) is not None]
-        if vals:
-            mean = sum(vals) / len(vals)
-            out[m] = mean
-            out["spread"][m] = ((max(vals) - min(vals)) / mean if mean else 0.0) \
-                if len(vals) > 1 else math.nan
-    return out
-
-
-def _known(value: Any) -> Any:
-    """A recorded value as a comparable one: None where not recorded (None or NaN), numbers
-    (a vLLM file's metadata may hold "1") as floats."""
-    if value is None or value != value:
-        return None
     try:
-        return float(value)
-    except (TypeError, ValueError):
-        return value
+        if result.exists() and stamp.exists() and stamp.read_text() == key:
+            return json.loads(result.read_text())  # resumable: the same run is not repeated
+        # a stamp of an earlier configuration goes first: a run cut short after writing its
+        # result.json must not leave that result under the earlier configuration's stamp
+        stamp.unlink(missing_ok=True)
+        out = run(cfg, run_dir)
+        write_text_atomic(stamp, key)  # written last: a run cut short leaves no stamp
+    except OSError as err:
+        raise InputError(f"--runs: cannot write run directory {run_dir}: "
+                         f"{err.strerror or err}") from None
+    except ValueError as err:
+        raise InputError(f"{run_dir.name}: {one_line(err)}") from None
+    except TypeError as err:  # a setting of the wrong type (a word where a number goes)
+        raise InputError(f"{run_dir.name}: a setting has the wrong type: {one_line(err)}") from None
+    return out
 
 
 def relative_errors(pred: dict, meas: dict) -> list[dict[str, Any]]:
@@ -184,7 +177,7 @@ def time_scales(repeats: int, spread: float) -> list[float]:
 
 
 def predict(overrides: list[str], run_dir: Path, profiles: dict, cache_sizes: list[int],
-            scales: list[float]) -> dict[str, Any]:
+            scales: list[float], sources: dict[str, str] | None = None) -> dict[str, Any]:
     """The simulator's result for a measured configuration: the mean of runs at each of
     ``scales`` (every priced cost times the scale), run with the KV cache that was measured.
 
@@ -203,19 +196,126 @@ def predict(overrides: list[str], run_dir: Path, profiles: dict, cache_sizes: li
             sub = run_dir.with_name(name)
             # one run at scale 1 keeps a --override backend.time_scale
             scaled = [f"backend.time_scale={scale}"] if scales != [1.0] else []
-            runs.append(row_of(run_one(overrides + cache + scaled, sub, profiles),
+            runs.append(row_of(run_one(overrides + cache + scaled, sub, profiles, sources),
                                sub / "result.json"))
-        preds.append(_repeats(runs))
+        preds.append(average_repeats(runs))
     for p in preds[1:]:
-        if any(_known(p.get(m)) != _known(preds[0].get(m)) for m in METRICS):
-            raise SystemExit(f"error: --measured-dir: repeats of {run_dir.name} ran with KV "
-                             f"caches of {cache_sizes} blocks, and the simulator predicts "
-                             "different results for them; keep one cache size per configuration")
+        if any(known(p.get(m)) != known(preds[0].get(m)) for m in METRICS):
+            raise InputError(f"--measured-dir: repeats of {run_dir.name} ran with KV caches "
+                             f"of {cache_sizes} blocks, and the simulator predicts different "
+                             "results for them; keep one cache size per configuration")
     return preds[0]
 
 
-def main(argv: list[str] | None = None) -> pd.DataFrame:
-    ap = argparse.ArgumentParser(description=__doc__)
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (its usage block would bury the error)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def _at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
+        return value
+    return parse
+
+
+def _spread(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value < 0.5:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 0.5), got {text!r}")
+    return value
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        return [checked_rate(r.strip()) for r in text.split(",")]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"each rate {err}") from None
+
+
+def _policy_grid(text: str) -> list[tuple[str, int | None]]:
+    """policy:k items; k where (and only where) the policy takes a step count."""
+    grid = []
+    for item in text.split(","):
+        name, colon, k = item.strip().partition(":")
+        cls = POLICY_CLASSES.get(name)
+        if cls is None:
+            raise argparse.ArgumentTypeError(f"unknown policy {name!r}; choose from "
+                                             + ", ".join(sorted(POLICY_CLASSES)))
+        takes_k = "num_steps" in {f.name for f in fields(cls)}
+        if takes_k and not colon:
+            raise argparse.ArgumentTypeError(f"{name} needs a step count ({name}:K)")
+        if colon and not takes_k:
+            raise argparse.ArgumentTypeError(f"{name} takes no step count, got {item!r}")
+        try:
+            grid.append((name, _at_least(1)(k) if colon else None))
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentTypeError(f"{item!r}: the step count {err}") from None
+    return grid
+
+
+def load_profile(group: str, name_or_path: str) -> dict[str, Any]:
+    """A hardware or overhead profile (a name in conf/ or a YAML file), checked in full."""
+    from simulator.hardware import HardwareSpec
+    from simulator.overhead import OverheadSpec
+
+    try:
+        conf = load_conf(group, name_or_path)
+    except (ValueError, OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise InputError(f"--{group} {name_or_path}: {one_line(err)}") from None
+    if not isinstance(conf, dict):
+        raise InputError(f"--{group} {name_or_path}: not a YAML profile (a mapping of "
+                         f"{group} settings, as in conf/{group}/)")
+    try:
+        (HardwareSpec if group == "hardware" else OverheadSpec).from_dict(dict(conf))
+    except (ValueError, TypeError) as err:
+        raise InputError(f"--{group} {name_or_path}: {one_line(err)}") from None
+    return conf
+
+
+def writable_dir(flag: str, path: str) -> Path:
+    """``path`` as a directory this process can write in (made if missing)."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{flag} {out}: a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        raise InputError(f"{flag} {out}: cannot write there ({err.strerror or err})") from None
+    return out
+
+
+def check_device(device: str, flag: str) -> None:
+    """Refuse a CUDA device this host does not have (``flag``: the setting that chose it)."""
+    if not str(device).startswith("cuda"):
+        return
+    try:
+        import torch
+    except ImportError:
+        raise InputError("the real backend needs PyTorch (pip install -e '.[real]'); or "
+                         "compare against measured results with --measured-dir") from None
+    index = str(device).partition(":")[2]
+    if not torch.cuda.is_available():
+        raise InputError(f"{flag}: no CUDA GPU here; use --device cpu, or compare against "
+                         "measured results with --measured-dir")
+    if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+        raise InputError(f"{flag}: this host has {torch.cuda.device_count()} CUDA device(s)")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = _Parser(description=__doc__)
     ap.add_argument("--model", default="llama3_8b")
     ap.add_argument("--hardware", default="h200_calibrated",
                     help="simulator hardware profile: a name in conf/hardware or a YAML file")
@@ -223,82 +323,119 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                     help="simulator overhead profile: a name in conf/overhead or a YAML file")
     ap.add_argument("--device", default="cuda", help="real backend device")
     ap.add_argument("--workload", default="sharegpt")
-    ap.add_argument("--num-prompts", type=int, default=1000)
-    ap.add_argument("--seed", type=int, default=1, help="workload seed (calibration uses none)")
-    ap.add_argument("--rates", default="inf,20,40", help="comma-separated request rates")
-    ap.add_argument("--policies", default=None,
-                    help="comma-separated policy:k items (default: the full grid)")
+    ap.add_argument("--num-prompts", type=_at_least(1), default=1000)
+    ap.add_argument("--seed", type=_at_least(0), default=1,
+                    help="workload seed (calibration uses none)")
+    ap.add_argument("--rates", type=_rates, default="inf,20,40",
+                    help="comma-separated request rates (> 0, or inf)")
+    ap.add_argument("--policies", type=_policy_grid, default=POLICIES,
+                    help="comma-separated policy:k items, k for policies with a step count "
+                    "(default: the full grid)")
     ap.add_argument("--stream-per-step", type=lambda v: v.lower() in ("1", "true", "yes"),
                     default=True, help="simulate per-step streaming, as schedlab's engine does "
                     "(true); false for vLLM V0, whose multi-step windows stream in bursts")
-    ap.add_argument("--sim-repeats", type=int, default=9,
+    ap.add_argument("--sim-repeats", type=_at_least(1), default=9,
                     help="simulated runs per configuration, averaged (see --sim-spread); 1: one "
                     "run, at --override backend.time_scale if given")
-    ap.add_argument("--sim-spread", type=float, default=0.01,
+    ap.add_argument("--sim-spread", type=_spread, default=0.01,
                     help="the simulated runs' time scales span 1 +- this: each run is one draw "
                     "of the phase between arrivals and windows, which moves with the step time")
     ap.add_argument("--measured-dir", default=None,
                     help="take the measured side from result.json files here (ours or vLLM's)")
+    ap.add_argument("--skip-unreadable", action="store_true",
+                    help="with --measured-dir: skip (and name) files that cannot be read, "
+                    "rather than stop")
     ap.add_argument("--runs", default="validation_runs", help="where run directories go")
     ap.add_argument("--out", default="docs/validation", help="table and figure directory")
     ap.add_argument("--override", action="append", default=[],
                     help="extra Hydra override for both backends (repeatable)")
     ap.add_argument("--real-override", action="append", default=[],
                     help="extra Hydra override for the real backend only (repeatable)")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    """The CLI. A bad setting or input file is one line on stderr and exit code 2; Ctrl-C is one
+    line and 130 (every file is written whole or not at all, and finished runs are kept)."""
     try:
-        rates = [parse_rate(r) for r in args.rates.split(",")]
-        grid = POLICIES if not args.policies else [
-            (p.split(":")[0], int(p.split(":")[1]) if ":" in p else None)
-            for p in args.policies.split(",")]
-        if args.measured_dir and not Path(args.measured_dir).is_dir():
-            raise ValueError(f"--measured-dir {args.measured_dir} is not a directory")
-        measured = measured_from_dir(Path(args.measured_dir)) if args.measured_dir else None
-        scales = time_scales(args.sim_repeats, args.sim_spread)
-    except ValueError as err:
-        raise SystemExit(f"error: --rates/--policies/--measured-dir/--sim-*: {err}") from None
-    runs = Path(args.runs)
-    try:
-        profiles = {"hardware": load_conf("hardware", args.hardware),
-                    "overhead": load_conf("overhead", args.overhead)}
-    except ValueError as err:
-        raise SystemExit(f"error: {err}") from None
-    rows = []
-    for policy, k in grid:
-        for rate in rates:
+        return validate(parse_args(argv), argv if argv is not None else sys.argv[1:])
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print("interrupted: finished runs are kept and are not repeated by the next run",
+              file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def validate(args: argparse.Namespace, argv: list[str]) -> pd.DataFrame:
+    """Run (or read) the measured side and the simulated side of the grid; write the table."""
+    measured = None
+    if args.measured_dir:
+        if not Path(args.measured_dir).is_dir():
+            raise InputError(f"--measured-dir {args.measured_dir}: not a directory")
+        try:
+            measured = measured_from_dir(Path(args.measured_dir), args.skip_unreadable)
+        except ValueError as err:
+            raise InputError(f"--measured-dir: {err}") from None
+    scales = time_scales(args.sim_repeats, args.sim_spread)
+    profiles = {group: load_profile(group, getattr(args, group))
+                for group in ("hardware", "overhead")}
+    sources = {f"model={args.model}": "--model", f"workload={args.workload}": "--workload",
+               f"backend.device={args.device}": "--device",
+               **{o: "--real-override" for o in args.real_override},
+               **{o: "--override" for o in args.override}}
+    sim_side = ["backend=sim", f"backend.stream_per_step={str(args.stream_per_step).lower()}"]
+    real_side = ["backend=real", f"backend.device={args.device}"] + args.real_override
+    # every setting composes, and the real backend has its device, before anything runs
+    first = config_overrides(*args.policies[0], args.rates[0], args, args.num_prompts, args.seed)
+    compose_config(first + sim_side, sources)
+    if measured is None:
+        chosen = [o for o in real_side if o.startswith("backend.device=")][-1]
+        flag = f"--device {args.device}" if chosen == real_side[1] else f"--real-override {chosen}"
+        check_device(compose_config(first + real_side, sources)["backend"]["device"], flag)
+    runs, out = writable_dir("--runs", args.runs), writable_dir("--out", args.out)
+    rows, used = [], set()
+    for policy, k in args.policies:
+        for rate in args.rates:
             tag = f"{policy}_k{k or 1}_rate{rate:g}"
             if measured is None:
                 base = config_overrides(policy, k, rate, args, args.num_prompts, args.seed)
-                meas = _repeats([row_of(run_one(base + ["backend=real",
-                                                        f"backend.device={args.device}"]
-                                                + args.real_override, runs / "real" / tag),
+                meas = average_repeats([row_of(run_one(base + real_side, runs / "real" / tag,
+                                                sources=sources),
                                         runs / "real" / tag / "result.json")])
             else:
                 meas = measured.get((policy, k, rate))
                 if meas is None:
                     print(f"no measured result for {policy} k={k} rate={rate:g}; skipped")
                     continue
+                used.add((policy, k, rate))
                 # simulate the workload that was measured
-                n = meas.get("num_prompts")
-                seed = meas.get("seed")
+                n, seed = meas.get("num_prompts"), meas.get("seed")
                 base = config_overrides(policy, k, rate, args,
-                                        int(n) if n == n and n is not None else args.num_prompts,
-                                        int(seed) if seed == seed and seed is not None else 0)
-            stream = [f"backend.stream_per_step={str(args.stream_per_step).lower()}"]
-            pred = predict(base + ["backend=sim"] + stream, runs / "sim" / tag, profiles,
-                           meas["cache_sizes"], scales)
+                                        args.num_prompts if n is None else n,
+                                        0 if seed is None else seed)
+            pred = predict(base + sim_side, runs / "sim" / tag, profiles, meas["cache_sizes"],
+                           scales, sources)
             for r in relative_errors(pred, meas):
                 rows.append({"policy": policy, "k": k, "request_rate": rate, **r})
+    for (policy, k, rate), meas in sorted((measured or {}).items(), key=str):
+        if (policy, k, rate) not in used:
+            print(f"note: --measured-dir: {', '.join(meas['files'])} ({policy} k={k} "
+                  f"rate={rate:g}) not in the grid of --policies and --rates; not used",
+                  file=sys.stderr)
     if not rows:
-        raise SystemExit("error: no configuration had both a simulated and a measured result")
+        raise InputError("no configuration had both a simulated and a measured result")
     df = pd.DataFrame(rows)
-    out = Path(args.out)
-    command = "python -m experiments.validate " + " ".join(argv if argv is not None else
-                                                           __import__("sys").argv[1:])
-    write_table(df, out, command)
+    command = "python -m experiments.validate " + " ".join(argv)
     from experiments.plot import plot_validation
 
-    plot_validation(df, out, title=f"Simulator vs measurement: {args.model}, {args.hardware}")
+    try:
+        write_table(df, out, command)
+        plot_validation(df, out, title=f"Simulator vs measurement: {args.model}, {args.hardware}")
+    except OSError as err:
+        raise InputError(f"--out {out}: cannot write {err.filename or 'the table'}: "
+                         f"{err.strerror or err}") from None
     print(markdown(df, command))
     return df
 
