@@ -57,17 +57,18 @@ def check_run_fits(num_requests: int, prompt_tokens: int | None, output_tokens: 
     available = available_memory()
     if available is None:
         return
-    at_least = "at least " if prompt_tokens is None or output_tokens is None else ""
+    at_least = prompt_tokens is None or output_tokens is None
     need = run_bytes(num_requests, num_requests if prompt_tokens is None else prompt_tokens,
                      num_requests if output_tokens is None else output_tokens,
                      with_token_ids=with_token_ids)
     if need > available:
         tokens = "" if at_least else f" and {output_tokens} output tokens"
         ids = " with prompt token ids" if with_token_ids else ""
+        size = f"{'at least' if at_least else 'about'} {need / GIB:.1f} GiB{ids}"
         raise ValueError(
-            f"workload.num_prompts: {num_requests} requests{tokens} would take {at_least}about "
-            f"{need / GIB:.1f} GiB{ids}, more than the {available / GIB:.1f} GiB of memory "
-            f"available; lower workload.num_prompts")
+            f"workload.num_prompts: {num_requests} requests{tokens} would take {size}, more "
+            f"than the {available / GIB:.1f} GiB of memory available; lower "
+            f"workload.num_prompts")
 
 
 def max_trace_rows() -> int | None:
