@@ -166,23 +166,18 @@ def _check_config(spec: ModelSpec, path: Path) -> None:
         raise ValueError(f"backend.weights {path} has no config.json")
     cfg_file = _inside(path, "config.json")
     cfg = _read_json(cfg_file)
-    theta, scaling = _rope(cfg)
-    checks = [(hf_key, cfg[hf_key], field) for hf_key, field in _HF_CONFIG.items()
-              if hf_key in cfg]
+    theirs = {hf: cfg[hf] for hf in _HF_CONFIG if hf in cfg}
     if cfg.get("head_dim") is not None:  # null: hidden_size // num_attention_heads
-        checks.append(("head_dim", cfg["head_dim"], "head_dim"))
-    checks += [("rope_theta", theta, "rope_theta"), ("rope_scaling", scaling, "rope_scaling"),
-               ("rms_norm_eps", cfg.get("rms_norm_eps", _HF_DEFAULTS["rms_norm_eps"]),
-                "rms_norm_eps"),
-               ("tie_word_embeddings",
-                cfg.get("tie_word_embeddings", _HF_DEFAULTS["tie_word_embeddings"]),
-                "tie_word_embeddings")]
-    for hf_key, theirs, field in checks:
+        theirs["head_dim"] = cfg["head_dim"]
+    theirs.update({key: cfg.get(key, default) for key, default in _HF_DEFAULTS.items()})
+    theirs["rope_theta"], theirs["rope_scaling"] = _rope(cfg)
+    for hf_key, value in theirs.items():
+        field = _HF_CONFIG.get(hf_key, hf_key)
         ours = getattr(spec, field)
         if field == "rope_scaling":
             ours = _normal_rope_scaling(ours)
-        if not _same(theirs, ours):
-            raise ValueError(f"backend.weights: {cfg_file} has {hf_key} {theirs} "
+        if not _same(value, ours):
+            raise ValueError(f"backend.weights: {cfg_file} has {hf_key} {value} "
                              f"but model {spec.name} has {field} {ours}")
     if cfg.get("hidden_act", "silu") != "silu":
         raise ValueError(f"backend.weights: {cfg_file} has hidden_act {cfg['hidden_act']} "
