@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,33 +58,61 @@ def collect(root: str | os.PathLike) -> pd.DataFrame:
     rows = []
     for p in paths:
         try:
-            res = json.loads(p.read_text())
+            res = json.loads(p.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
             raise ValueError(f"{p}: not valid JSON ({err.msg} at line {err.lineno})") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"{p}: not a text file") from None
+        except OSError as err:
+            raise ValueError(f"{p}: cannot be read ({err.strerror})") from None
         if not isinstance(res, dict) or "request_throughput" not in res:
             raise ValueError(f"{p}: not a benchmark result (no request_throughput)")
-        rows.append(row_of(res, p))
+        try:
+            rows.append(row_of(res, p))
+        except (ValueError, TypeError, AttributeError) as err:  # e.g. request_rate "fast"
+            raise ValueError(f"{p}: not a benchmark result ({err})") from None
     return pd.DataFrame(rows)
 
 
-def write_table(df: pd.DataFrame, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        if path.suffix == ".parquet":
-            df.to_parquet(tmp, index=False)
-        else:
-            df.to_csv(tmp, index=False)
+TABLES = ("aggregate.csv", "aggregate.parquet")
+
+
+def remove_tables(root: Path) -> None:
+    for name in TABLES:
+        (root / name).unlink(missing_ok=True)
+
+
+def write_tables(df: pd.DataFrame, root: Path) -> None:
+    """ROOT/aggregate.csv and ROOT/aggregate.parquet as a pair: both are rendered to temporary
+    files and renamed together; if anything fails neither is left, so they never disagree."""
+    try:
+        with atomic_path(root / TABLES[0]) as csv, atomic_path(root / TABLES[1]) as parquet:
+            df.to_csv(csv, index=False)
+            df.to_parquet(parquet, index=False)
+    except BaseException:
+        with contextlib.suppress(OSError):  # the write's own error is the one to report
+            remove_tables(root)
+        raise
 
 
 def aggregate(root: str | os.PathLike) -> pd.DataFrame:
-    """Write ROOT/aggregate.csv and ROOT/aggregate.parquet from every result.json below ROOT."""
+    """Write ROOT/aggregate.csv and ROOT/aggregate.parquet from every result.json below ROOT.
+    If a result cannot be read, the error names it and the old tables are removed: a table
+    that no longer matches the results below it is never left in place."""
     root = Path(root)
-    df = collect(root)
-    if df.empty:
-        raise ValueError(f"no result.json below {root}")
+    if not root.is_dir():
+        raise ValueError(f"{root} is not a directory")
+    try:
+        df = collect(root)
+        if df.empty:
+            raise ValueError(f"no result.json below {root}")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            remove_tables(root)
+        raise
     sort = [c for c in ("backend", "model", "hardware", "policy", "request_rate", "k") if c in df]
     df = df.sort_values(sort, kind="stable", na_position="last").reset_index(drop=True)
-    write_table(df, root / "aggregate.csv")
-    write_table(df, root / "aggregate.parquet")
+    write_tables(df, root)
     return df
 
 
@@ -91,7 +121,13 @@ class AggregateCallback(Callback):
 
     def on_multirun_end(self, config, **kwargs) -> None:
         root = Path(config.hydra.sweep.dir)
-        df = aggregate(root)
+        try:
+            df = aggregate(root)
+        except (ValueError, OSError) as err:
+            # Hydra turns a callback's exception into a warning and exits 0; the sweep's
+            # table is its result, so failing to write it fails the command.
+            print(f"error: aggregating the sweep: {err}", file=sys.stderr)
+            sys.exit(2)
         print(f"aggregated {len(df)} runs -> {root / 'aggregate.csv'} (and .parquet)")
 
 
@@ -101,8 +137,9 @@ def main() -> None:
     args = ap.parse_args()
     try:
         df = aggregate(args.root)
-    except ValueError as err:
-        raise SystemExit(f"error: {err}") from None
+    except (ValueError, OSError) as err:  # an unreadable result, an unwritable directory
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     print(f"aggregated {len(df)} runs -> {Path(args.root) / 'aggregate.csv'}")
 
 

@@ -12,18 +12,29 @@ from pathlib import Path
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary path beside ``path`` (same directory, so the rename is atomic) that replaces
-    ``path`` when the block finishes, and is removed if the block raises."""
+    ``path`` when the block finishes, and is removed if the block raises. An OS error that names
+    no file (a full disk says only "[Errno 28] No space left on device") is raised naming
+    ``path``."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # as open() would create it (mkstemp makes it private)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as open() would create it (mkstemp makes it private)
         yield Path(tmp)
         os.replace(tmp, path)
+    except OSError as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        # The temporary name means nothing to a reader; mkstemp's own failures leave tmp unset.
+        if err.errno is not None and (tmp is None or err.filename in (None, tmp)):
+            raise OSError(err.errno, err.strerror, str(path)) from err
+        raise
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 

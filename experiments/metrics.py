@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import enum
@@ -222,12 +223,26 @@ def _steps_csv(steps: Any) -> str:
     return _csv_text(header, [[_cell(row.get(k)) for k in header] for row in rows])
 
 
+# A run's result files, result.json first: it is removed first and written last, so its presence
+# means every other file beside it comes from the same run (resumable sweeps skip on it).
+RESULT_FILES = ("result.json", "requests.csv", "steps.csv")
+
+
+def clear_results(run_dir: str | os.PathLike[str]) -> None:
+    """Remove a previous run's result files from run_dir (result.json first)."""
+    run_dir = Path(run_dir)
+    for name in RESULT_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    _fsync_dir(run_dir)
+
+
 def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
                   requests: Sequence[Request], extra: Mapping[str, Any], *,
                   steps: Any = None) -> Path:
     """Write run_dir/result.json (summary + {"schedlab": extra}), requests.csv and, given
-    per-step records, steps.csv; each file atomically. result.json goes last, so its presence
-    means the run's files are complete (resumable sweeps skip on it). Returns its path."""
+    per-step records, steps.csv, as one unit: a previous run's files are removed first, each
+    file is written atomically, result.json last, and if any write fails (or is interrupted)
+    none of them is left. Returns result.json's path."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     # Everything is rendered before anything is written: a bad value leaves no new file.
@@ -236,8 +251,14 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     if steps is not None:
         texts.append(("steps.csv", _steps_csv(steps)))
     texts.append(("result.json", result))
-    for name, text in texts:
-        write_text_atomic(run_dir / name, text)
+    clear_results(run_dir)
+    try:
+        for name, text in texts:
+            write_text_atomic(run_dir / name, text)
+    except BaseException:
+        with contextlib.suppress(OSError):  # the write's own error is the one to report
+            clear_results(run_dir)
+        raise
     _fsync_dir(run_dir)
     return run_dir / "result.json"
 

@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 import re
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -207,6 +208,9 @@ def main() -> None:
         made = plot_table(args.table, args.out)
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
+    except OSError as err:  # --out (or the table's directory) is a file or not writable
+        print(f"error: cannot write figures: {err}", file=sys.stderr)
+        sys.exit(2)
     for p in made:
         print(p)
 

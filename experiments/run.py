@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,13 +14,24 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.run_dir import CONTROL_KEYS, STAMP_KEY, config_stamp, finished
 from policies import ModelSpec, SchedulerConfig, make_policy, make_scheduler
+from policies.base import check_settings
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
 def plain(section: Any) -> dict[str, Any]:
     return OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else dict(section)
+
+
+def known_settings() -> tuple[list[str], list[str]]:
+    """The top-level keys a run reads (conf/config.yaml's own keys, its config groups and the
+    control keys), and the sim backend's settings (conf/backend/sim.yaml's keys)."""
+    top = OmegaConf.load(Path(CONF_DIR) / "config.yaml")
+    groups = [next(iter(d)) for d in top.get("defaults", []) if isinstance(d, Mapping)]
+    keys = [k for k in top if k not in ("defaults", "hydra")] + groups + list(CONTROL_KEYS)
+    return keys, list(OmegaConf.load(Path(CONF_DIR) / "backend" / "sim.yaml"))
 
 
 def outcome_stats(outcome: Any) -> dict[str, Any]:
@@ -39,7 +52,11 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
     from experiments.workload import build_workload, to_request
 
     run_dir = Path(run_dir)
+    top_keys, sim_keys = known_settings()
+    check_settings("the config's top level", cfg, top_keys)  # +gpu_memory_utilisation=0.5
     backend = plain(cfg["backend"])
+    if backend.get("name") == "sim":  # the real backend's settings are checked by run_real
+        check_settings("backend", backend, sim_keys)
     model = ModelSpec.from_dict(plain(cfg["model"]))
     policy_cfg = plain(cfg["policy"])
     policy_name = policy_cfg.pop("name")
@@ -91,6 +108,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
         "workload": plain(cfg["workload"]),
         "wall_seconds": wall,
         **outcome_stats(outcome),
+        STAMP_KEY: config_stamp(cfg),
     }
     if backend["name"] == "sim":
         extra["time_scale"] = time_scale
@@ -99,19 +117,51 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
     if backend.get("save_token_ids"):
         summary["output_token_ids"] = [list(r.output_token_ids) for r in requests]
     write_results(run_dir, summary, requests, extra, steps=getattr(outcome, "steps", None))
-    print(format_summary(summary, extra))
+    print(format_summary(summary, {k: v for k, v in extra.items() if k != STAMP_KEY}))
     return {**summary, "schedlab": extra}
 
 
+# Set by main() to its own pid; a process whose parent has that pid is a worker the sweep
+# started (the joblib launcher's), which must not outlive it.
+SWEEP_PID_ENV = "SCHEDLAB_SWEEP_PID"
+_watching = False
+
+
+def _stop_with_sweep() -> None:
+    """In a sweep's worker process, watch the sweep process: once it is gone (killed), the run
+    is interrupted as by Ctrl-C (its files cleared), and the worker exits soon after, instead
+    of running the sweep's remaining jobs for no one."""
+    global _watching
+    sweep_pid = os.environ.get(SWEEP_PID_ENV, "")
+    if _watching or not sweep_pid.isdigit() or int(sweep_pid) != os.getppid():
+        return
+
+    def watch() -> None:
+        while os.getppid() == int(sweep_pid):
+            time.sleep(0.5)
+        _thread.interrupt_main()
+        time.sleep(5)  # the interrupted run clears its files; then go, whatever the pool does
+        os._exit(1)
+
+    threading.Thread(target=watch, name="sweep-watch", daemon=True).start()
+    _watching = True
+
+
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
-def main(cfg: DictConfig) -> None:
+def _app(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
+    from experiments.metrics import clear_results
+
+    _stop_with_sweep()
     run_dir = HydraConfig.get().runtime.output_dir
-    if cfg.get("skip_existing", False) and (Path(run_dir) / "result.json").exists():
-        print(f"skipping {run_dir}: result.json exists")
+    if cfg.get("skip_existing", False) and finished(run_dir, config_stamp(cfg)):
+        print(f"skipping {run_dir}: result.json of this configuration exists")
         return
     try:
+        # Hydra has written this run's .hydra files already; a previous run's results go now,
+        # so a failure or a kill below never leaves them beside this run's config.
+        clear_results(run_dir)
         run(cfg, run_dir)
     except (ValueError, OSError) as err:  # bad settings or input: one line, no traceback
         print(f"error: {err}", file=sys.stderr)
@@ -119,6 +169,21 @@ def main(cfg: DictConfig) -> None:
     except TypeError as err:  # a setting of the wrong type (e.g. a word where a number goes)
         print(f"error: a setting has the wrong type: {err}", file=sys.stderr)
         sys.exit(2)
+
+
+def main() -> None:
+    """``python -m experiments.run`` / ``schedlab-run``: the Hydra app; Ctrl-C is one line."""
+    os.environ[SWEEP_PID_ENV] = str(os.getpid())  # inherited by a sweep's worker processes
+    # Ctrl-C stops a joblib sweep's pool with its semaphores still registered; multiprocessing's
+    # resource tracker then frees them itself, and its warning about them is noise.
+    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), quiet]))
+    try:
+        _app()
+    except KeyboardInterrupt:
+        # The run's result files are written as one unit, so none of them is left.
+        print("interrupted: no result written", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":
