@@ -103,8 +103,8 @@ def run_one(overrides: list[str], run_dir: Path,
         stamp.unlink(missing_ok=True)
         out = run(cfg, run_dir)
         write_text_atomic(stamp, key)  # written last: a run cut short leaves no stamp
-    except OSError as err:
-        raise InputError(f"--runs: cannot write run directory {run_dir}: "
+    except OSError as err:  # a file it reads or writes (a full disk's error names none)
+        raise InputError(f"{run_dir.name}: {err.filename or run_dir}: "
                          f"{err.strerror or err}") from None
     except ValueError as err:
         raise InputError(f"{run_dir.name}: {one_line(err)}") from None
@@ -401,9 +401,10 @@ def validate(args: argparse.Namespace, argv: list[str]) -> pd.DataFrame:
             tag = f"{policy}_k{k or 1}_rate{rate:g}"
             if measured is None:
                 base = config_overrides(policy, k, rate, args, args.num_prompts, args.seed)
-                meas = average_repeats([row_of(run_one(base + real_side, runs / "real" / tag,
-                                                sources=sources),
-                                        runs / "real" / tag / "result.json")])
+                real_dir = runs / "real" / tag
+                meas = average_repeats([row_of(run_one(base + real_side, real_dir,
+                                                       sources=sources),
+                                               real_dir / "result.json")])
             else:
                 meas = measured.get((policy, k, rate))
                 if meas is None:
