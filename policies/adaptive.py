@@ -27,6 +27,11 @@ The rule, and why:
    after the start and the cap vanishes; under online load, windows shorten as load rises
    until the backlog itself (rule 3) takes over.
 
+5. With ``overlap``, the scheduler invocation runs while the previous window is on the GPU, so
+   a window costs max(overhead_steps, k) steps instead of overhead_steps + k: k only has to
+   grow until the window outlasts the CPU's work (k = 1 once that is under one step).
+   Remaining tokens then leave out those the window in flight will produce.
+
 Remaining tokens are an upper bound when requests stop on EOS; the rule then errs toward
 longer windows, whose cost is wasted slots, not wrong tokens.
 """
@@ -49,7 +54,7 @@ class Adaptive(KStepPolicy):
     backlog_min_steps: int = 8
 
     def __post_init__(self) -> None:
-        check_steps("num_steps", self.num_steps)
+        super().__post_init__()
         check_steps("min_steps", self.min_steps)
         check_steps("backlog_min_steps", self.backlog_min_steps)
         check_number("policy.overhead_steps", self.overhead_steps, minimum=0)
@@ -64,7 +69,7 @@ class Adaptive(KStepPolicy):
         n = 0
         shortest = k_max
         for req in sched.running:
-            rem = req.max_tokens - req.num_output_tokens
+            rem = req.max_tokens - req.num_output_tokens - req.num_output_placeholders
             if rem < 1:
                 continue
             n += 1
@@ -77,7 +82,8 @@ class Adaptive(KStepPolicy):
         for k in range(1, k_max + 1):
             useful += alive  # requests still owing tokens at step k
             alive -= count[k]
-            rate = useful / (self.overhead_steps + k)
+            cost = max(self.overhead_steps, k) if self.overlap else self.overhead_steps + k
+            rate = useful / cost
             if rate > best * (1 + 1e-9):
                 best_k, best = k, rate
         floor = min(self.min_steps, k_max)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -25,11 +25,19 @@ class Policy:
     ``mixed_batches``: decodes and prefills share a batch (the chunked-prefill family); else a
     batch is prefill-only (one step) or decode-only (a window of ``num_steps`` steps).
     ``chunk_prefills``: a prompt may be split over several batches.
+    ``overlap``: overlap scheduling (vLLM V1's async scheduling, SGLang's overlap scheduler):
+    the next window is formed while the last one is still on the GPU, so the CPU's work hides
+    behind the GPU's (the contract is on ``Scheduler.schedule``).
     """
 
     name: ClassVar[str] = ""
     mixed_batches: ClassVar[bool] = False
     chunk_prefills: ClassVar[bool] = False
+    # keyword-only: a policy's own settings keep their positions
+    overlap: bool = field(default=False, kw_only=True)
+
+    def __post_init__(self) -> None:
+        check_bool("policy.overlap", self.overlap)
 
     @property
     def max_steps(self) -> int:
@@ -55,6 +63,7 @@ class KStepPolicy(Policy):
     num_steps: int = 8
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_steps("num_steps", self.num_steps)
 
     @property
@@ -89,6 +98,13 @@ def check_number(setting: str, value: Any, *, minimum: float | None = None,
         raise ValueError(f"{setting} must be > 0, got {value!r}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{setting} must be >= {minimum}, got {value!r}")
+    return value
+
+
+def check_bool(setting: str, value: Any) -> bool:
+    """``value`` if it is true or false (1, "yes" and None are refused)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{setting} must be true or false, got {value!r}")
     return value
 
 

@@ -23,6 +23,9 @@ class ScheduledSeq:
     num_cached_tokens: int
     num_steps: int
     is_prefill: bool
+    # Overlap scheduling: the tokens this window is expected to sample for the request (its
+    # steps, capped by max_tokens), counted as placeholders until update(); 0 without overlap.
+    num_placeholders: int = 0
 
     @property
     def samples(self) -> bool:

@@ -37,6 +37,9 @@ class Request:
     finish_time: float | None = None
     block_table: list[int] = field(default_factory=list)
     num_preemptions: int = 0
+    # Overlap scheduling: output tokens that windows still in flight will sample for it (vLLM
+    # V1's output placeholders); the scheduler counts them as generated until update() knows.
+    num_output_placeholders: int = 0
 
     def __post_init__(self) -> None:
         if self.prompt_token_ids is not None:

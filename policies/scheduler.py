@@ -46,10 +46,16 @@ class SchedulerStats:
     num_steps: int = 0  # GPU steps over all windows
     num_preemptions: int = 0
     num_wasted_steps: int = 0  # decode slots run after a request had all its tokens
+    num_late_stop_steps: int = 0  # overlap: of those, slots of windows formed before a stop was known
 
 
 class Scheduler:
-    """Forms windows for one engine; knows nothing about clocks, devices or simpy."""
+    """Forms windows for one engine; knows nothing about clocks, devices or simpy.
+
+    The loop of a backend: ``batch = schedule(now)``, run it, ``update(batch, ...)``. With
+    ``policy.overlap`` one more ``schedule()`` may come between a window's launch and its
+    ``update()`` (see ``schedule``).
+    """
 
     def __init__(self, policy: Policy, config: SchedulerConfig, num_blocks: int,
                  max_model_len: int) -> None:
@@ -61,6 +67,11 @@ class Scheduler:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.watermark)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the tail is preempted first
+        self.overlap = policy.overlap
+        # Overlap: requests whose last token a window in flight samples; they take no further
+        # part, and their blocks stay theirs until that window's update().
+        self.finishing: list[Request] = []
+        self._in_flight: deque[Batch] = deque()  # overlap: formed and not yet updated, in order
         self.stats = SchedulerStats()
         self._window_id = 0
         # What the engine's clock has shown the scheduler (the times passed to it): recent
@@ -95,7 +106,7 @@ class Scheduler:
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self.waiting) or bool(self.running)
+        return bool(self.waiting) or bool(self.running) or bool(self.finishing)
 
     @property
     def num_waiting(self) -> int:
@@ -107,7 +118,21 @@ class Scheduler:
 
     # ------------------------------------------------------------------ schedule
     def schedule(self, now: float) -> Batch | None:
-        """Form the next window, or None when nothing can run."""
+        """Form the next window, or None when nothing can run.
+
+        Without overlap, every window is update()d before the next schedule(). With
+        ``policy.overlap``, schedule() may also be called once while the last window is still in
+        flight (launched, not yet update()d), and the window it forms assumes that one's
+        outcome: each of its requests continues with its KV computed and its samples counted
+        as placeholders (the backend finds the newest one on the device, not the host); one
+        whose ``max_tokens``-th token is among them is known done and left out; one that
+        stops on EOS is learnt of one window late, and update() counts the slots it wastes in
+        the window after. At most two windows are in flight, and update() takes them in the
+        order they were formed. If that schedule() formed nothing, call update() before asking
+        again: a request preempted while in flight is not re-admitted before its tokens are in.
+        """
+        if len(self._in_flight) > 1:
+            raise RuntimeError("schedule(): two windows are in flight; update() the older first")
         self._observe(now)
         preempted: list[Request] = []
         if self.policy.mixed_batches:
@@ -120,7 +145,11 @@ class Scheduler:
         if not seqs:
             self._last_window = None  # the engine idles: the next gap is not a step time
             return None
-        self._last_window = (now, k, any(s.is_prefill for s in seqs))
+        if not self.overlap:
+            self._last_window = (now, k, any(s.is_prefill for s in seqs))
+        else:  # the time to the next schedule() is the GPU time of the window now in flight
+            older = self._in_flight[0] if self._in_flight else None
+            self._last_window = (now, older.num_steps, older.has_prefill) if older else None
         for s in seqs:
             if s.request.first_scheduled_time is None:
                 s.request.first_scheduled_time = now
@@ -129,7 +158,30 @@ class Scheduler:
         st.num_invocations += 1
         st.num_windows += 1
         st.num_steps += k
-        return Batch(seqs, k, self._window_id, preempted)
+        batch = Batch(seqs, k, self._window_id, preempted)
+        if self.overlap:
+            self._hold_placeholders(batch)
+            self._in_flight.append(batch)
+        return batch
+
+    def _hold_placeholders(self, batch: Batch) -> None:
+        """Overlap: move each request past ``batch`` as if it ran to its end without stopping:
+        its KV is computed, its samples are placeholders, and a request that samples its last
+        token in it leaves ``running`` for ``finishing``."""
+        done = False
+        for s in batch.seqs:
+            req = s.request
+            end = s.num_cached_tokens + s.num_query_tokens
+            req.num_computed_tokens = end + s.num_steps - 1
+            if end >= req.seq_len + req.num_output_placeholders:  # it samples
+                owed = req.max_tokens - req.num_output_tokens - req.num_output_placeholders
+                s.num_placeholders = min(s.num_steps, owed)
+                req.num_output_placeholders += s.num_placeholders
+                done = done or s.num_placeholders == owed
+        if done:
+            running = self.running
+            self.running = [r for r in running if not _known_done(r)]
+            self.finishing += [r for r in running if _known_done(r)]
 
     def _observe(self, now: float) -> None:
         self.now = now
@@ -177,8 +229,9 @@ class Scheduler:
         for req in self.running:  # prefills started in an earlier window continue first
             if budget <= 0:
                 break
-            if req.num_output_tokens > 0 and req.num_computed_tokens >= req.seq_len - 1:
-                continue
+            outputs = req.num_output_tokens + req.num_output_placeholders
+            if outputs > 0 and req.num_computed_tokens >= req.prompt_len + outputs - 1:
+                continue  # decoding
             chunk = min(req.seq_len - req.num_computed_tokens, budget)
             prefills.append(ScheduledSeq(req, chunk, req.num_computed_tokens, 1, True))
             budget -= chunk
@@ -206,6 +259,8 @@ class Scheduler:
         max_seqs = self.config.max_num_seqs
         while waiting and budget > 0 and len(running) < max_seqs:
             req = waiting[0]
+            if req.num_output_placeholders:
+                break  # preempted while in flight: its tokens are not all known yet
             num_new = req.seq_len  # a preempted request recomputes its outputs too
             if chunk:
                 q = min(num_new, budget)
@@ -237,7 +292,8 @@ class Scheduler:
             req = running[i]
             i += 1
             cached = req.num_computed_tokens
-            if req.num_output_tokens == 0 or cached < req.prompt_len + req.num_output_tokens - 1:
+            outputs = req.num_output_tokens + req.num_output_placeholders
+            if outputs == 0 or cached < req.prompt_len + outputs - 1:
                 continue  # still prefilling
             # fast path: the block table already covers the window (the common case)
             if (cached + k + bs - 1) // bs > len(req.block_table):
@@ -268,6 +324,8 @@ class Scheduler:
         """Take each step's sampled tokens and delivery times; finish requests and free blocks."""
         if len(step_times) != batch.num_steps:
             raise ValueError(f"update: {len(step_times)} step times for a {batch.num_steps}-step window")
+        if self.overlap:
+            return self._settle_placeholders(batch, step_times, sampled)
         finished: list[Request] = []
         wasted = 0
         times = [step_times[:u] for u in range(batch.num_steps + 1)]  # shared prefixes
@@ -303,3 +361,57 @@ class Scheduler:
         batch.num_wasted_steps = wasted
         self.stats.num_wasted_steps += wasted
         return finished
+
+    def _settle_placeholders(self, batch: Batch, step_times: Sequence[float],
+                             sampled: Sequence[Sequence[int]] | None) -> list[Request]:
+        """update() with overlap: the window's placeholders become tokens, up to a stop."""
+        if not self._in_flight or batch is not self._in_flight[0]:
+            raise ValueError(f"update: window {batch.window_id} is not the oldest one in flight")
+        self._in_flight.popleft()
+        finished: list[Request] = []
+        wasted = late = 0
+        times = [step_times[:u] for u in range(batch.num_steps + 1)]
+        for i, s in enumerate(batch.seqs):
+            useful = s.num_placeholders
+            if useful == 0:
+                continue  # a prefill chunk that samples nothing
+            req = s.request
+            n = s.num_steps
+            if req.state is RequestState.FINISHED:  # stopped in the window before this one
+                wasted += n
+                late += n
+                continue
+            req.num_output_placeholders -= useful
+            done = req.num_output_tokens + useful == req.max_tokens
+            if sampled is not None:
+                tokens = sampled[i]
+                if len(tokens) < n:
+                    raise ValueError(f"update: request {req.request_id} got {len(tokens)} "
+                                     f"tokens for {n} steps")
+                if req.eos_token_id is not None and req.eos_token_id in tokens[:useful]:
+                    useful = list(tokens[:useful]).index(req.eos_token_id) + 1
+                    done = True
+                req.output_token_ids.extend(tokens[:useful])
+            req.token_times.extend(times[useful])
+            req.num_output_tokens += useful
+            wasted += n - useful
+            if done:
+                req.state = RequestState.FINISHED
+                req.finish_time = step_times[useful - 1]
+                req.num_output_placeholders = 0  # a window formed since counted it on: wasted
+                self.block_manager.free(req)  # none left if it was preempted while in flight
+                finished.append(req)
+        if finished:
+            self.running = [r for r in self.running if r.state is _RUNNING]
+            self.finishing = [r for r in self.finishing if r.state is _RUNNING]
+            if any(r.state is RequestState.FINISHED for r in self.waiting):
+                self.waiting = deque(r for r in self.waiting if r.state is not RequestState.FINISHED)
+        batch.num_wasted_steps = wasted
+        self.stats.num_wasted_steps += wasted
+        self.stats.num_late_stop_steps += late
+        return finished
+
+
+def _known_done(req: Request) -> bool:
+    """Overlap: the request's last token is among its placeholders."""
+    return req.num_output_tokens + req.num_output_placeholders >= req.max_tokens
