@@ -21,7 +21,14 @@ Timeline of one window (every decision is the scheduler's; this module only keep
    together when its last output processing finishes, as vLLM V0 multi-step streams in
    bursts; ``stream_per_step=True`` delivers each step's tokens once they are processed.
 
-6. ``time_scale`` multiplies every priced cost: each step's GPU time (through the clock
+6. With overlap scheduling (``policy.overlap``; pp = 1) the engine thread schedules and
+   launches window n+1 while window n is on the GPU: window n+1 starts on the GPU when both
+   its launch and window n are done, so the GPU waits only when the CPU's work is longer.
+   Then the thread processes window n's outputs, each step's once the step is done (they
+   overlap window n+1's GPU time), and calls ``update()`` for window n before it schedules
+   window n+2. ``async_output_processing`` and ``defer_last_output`` do not apply.
+
+7. ``time_scale`` multiplies every priced cost: each step's GPU time (through the clock
    model) and every CPU cost (``scale_overhead``). A request's TTFT depends on where its
    arrival falls in the window cycle, and that phase, summed over hundreds of windows, moves
    with the step time: a 0.5% faster GPU replays the same trace as a different draw of median
@@ -86,6 +93,7 @@ class _Window:
     out_cost: list[float]  # per step, engine-thread output processing
     delivered: list[int]  # per step, tokens the client receives
     first: StepShape  # step 1's shape
+    t_start: float  # when it was scheduled
     gpu_done: list[float] = field(default_factory=list)
     out_done: list[float] = field(default_factory=list)
 
@@ -141,6 +149,9 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
         overhead = scale_overhead(overhead, time_scale)
     pp = hw.pp
     schedulers = [make_scheduler(num_blocks) for _ in range(pp)]
+    overlap = schedulers[0].overlap
+    if overlap and pp > 1:
+        raise ValueError(f"policy.overlap with hardware.pp = {pp} is not modelled (pp = 1 only)")
     order = sorted(requests, key=lambda r: r.arrival_time)
     env = simpy.Environment()
     wall = time.perf_counter()
@@ -151,7 +162,7 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
                    time_scale)
         env.process(_arrivals(sim, order))
         for v in range(pp):
-            env.process(_engine(sim, v))
+            env.process(_engine_overlap(sim, v) if overlap else _engine(sim, v))
         env.run()
     _apply_delivery_times(requests, sim.delivery)
     wall = time.perf_counter() - wall
@@ -197,11 +208,44 @@ def _engine(sim: _Sim, v: int) -> Generator:
         yield env.timeout(win.schedule_cost)
         yield from _run_steps(sim, win)
         _close_window(sim, sched, win)
-        sim.steps.append(_window_row(win, t_start, v))
+        sim.steps.append(_window_row(win, v))
         if asynchronous and sim.overhead.defer_last_output:
             pending = win
         else:  # blocking: every step's outputs now; async, not deferred: the last step's
             _claim_output_processing(sim, win, win.batch.num_steps - 1 if asynchronous else 0)
+
+
+def _engine_overlap(sim: _Sim, v: int) -> Generator:
+    """Virtual engine ``v``'s loop with overlap scheduling: schedule and launch window n+1, then
+    process window n's outputs and update() it while window n+1 runs."""
+    env, sched = sim.env, sim.schedulers[v]
+    last: _Window | None = None  # launched; its outputs not processed yet
+    gpu_free = 0.0
+    while True:
+        while sim.cpu_free - env.now > _EPS:
+            yield env.timeout(sim.cpu_free - env.now)
+        batch = sched.schedule(env.now) if sched.has_unfinished else None
+        win = None
+        if batch is not None:
+            win = _open_window(sim, batch, gpu_free)
+            sim.cpu_free = env.now + win.schedule_cost
+            gpu_free = win.gpu_done[-1]
+        if last is not None:
+            for j, done in enumerate(last.gpu_done):  # each step's once it is done
+                _claim_output_processing(sim, last, j, j + 1, now=done)
+            yield env.timeout(max(0.0, sim.cpu_free - env.now))
+            _close_window(sim, sched, last)
+            sim.steps.append(_window_row(last, v))
+        elif win is None:
+            if sim.arrivals_left[v] == 0:
+                if sched.has_unfinished:
+                    raise RuntimeError(
+                        f"virtual engine {v}: the scheduler formed no batch with "
+                        f"{sched.num_waiting} waiting and {sched.num_running} running requests")
+                return
+            sim.wake[v] = env.event()
+            yield sim.wake[v]
+        last = win
 
 
 def _arrivals(sim: _Sim, order: list[Request]) -> Generator:
@@ -223,9 +267,11 @@ def _arrivals(sim: _Sim, order: list[Request]) -> Generator:
             i += 1
 
 
-def _open_window(sim: _Sim, batch: Batch) -> _Window:
-    """Cost a freshly scheduled window: GPU time per step, CPU time per phase."""
+def _open_window(sim: _Sim, batch: Batch, gpu_free: float | None = None) -> _Window:
+    """Cost a freshly scheduled window: GPU time per step, CPU time per phase. With overlap
+    (``gpu_free``: when the window before leaves the GPU) its steps' times are known now."""
     spec, k = sim.overhead, batch.num_steps
+    overlap = gpu_free is not None
     shapes = window_shapes(batch)
     if k == 1:  # every sampling sequence still owes at least one token
         delivered = [shapes[0].num_sampled]
@@ -233,7 +279,10 @@ def _open_window(sim: _Sim, batch: Batch) -> _Window:
         ending = [0] * (k + 1)
         for s in batch.seqs:
             req = s.request
-            if s.num_cached_tokens + s.num_query_tokens >= req.prompt_len + req.num_output_tokens:
+            if overlap:  # the outputs of the window in flight are still placeholders
+                if s.num_placeholders:
+                    ending[min(s.num_steps, s.num_placeholders, k)] += 1
+            elif s.num_cached_tokens + s.num_query_tokens >= req.prompt_len + req.num_output_tokens:
                 owed = req.max_tokens - req.num_output_tokens
                 ending[min(s.num_steps, owed, k)] += 1
         delivered = [0] * k
@@ -243,22 +292,29 @@ def _open_window(sim: _Sim, batch: Batch) -> _Window:
             alive -= ending[j + 1]
     out_cost = [output_time(spec, s.num_seqs, d) for s, d in zip(shapes, delivered, strict=True)]
     cost = schedule_time(spec, len(batch.seqs), shapes[0].num_tokens, shapes[0].kv_tokens,
-                         batch.num_steps)
-    # the GPU starts the window once it is scheduled (pipeline stages: a close lower bound)
-    gpu = sim.clock.window_times(shapes, sim.env.now + cost, sim.time_scale)
-    win = _Window(batch, cost, gpu, out_cost, delivered, shapes[0])
+                         batch.num_steps, overlap)
+    # the GPU starts the window once it is scheduled (pipeline stages: a close lower bound),
+    # with overlap once the window before it is done too
+    start = sim.env.now + cost if not overlap else max(sim.env.now + cost, gpu_free)
+    gpu = sim.clock.window_times(shapes, start, sim.time_scale)
+    win = _Window(batch, cost, gpu, out_cost, delivered, shapes[0], sim.env.now)
+    if overlap:
+        for dt in gpu:
+            start += dt
+            win.gpu_done.append(start)
     sim.cpu_busy += win.schedule_cost
     sim.gpu_busy += sum(win.stage_times) * max(len(sim.stages), 1)
     return win
 
 
-def _window_row(win: _Window, t_start: float, v: int) -> dict[str, Any]:
+def _window_row(win: _Window, v: int) -> dict[str, Any]:
     """steps.csv's row of a closed window, in the real engine's columns where they mean the same
     (gpu_s per pipeline stage; the CPU before the GPU starts is one term, schedule_prepare_s);
     window ids count per virtual engine."""
     batch = win.batch
     return {
-        "virtual_engine": v, "window": batch.window_id, "t_start": t_start, "k": batch.num_steps,
+        "virtual_engine": v, "window": batch.window_id, "t_start": win.t_start,
+        "k": batch.num_steps,
         "num_seqs": len(batch.seqs), "num_prefill_seqs": len(batch.seqs) - batch.num_decode_seqs,
         "num_tokens": win.first.num_tokens, "kv_tokens": win.first.kv_tokens,
         "num_preempted": len(batch.preempted), "num_wasted_steps": batch.num_wasted_steps,

@@ -7,11 +7,14 @@ Per scheduler invocation (once per window): schedule + input preparation + H2D c
                + schedule_per_kv_token_us * kv_tokens
              [ + schedule_multi_step_us
                  + schedule_multi_step_per_seq_us * num_seqs * (num_steps - 1) ]
+             [ + schedule_overlap_us ]
 
 (num_tokens: the query tokens of the window's first step; kv_tokens: the KV-cache tokens it
 attends over, whose block tables and slot mappings the engine builds; the bracket: windows of
 more than one step, whose preparation schedlab's engine measures dearer and whose update()
-appends num_steps tokens to every sequence). Per step: output processing
+appends num_steps tokens to every sequence; the second bracket: windows formed with overlap
+scheduling, whose inputs also gather each sequence's newest token on the device). Per step:
+output processing
 (device-to-host copy, pythonization, detokenization, stop checks, building outputs),
 
     t_output = output_base_us + output_per_seq_us * num_seqs  [+ api_per_token_us * delivered]
@@ -20,7 +23,9 @@ The API server (HTTP/SSE streaming) costs ``api_per_token_us`` per delivered tok
 ``api_server_on_critical_path`` it shares the engine thread (vLLM <= 0.5: one asyncio process)
 and the bracketed term is engine CPU time; otherwise it is a separate serial process (vLLM 0.6's
 multiprocessing front end) that delays delivery without stalling the engine.
-``async_output_processing``: a step's output processing overlaps the next GPU step.
+``async_output_processing``: a step's output processing overlaps the next GPU step. With
+overlap scheduling (``policy.overlap``) a window's output processing always waits for the next
+window's launch, so that setting and ``defer_last_output`` do not apply (simulator/engine.py).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ _US = 1e-6
 _COSTS = ("schedule_base_us", "schedule_per_seq_us", "schedule_per_token_us",
           "schedule_per_kv_token_us", "output_base_us",
           "output_per_seq_us", "api_per_token_us", "schedule_multi_step_us",
-          "schedule_multi_step_per_seq_us")
+          "schedule_multi_step_per_seq_us", "schedule_overlap_us")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +61,7 @@ class OverheadSpec:
     schedule_per_kv_token_us: float = 0.0  # added last: positional construction keeps its meaning
     schedule_multi_step_us: float = 0.0  # more per window of k > 1 steps
     schedule_multi_step_per_seq_us: float = 0.0  # ... and per sequence and step beyond the first
+    schedule_overlap_us: float = 0.0  # more per window formed with overlap scheduling
 
     def __post_init__(self) -> None:
         for name in _COSTS:
@@ -85,13 +91,15 @@ def scale_overhead(spec: OverheadSpec, factor: float) -> OverheadSpec:
 
 
 def schedule_time(spec: OverheadSpec, num_seqs: int, num_tokens: int,
-                  kv_tokens: int = 0, num_steps: int = 1) -> float:
-    """Seconds of one scheduler invocation with its input preparation."""
+                  kv_tokens: int = 0, num_steps: int = 1, overlap: bool = False) -> float:
+    """Seconds of one scheduler invocation with its input preparation (and launch)."""
     t = (spec.schedule_base_us + spec.schedule_per_seq_us * num_seqs
          + spec.schedule_per_token_us * num_tokens + spec.schedule_per_kv_token_us * kv_tokens)
     if num_steps > 1:
         t += (spec.schedule_multi_step_us
               + spec.schedule_multi_step_per_seq_us * num_seqs * (num_steps - 1))
+    if overlap:
+        t += spec.schedule_overlap_us
     return t * _US
 
 

@@ -4,6 +4,7 @@ timeline, and the same decisions as the non-overlapped run would deliver."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -12,7 +13,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies import POLICIES, Request, RequestState, SchedulerConfig, make_scheduler
+from policies import POLICIES, ModelSpec, Request, RequestState, SchedulerConfig, make_scheduler
+from simulator import OverheadSpec, SimResult, simulate
+from simulator.cost_model import StepShape, step_time
+from simulator.hardware import HardwareSpec
 
 PARAMS = {
     "single_step": {}, "chunked_prefill": {},
@@ -372,3 +376,73 @@ def test_property_workloads_preempt_in_flight_and_stop_late():
         assert seen["in_flight"] > 0, name
         assert s.stats.num_late_stop_steps > 0, name
         assert all(r.output_token_ids == expected(r) for r in reqs)
+
+
+MODEL = ModelSpec.from_dict(load("model", "llama3_8b"))
+H100 = HardwareSpec.from_dict(load("hardware", "h100_sxm"))
+US = 1e-6
+# schedule 1000 + 10/seq + 1/token us, output processing 500 + 20/seq us, API 100 us per token
+HAND = OverheadSpec("hand", 1000.0, 10.0, 1.0, 500.0, 20.0, 100.0)
+
+
+def simulate_policy(policy: str, requests: list[Request], overhead: OverheadSpec, *,
+                    overlap: bool, hw: HardwareSpec = H100, **params) -> SimResult:
+    def make(num_blocks: int):
+        return make_scheduler(policy, {**params, "overlap": overlap}, SchedulerConfig(),
+                              num_blocks, MODEL.max_model_len)
+
+    return simulate(requests, make, MODEL, hw, overhead, progress=False)
+
+
+def synthetic(n: int, seed: int = 0) -> list[Request]:
+    r = random.Random(seed)
+    return [Request(i, 0.0, r.randint(4, 600), r.randint(4, 300)) for i in range(n)]
+
+
+def gpu(shape: StepShape) -> float:
+    return step_time(shape, MODEL, H100)
+
+
+def test_sim_overlap_timeline_by_hand():
+    """Window n+1 is scheduled while window n runs; window n's outputs are processed after
+    that launch, each once its step is done; the GPU starts a window when the CPU has launched
+    it and the window before is done."""
+    req = Request(0, 0.0, 100, 3)
+    res = simulate_policy("single_step", [req], HAND, overlap=True)
+    s_prefill, s_decode, out = 1110 * US, 1011 * US, 620 * US
+    g1 = s_prefill + gpu(StepShape(100, 1, 100, 1, 100 * 101 / 2, 100, True))
+    g2 = max(s_prefill + s_decode, g1) + gpu(StepShape(1, 1, 0, 1, 0.0, 101, True))
+    d1 = max(g1, s_prefill + s_decode) + out
+    g3 = max(d1 + s_decode, g2) + gpu(StepShape(1, 1, 0, 1, 0.0, 102, True))
+    d2 = max(g2, d1 + s_decode) + out
+    d3 = max(g3, d2) + out  # nothing is scheduled after the window of its last token
+    assert req.token_times == pytest.approx([d1, d2, d3], abs=1e-12)
+    assert res.duration == pytest.approx(d3) and res.stats.num_windows == 3
+    assert [row["t_start"] for row in res.steps] == pytest.approx([0.0, s_prefill, d1])
+
+
+def test_sim_overlap_hides_cpu_time_shorter_than_the_gpu_step():
+    """At k = 1, with 3 ms of CPU a window (under a decode step of a large batch), overlap
+    serves at the GPU-bound rate (no CPU cost at all); without it the CPU time adds up."""
+    cpu = OverheadSpec("cpu", schedule_base_us=2000.0, output_base_us=1000.0)
+    free = simulate_policy("single_step", synthetic(300), OverheadSpec(), overlap=False)
+    plain = simulate_policy("single_step", synthetic(300), cpu, overlap=False)
+    over = simulate_policy("single_step", synthetic(300), cpu, overlap=True)
+    gpu_bound = 300 / free.duration
+    assert 300 / plain.duration < 0.85 * gpu_bound
+    assert 300 / over.duration > 0.98 * gpu_bound
+    assert over.gpu_busy_fraction > 0.98 > plain.gpu_busy_fraction
+    # with CPU work longer than the GPU's, the GPU waits for it: the CPU is the bound
+    slow = OverheadSpec("slow", schedule_base_us=40000.0)
+    over_slow = simulate_policy("single_step", synthetic(300), slow, overlap=True)
+    assert over_slow.duration >= over_slow.stats.num_windows * 0.04
+    assert over_slow.cpu_busy_fraction > 0.9 > 0.5 > over_slow.gpu_busy_fraction
+
+
+def test_sim_overlap_off_is_unchanged_and_overlap_is_refused_with_pipeline_stages():
+    a = simulate_policy("multi_step", synthetic(50), HAND, overlap=False, num_steps=4)
+    b = simulate_policy("multi_step", synthetic(50), HAND, overlap=False, num_steps=4)
+    assert a.duration == b.duration
+    pp2 = dataclasses.replace(H100, pp=2)
+    with pytest.raises(ValueError, match="policy.overlap with hardware.pp = 2 is not modelled"):
+        simulate_policy("single_step", synthetic(4), HAND, overlap=True, hw=pp2)
