@@ -140,7 +140,7 @@ def _stop_with_sweep() -> None:
         while os.getppid() == int(sweep_pid):
             time.sleep(0.5)
         _thread.interrupt_main()
-        time.sleep(5)  # the interrupted run clears its files; then go, whatever the pool does
+        time.sleep(2)  # the interrupted run clears its files; then go, whatever the pool does
         os._exit(1)
 
     threading.Thread(target=watch, name="sweep-watch", daemon=True).start()

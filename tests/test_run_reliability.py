@@ -1,0 +1,372 @@
+"""Runs and sweeps never mix or lose results: run directories are named by what changes a
+result, written as one unit, unique by default, one command at a time; re-runs replace or skip
+in place; unwritable outputs, Ctrl-C and a killed sweep end cleanly, with one-line errors."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+
+from experiments.run import CONF_DIR, run
+from experiments.run_dir import CONTROL_KEYS, STAMP_KEY, claim, config_stamp, finished, release
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ["backend=sim", "workload=synthetic", "workload.num_prompts=8", "model=tiny", "hardware=cpu",
+         "overhead=none", "progress=false"]
+LONG = ["workload=synthetic", "workload.num_prompts=40000", "hardware=h200", "progress=false"]
+RESULTS = ("result.json", "requests.csv", "steps.csv")
+
+
+def cli(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def popen(*args: str, cwd: Path = ROOT, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def one_line_error(p: subprocess.CompletedProcess, code: int = 2) -> str:
+    assert p.returncode == code, (p.returncode, p.stderr[-2000:])
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    return lines[0]
+
+
+def composed(*overrides: str, hydra: bool = False):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return compose("config", overrides=list(overrides), return_hydra_config=hydra)
+
+
+def mtimes(root: Path) -> dict[str, int]:
+    return {p.parent.name: p.stat().st_mtime_ns for p in root.rglob("result.json")}
+
+
+# --- 1. control keys name no run directory ---------------------------------------------------
+
+def test_control_keys_name_no_run_directory():
+    conf = yaml.safe_load((ROOT / "conf/config.yaml").read_text())
+    assert set(CONTROL_KEYS) <= set(conf["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"])
+    cfg = composed("+skip_existing=true", "++progress=false", "policy.num_steps=2", hydra=True)
+    assert cfg.hydra.job.override_dirname == "policy.num_steps=2"
+    cfg = composed("+experiment=steps_sweep", "skip_existing=false", "policy.num_steps=2", hydra=True)
+    assert cfg.hydra.job.override_dirname == "+experiment=steps_sweep,policy.num_steps=2"
+
+
+def test_rerunning_steps_sweep_replaces_or_skips_each_run_in_place(tmp_path):
+    """skip_existing=false replaces (the table keeps one row per run); skip_existing=true skips
+    only runs whose result is stamped with this config; a run whose files disagree is redone."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "experiments.run", "-m", "+experiment=steps_sweep", f"hydra.sweep.dir={sweep}",
+            "policy=multi_step", "policy.num_steps=1,4", *SMALL, "hydra.launcher.n_jobs=1"]
+    p = cli(*args)
+    assert p.returncode == 0, p.stderr[-2000:]
+    first = mtimes(sweep)
+    assert len(first) == 2 and len(pd.read_csv(sweep / "aggregate.csv")) == 2
+    k4 = next(sweep.glob("*policy.num_steps=4*"))
+    (k4 / "result.json").write_text(json.dumps({"request_throughput": 99.0}))  # not this config's
+    p = cli(*args)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.count("skipping") == 1
+    second = mtimes(sweep)
+    assert second[k4.name] != first[k4.name] and len(second) == 2
+    assert {k: v for k, v in second.items() if k != k4.name} == \
+        {k: v for k, v in first.items() if k != k4.name}
+    assert json.loads((k4 / "result.json").read_text())["request_throughput"] != 99.0
+    p = cli(*args, "skip_existing=false")
+    assert p.returncode == 0, p.stderr[-2000:]
+    third = mtimes(sweep)
+    assert third.keys() == first.keys() and all(third[k] != second[k] for k in third)
+    df = pd.read_csv(sweep / "aggregate.csv")
+    assert len(df) == 2 and sorted(df["k"]) == [1, 4]
+    assert len(pd.read_parquet(sweep / "aggregate.parquet")) == 2
+
+
+def test_plain_sweep_resumes_with_skip_existing_and_fails_loudly_on_a_bad_result(tmp_path):
+    """+skip_existing=true after a plain sweep skips its runs (no second set of directories);
+    an unreadable result.json below the sweep fails the multirun, names the file, and the old
+    tables are removed."""
+    args = ["-m", "experiments.run", "-m", "policy.num_steps=1,2", *SMALL,
+            f"hydra.sweep.dir={tmp_path}"]
+    assert cli(*args).returncode == 0
+    first = mtimes(tmp_path)
+    p = cli(*args, "+skip_existing=true")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.count("skipping") == 2 and mtimes(tmp_path) == first
+    assert len(pd.read_csv(tmp_path / "aggregate.csv")) == 2
+    bad = tmp_path / "stray" / "result.json"
+    bad.parent.mkdir()
+    bad.write_text('{"request_throughput": 1')  # truncated
+    p = cli(*args, "+skip_existing=true")
+    assert p.returncode != 0
+    assert str(bad) in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not (tmp_path / "aggregate.csv").exists()
+    assert not (tmp_path / "aggregate.parquet").exists()
+
+
+# --- 2. a run directory's files come from one run --------------------------------------------
+
+def test_a_failed_rerun_leaves_no_old_result_beside_its_config(tmp_path):
+    """A re-run that fails removes the previous run's results first: the directory never holds
+    an old result.json beside the new .hydra config. Also: an unknown sim backend key."""
+    out = tmp_path / "run"
+    assert cli("-m", "experiments.run", *SMALL, f"hydra.run.dir={out}").returncode == 0
+    assert all((out / name).exists() for name in RESULTS)
+    p = cli("-m", "experiments.run", *SMALL, "+backend.time_scal=2", f"hydra.run.dir={out}")
+    line = one_line_error(p)
+    assert "'time_scal'" in line and "time_scale" in line and "stream_per_step" in line
+    assert not any((out / name).exists() for name in RESULTS)
+    assert "time_scal" in (out / ".hydra" / "overrides.yaml").read_text()
+
+
+def test_finished_needs_a_result_stamped_with_this_config(tmp_path):
+    cfg = composed(*SMALL)
+    stamp = config_stamp(cfg)
+    assert not finished(tmp_path, stamp)  # no result
+    assert config_stamp(composed(*SMALL[:-1], "progress=true", "+skip_existing=true")) == stamp
+    assert config_stamp(composed(*SMALL, "policy.num_steps=2")) != stamp
+    run(cfg, tmp_path)
+    assert json.loads((tmp_path / "result.json").read_text())["schedlab"][STAMP_KEY] == stamp
+    assert finished(tmp_path, stamp)
+    assert not finished(tmp_path, config_stamp(composed(*SMALL, "workload.num_prompts=9")))
+    (tmp_path / "result.json").write_text('{"request_throughput": 1.0, "schedlab": {}}')
+    assert not finished(tmp_path, stamp)  # unstamped (an older run, or another tool's)
+    (tmp_path / "result.json").write_bytes(b"\xff\x00")
+    assert not finished(tmp_path, stamp)  # unreadable
+
+
+def test_result_files_are_written_as_one_unit(tmp_path, monkeypatch):
+    from experiments import metrics
+
+    cfg = composed(*SMALL)
+    run(cfg, tmp_path)
+    (tmp_path / "steps.csv").write_text("stale\n")
+    real = metrics.write_text_atomic
+
+    def interrupted(path, text):
+        if Path(path).name == "result.json":
+            raise KeyboardInterrupt
+        real(path, text)
+
+    monkeypatch.setattr(metrics, "write_text_atomic", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path)
+    assert not any((tmp_path / name).exists() for name in RESULTS)  # neither old nor half new
+    assert not list(tmp_path.glob(".*.tmp"))
+    monkeypatch.setattr(metrics, "write_text_atomic", real)
+    (tmp_path / "steps.csv").write_text("stale\n")
+    metrics.write_results(tmp_path, {"request_throughput": 1.0}, [], {})  # a run without steps
+    assert not (tmp_path / "steps.csv").exists()
+
+
+# --- 3. default directories are unique --------------------------------------------------------
+
+def test_runs_started_together_get_their_own_default_directories(tmp_path):
+    conf = yaml.safe_load((ROOT / "conf/config.yaml").read_text())
+    assert "${pid:}" in conf["hydra"]["run"]["dir"] and "${pid:}" in conf["hydra"]["sweep"]["dir"]
+    procs = [popen("-m", "experiments.run", *SMALL, cwd=tmp_path) for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+    dirs = sorted(tmp_path.glob("outputs/*/*"))
+    assert len(dirs) == 2 and all((d / "result.json").exists() for d in dirs)
+    assert {d.name.rsplit("-", 1)[1] for d in dirs} == {str(p.pid) for p in procs}
+
+
+# --- 4. one command per run directory -----------------------------------------------------------
+
+def test_a_run_directory_in_use_is_refused(tmp_path):
+    out = tmp_path / "run"
+    holder = popen("-c", "import sys, time\nfrom experiments.run_dir import claim\n"
+                   f"claim({str(out)!r})\nprint('held', flush=True)\ntime.sleep(60)")
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        p = cli("-m", "experiments.run", *SMALL, f"hydra.run.dir={out}")
+        line = one_line_error(p)
+        assert "in use by another run" in line and f"pid {holder.pid}" in line
+        assert not (out / ".hydra").exists() and not (out / "result.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    path = claim(out)  # the holder's exit released it
+    release(path)
+
+
+# --- unwritable outputs, Ctrl-C, full disk, killed sweeps ---------------------------------------
+
+def _read_only_dir(tmp_path: Path) -> Path:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        (ro / "probe").touch()
+    except PermissionError:
+        return ro
+    pytest.skip("this user writes into read-only directories (root)")
+
+
+def test_an_unusable_run_or_sweep_directory_is_a_one_line_error(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    line = one_line_error(cli("-m", "experiments.run", *SMALL, f"hydra.run.dir={a_file}"))
+    assert line.startswith("error:") and str(a_file) in line and "not a directory" in line
+    line = one_line_error(cli("-m", "experiments.run", "-m", "policy.num_steps=1,2", *SMALL,
+                              f"hydra.sweep.dir={a_file}"))
+    assert "hydra.sweep.dir" in line and str(a_file) in line
+    ro = _read_only_dir(tmp_path)
+    line = one_line_error(cli("-m", "experiments.run", *SMALL, f"hydra.run.dir={ro}"))
+    assert str(ro) in line and "cannot write" in line
+
+
+def test_aggregate_and_plot_output_errors_are_one_line(tmp_path, monkeypatch, capsys):
+    from experiments import aggregate as agg
+    from experiments import plot
+
+    sweep = tmp_path / "sweep"
+    run(composed(*SMALL), sweep / "a")
+    run(composed(*SMALL, "policy.num_steps=2"), sweep / "b")
+    table = tmp_path / "table.csv"
+    agg.aggregate(sweep).to_csv(table, index=False)
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    (sweep / "aggregate.parquet").unlink()
+    (sweep / "aggregate.parquet").mkdir()  # the parquet cannot be written
+    cases = [(agg.main, [str(sweep)], "aggregate.parquet"),
+             (agg.main, [str(a_file)], str(a_file)),
+             (plot.main, [str(table), "--out", str(a_file)], str(a_file)),
+             (plot.main, [str(table), "--out", str(a_file / "figures")], str(a_file))]
+    for main, argv, needle in cases:
+        monkeypatch.setattr(sys, "argv", ["prog", *argv])
+        with pytest.raises(SystemExit) as exit_:
+            main()
+        assert exit_.value.code == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and needle in err[0], err
+    assert not (sweep / "aggregate.csv").exists()  # never out of step with the parquet
+
+
+def test_aggregate_tables_are_written_as_a_pair(tmp_path, monkeypatch):
+    from experiments import aggregate as agg
+
+    run(composed(*SMALL), tmp_path / "a")
+    agg.aggregate(tmp_path)
+    assert len(pd.read_csv(tmp_path / "aggregate.csv")) == 1
+
+    def no_parquet(self, *args, **kwargs):
+        raise OSError("parquet writer unavailable")
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", no_parquet)
+    with pytest.raises(OSError):
+        agg.aggregate(tmp_path)
+    assert not (tmp_path / "aggregate.csv").exists() and not (tmp_path / "aggregate.parquet").exists()
+    assert not list(tmp_path.glob(".aggregate*"))
+
+
+def test_ctrl_c_is_one_line_and_leaves_no_result(tmp_path):
+    out = tmp_path / "run"
+    assert cli("-m", "experiments.run", *SMALL, f"hydra.run.dir={out}").returncode == 0
+    p = popen("-m", "experiments.run", *LONG, f"hydra.run.dir={out}")
+    deadline = time.monotonic() + 60
+    while "num_prompts=40000" not in _text(out / ".hydra" / "overrides.yaml"):
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert err.strip().splitlines() == ["interrupted: no result written"]
+    assert not any((out / name).exists() for name in RESULTS)  # the old ones went too
+    assert not list(out.glob(".*.tmp"))
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def test_a_full_disk_names_the_file(tmp_path, monkeypatch):
+    from experiments import files
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files.os, "fsync", full)
+    target = tmp_path / "result.json"
+    with pytest.raises(OSError, match=r"\[Errno 28\].*result\.json") as err:
+        files.write_text_atomic(target, "{}")
+    assert err.value.filename == str(target)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("override", "key"), [
+    ("+gpu_memory_utilisation=0.5", "gpu_memory_utilisation"),
+    ("+schedular.max_num_seqs=8", "schedular"),
+    ("+backend.time_scal=2", "time_scal"),
+])
+def test_unknown_top_level_and_sim_backend_keys_are_refused(tmp_path, override, key):
+    with pytest.raises(ValueError) as err:
+        run(composed(*SMALL, override), tmp_path)
+    msg = str(err.value)
+    assert f"no setting {key!r}" in msg and "\n" not in msg
+    assert ("gpu_memory_utilization" in msg and "scheduler" in msg) if "backend" not in override \
+        else "time_scale" in msg
+    assert not (tmp_path / "result.json").exists()
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_killed_joblib_sweep_leaves_no_workers(tmp_path):
+    p = popen("-m", "experiments.run", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+              "policy.num_steps=1,2,4,8", *LONG, f"hydra.sweep.dir={tmp_path}")
+    kids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("*/.hydra/config.yaml"))) < 2:  # both workers on a job
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.05)
+        kids = _children(p.pid)
+        assert len(kids) >= 2
+        p.kill()
+        p.wait()
+        deadline = time.monotonic() + 20
+        while any(_alive(k) for k in kids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [k for k in kids if _alive(k)]
+        assert not list(tmp_path.glob("*/result.json"))
+    finally:
+        for k in kids:
+            if _alive(k):
+                os.kill(k, signal.SIGKILL)
