@@ -98,11 +98,29 @@ def test_blocking_output_and_online_arrivals(oracle) -> None:
 
 
 def test_length_only_requests_get_seeded_prompts() -> None:
-    def run():
-        requests = [Request(i, 0.0, 5 + i, 6) for i in range(4)]
-        return serve(requests, "single_step", {}, None).token_ids
+    """Length-only requests get prompt ids drawn from backend.seed: one per prompt token, in the
+    vocabulary, the same for the same seed and different for another; a request that came with
+    its ids keeps them; and the engine serves the prompts it filled in (greedy ids equal the
+    no-cache oracle's on them)."""
+    given = [3, 1, 4, 1, 5, 9, 2]
 
-    assert run() == run()
+    def run(seed: int) -> tuple[list[Request], dict[int, list[int]]]:
+        requests = [Request(i, 0.0, 5 + i, 6) for i in range(4)]
+        requests.append(Request(4, 0.0, len(given), 6, prompt_token_ids=list(given)))
+        return requests, serve(requests, "single_step", {}, None, seed=seed).token_ids
+
+    requests, ids = run(0)
+    again, ids_again = run(0)
+    other, _ = run(1)
+    prompts = [r.prompt_token_ids for r in requests]
+    assert [len(p) for p in prompts] == [5, 6, 7, 8, len(given)]
+    assert all(0 <= t < SPEC.vocab_size for p in prompts for t in p)
+    assert prompts[4] == given and other[4].prompt_token_ids == given
+    assert prompts == [r.prompt_token_ids for r in again] and ids == ids_again
+    assert all(a != b.prompt_token_ids for a, b in zip(prompts[:4], other[:4], strict=True))
+    model = random_model(SPEC, "cpu", torch.float32, seed=0)
+    assert ids == {r.request_id: greedy_dense(model, r.prompt_token_ids, r.max_tokens)
+                   for r in requests}
 
 
 def test_steps_rows_and_stats() -> None:

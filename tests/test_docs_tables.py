@@ -1,0 +1,92 @@
+"""The docs' validation tables say what docs/validation/validation.csv says: every cell of
+validation.md, its worst-error line, and the README's summary table with its claim."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VALIDATION = ROOT / "docs" / "validation"
+SUMMARY_METRICS = {"request throughput": "request_throughput", "median TTFT": "median_ttft_ms",
+                   "median TPOT": "median_tpot_ms"}
+TARGETS = {"request_throughput": 0.03, "median_ttft_ms": 0.10, "median_tpot_ms": 0.10}
+
+
+@pytest.fixture(scope="module")
+def table() -> pd.DataFrame:
+    df = pd.read_csv(VALIDATION / "validation.csv")
+    df["k"] = df["k"].fillna(1).astype(int)  # single_step has no k: the tables show 1
+    df["rate"] = df["request_rate"].map(lambda r: "inf" if math.isinf(r) else f"{r:g}")
+    return df
+
+
+def pct(x: float) -> str:
+    return f"{x:+.1%}"
+
+
+def markdown_rows(text: str, first_cell: str) -> tuple[list[str], list[list[str]]]:
+    """The header and body rows of the markdown table whose header starts with first_cell."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_cell} |"))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows[0], rows[2:]  # after the header and its rule
+
+
+def test_every_cell_of_validation_md_is_the_csv_error(table):
+    text = (VALIDATION / "validation.md").read_text()
+    header, rows = markdown_rows(text, "policy")
+    metrics = header[3:]
+    assert rows and set(metrics) <= set(table["metric"])
+    err = table.set_index(["policy", "k", "rate", "metric"])["rel_error"]
+    seen = set()
+    for row in rows:
+        policy, k, rate = row[0], int(row[1]), row[2]
+        for metric, cell in zip(metrics, row[3:], strict=True):
+            assert cell == pct(err[(policy, k, rate, metric)]), (policy, k, rate, metric)
+        seen.add((policy, k, rate))
+    assert seen == set(zip(table["policy"], table["k"], table["rate"], strict=True))
+    worst = re.search(r"Worst absolute error over the grid: (.*)", text).group(1)
+    found = re.findall(r"(\w+) ([\d.]+)%", worst)
+    assert [m for m, _ in found] == metrics
+    for metric, value in found:
+        assert float(value) == pytest.approx(
+            round(100 * table.loc[table["metric"] == metric, "rel_error"].abs().max(), 1))
+
+
+def test_readme_summary_is_the_worst_csv_error_per_load(table):
+    text = (ROOT / "README.md").read_text()
+    header, rows = markdown_rows(text, "load")
+    assert header[1:] == list(SUMMARY_METRICS)
+    loads = {}
+    for row in rows:
+        if row[0].startswith("all at t=0"):
+            loads["inf"] = row
+        elif m := re.match(r"Poisson (\d+) req/s", row[0]):
+            loads[m.group(1)] = row
+        elif row[0].startswith("the measurement's own spread"):
+            for name, cell in zip(SUMMARY_METRICS.values(), row[1:], strict=True):
+                spread = table.loc[table["metric"] == name, "measured_spread"].max()
+                assert float(cell.split("%")[0]) == pytest.approx(round(100 * spread, 1)), name
+    assert set(loads) == set(table["rate"])
+    for rate, row in loads.items():
+        here = table[table["rate"] == rate]
+        configs = int(re.search(r"(\d+) configs", row[0]).group(1))
+        assert configs == len(here.groupby(["policy", "k"]))
+        for name, cell in zip(SUMMARY_METRICS.values(), row[1:], strict=True):
+            worst = here.loc[here["metric"] == name, "rel_error"].abs().max()
+            assert float(cell.split("%")[0]) == pytest.approx(round(100 * worst, 1)), (rate, name)
+    # the claim under the table
+    claim = re.search(r"All (\d+) configurations meet the targets", text)
+    if claim:
+        assert int(claim.group(1)) == len(table.groupby(["policy", "k", "rate"]))
+        for name, target in TARGETS.items():
+            assert (table.loc[table["metric"] == name, "rel_error"].abs() <= target).all(), name
