@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import _thread
 import os
 import sys
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,6 +13,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.run_dir import CONTROL_KEYS, STAMP_KEY, config_stamp, finished
+from experiments.sweep_workers import stop_with_sweep
 from policies import ModelSpec, SchedulerConfig, make_policy, make_scheduler
 from policies.base import check_settings
 
@@ -121,39 +120,13 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
     return {**summary, "schedlab": extra}
 
 
-# Set by main() to its own pid; a process whose parent has that pid is a worker the sweep
-# started (the joblib launcher's), which must not outlive it.
-SWEEP_PID_ENV = "SCHEDLAB_SWEEP_PID"
-_watching = False
-
-
-def _stop_with_sweep() -> None:
-    """In a sweep's worker process, watch the sweep process: once it is gone (killed), the run
-    is interrupted as by Ctrl-C (its files cleared), and the worker exits soon after, instead
-    of running the sweep's remaining jobs for no one."""
-    global _watching
-    sweep_pid = os.environ.get(SWEEP_PID_ENV, "")
-    if _watching or not sweep_pid.isdigit() or int(sweep_pid) != os.getppid():
-        return
-
-    def watch() -> None:
-        while os.getppid() == int(sweep_pid):
-            time.sleep(0.5)
-        _thread.interrupt_main()
-        time.sleep(2)  # the interrupted run clears its files; then go, whatever the pool does
-        os._exit(1)
-
-    threading.Thread(target=watch, name="sweep-watch", daemon=True).start()
-    _watching = True
-
-
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def _app(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from experiments.metrics import clear_results
 
-    _stop_with_sweep()
+    stop_with_sweep()
     run_dir = HydraConfig.get().runtime.output_dir
     if cfg.get("skip_existing", False) and finished(run_dir, config_stamp(cfg)):
         print(f"skipping {run_dir}: result.json of this configuration exists")
@@ -173,11 +146,6 @@ def _app(cfg: DictConfig) -> None:
 
 def main() -> None:
     """``python -m experiments.run`` / ``schedlab-run``: the Hydra app; Ctrl-C is one line."""
-    os.environ[SWEEP_PID_ENV] = str(os.getpid())  # inherited by a sweep's worker processes
-    # Ctrl-C stops a joblib sweep's pool with its semaphores still registered; multiprocessing's
-    # resource tracker then frees them itself, and its warning about them is noise.
-    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
-    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), quiet]))
     try:
         _app()
     except KeyboardInterrupt:
