@@ -1,5 +1,6 @@
 """The real backend's wall-clock serving loop: release requests on arrival, run each scheduler
-window on the device, hand every step's tokens to the scheduler with their delivery times."""
+window on the device, hand every step's tokens to the scheduler with their delivery times (with
+overlap scheduling, the next window launched before the last one's tokens are collected)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from policies.request import Request
 from policies.scheduler import Scheduler
 from real_backend.config import BackendConfig
 from real_backend.kv_cache import GB, block_bytes, check_weights_fit, profile_num_blocks
-from real_backend.runner import ModelRunner, WindowResult
+from real_backend.runner import LaunchedWindow, ModelRunner, WindowResult
 from real_backend.weights import load_hf_model, random_model
 
 
@@ -118,12 +119,15 @@ def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
     clock = Clock()
     t_setup = perf_counter()
     probe = make_scheduler(1)
+    if probe.overlap and not cfg.async_output:
+        raise ValueError("policy.overlap needs backend.async_output=true: a window's ids are "
+                         "collected while the next window runs")
     key = repr((model, cfg, probe.config, probe.max_num_batched_tokens, _lookahead(probe)))
     kept = _KEPT.pop(key, None) if cfg.keep_runner else None
     _KEPT.clear()
     if kept:  # this run's clock and a fresh sampler; the rest is rewritten before it is read
         runner = kept  # (its allocator cache stays warm, as a fresh runner's is after warm-up)
-        runner.outputs.clock = clock
+        runner.clock = clock
         runner.generator.manual_seed(cfg.seed)
         runner.piecewise_capture_s = 0.0  # nothing captured for this run
     else:
@@ -202,8 +206,8 @@ def serve_on(runner: ModelRunner, sched: Scheduler, requests: list[Request], see
     wall_s)`` sees each window as it ends, before update() moves its requests on."""
     fill_prompt_tokens(requests, runner.model.spec, seed)
     steps: list[dict[str, Any]] = []
-    clock, saved = Clock(), runner.outputs.clock
-    runner.outputs.clock = clock  # delivery times on the loop's clock
+    clock, saved = Clock(), runner.clock
+    runner.clock = clock  # delivery times on the loop's clock
 
     def observed(batch: Batch, out: WindowResult, wall_s: float) -> None:
         t = perf_counter()
@@ -214,7 +218,7 @@ def serve_on(runner: ModelRunner, sched: Scheduler, requests: list[Request], see
         _serve_frozen(requests, sched, runner, clock, steps, tqdm(disable=True),
                       observed if on_window else None)
     finally:
-        runner.outputs.clock = saved
+        runner.clock = saved
     return steps
 
 
@@ -229,7 +233,8 @@ def _serve_frozen(requests: list[Request], sched: Scheduler, runner: ModelRunner
     gc.freeze()
     clock.start()
     try:
-        _serve(pending, sched, runner, clock, steps, bar, on_window)
+        serve = _serve_overlap if sched.overlap else _serve
+        serve(pending, sched, runner, clock, steps, bar, on_window)
     finally:
         gc.unfreeze()
 
@@ -255,6 +260,37 @@ def _serve(pending: deque[Request], sched: Scheduler, runner: ModelRunner, clock
         t_update = clock()
         bar.update(len(sched.update(batch, out.step_times, out.sampled)))
         steps.append(_window_row(batch, out, t, schedule_s, clock() - t_update))
+
+
+def _serve_overlap(pending: deque[Request], sched: Scheduler, runner: ModelRunner, clock: Clock,
+                   steps: list[dict[str, Any]], bar: tqdm,
+                   on_window: OnWindow | None = None) -> None:
+    """The overlap loop: schedule window n+1 and launch it, only then wait for window n's ids
+    and update() it, so the CPU's work hides behind window n+1's GPU time."""
+    last: tuple[Batch, LaunchedWindow, float, float, float] | None = None
+    while pending or sched.has_unfinished or last is not None:
+        while pending and pending[0].arrival_time <= clock():
+            sched.add_request(pending.popleft())
+        t = clock()
+        batch = sched.schedule(t)
+        schedule_s = clock() - t
+        launched = runner.launch_window(batch, overlap=True) if batch is not None else None
+        launch_wall = clock() - t - schedule_s
+        if last is not None:
+            prev, handle, t_prev, schedule_prev, wall_prev = last
+            t_finish = clock()
+            out = runner.finish_window(handle)
+            if on_window is not None:
+                on_window(prev, out, wall_prev + clock() - t_finish)
+            t_update = clock()
+            bar.update(len(sched.update(prev, out.step_times, out.sampled)))
+            steps.append(_window_row(prev, out, t_prev, schedule_prev, clock() - t_update))
+        elif launched is None:
+            if not pending:
+                raise RuntimeError(f"scheduler formed no window with {sched.num_running} running "
+                                   f"and {sched.num_waiting} waiting requests")
+            time.sleep(max(0.0, pending[0].arrival_time - clock()))
+        last = None if launched is None else (batch, launched, t, schedule_s, launch_wall)
 
 
 def _window_row(batch: Batch, out: WindowResult, t_start: float, schedule_s: float,

@@ -1,5 +1,6 @@
 """Runs one scheduler window on the model: host inputs built once, k device steps back to back with
-advance_step between them, each step's sampled ids pythonized as soon as they reach the host."""
+advance_step between them, each step's sampled ids pythonized as soon as they reach the host; with
+overlap scheduling, launched before the previous window's ids are known (the token map)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from real_backend.model import (
     forward_piecewise,
 )
 from real_backend.ops import PAD_SLOT_ID
-from real_backend.sampling import sample
+from real_backend.sampling import TokenMap, sample
 
 
 @dataclass(slots=True)
@@ -106,6 +107,7 @@ class FlatInputs:
     logits_indices: np.ndarray  # the last token of every sequence that samples
     num_prefill_tokens: int
     max_query_len: int
+    fetch: tuple[np.ndarray, np.ndarray] | None = None  # (token index, map row): see _host_tokens
 
 
 @dataclass(slots=True)
@@ -128,6 +130,20 @@ class WindowPlan:
     decode_loads: dict[int, Callable[[], None]] = field(default_factory=dict)  # step -> load
     gathers: dict[int, torch.Tensor] = field(default_factory=dict)  # step -> rows of last samples
     keep: list[torch.Tensor] = field(default_factory=list)  # pinned sources of queued copies
+    map_rows: list[int] | None = None  # overlap: each sequence's token-map row
+    map_writes: list[torch.Tensor] = field(default_factory=list)  # step -> map rows of its samples
+
+
+@dataclass(slots=True)
+class LaunchedWindow:
+    """A window whose k steps are queued on the device; ``finish_window`` collects its ids."""
+
+    batch: Batch
+    plan: WindowPlan
+    outputs: StepOutputs
+    timers: list[tuple[torch.cuda.Event, torch.cuda.Event]]
+    prepare_s: float
+    launch_s: float
 
 
 def _slots(req: Request, start: int, end: int, block_size: int) -> np.ndarray:
@@ -163,6 +179,9 @@ class ModelRunner:
         self.kv_cache: KVCache | None = None
         self.graphs = DecodeGraphs()
         self.outputs = StepOutputs(self.device, clock, cfg.async_output)
+        # With overlap two windows' outputs are pending at once: they alternate between these.
+        self._overlap_outputs = [self.outputs, StepOutputs(self.device, clock, True)]
+        self.token_map = TokenMap(2 * max_num_seqs, self.device)  # running + finishing requests
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         # Wasted multi-step slots run up to max_lookahead positions past max_model_len.
         width = -(-(model.spec.max_model_len + max_lookahead) // block_size)
@@ -185,6 +204,16 @@ class ModelRunner:
             buf(tokens), buf(tokens), buf(tokens).fill_(PAD_SLOT_ID),
             buf(seqs + 1, dtype=torch.int32), buf(seqs, dtype=torch.int32),
             buf(seqs, width, dtype=torch.int32), buf(seqs))
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock of the pythonization (delivery) times."""
+        return self.outputs.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        for outputs in self._overlap_outputs:
+            outputs.clock = clock
 
     # ------------------------------------------------------------------ setup
     def allocate_kv_cache(self, num_blocks: int) -> None:
@@ -268,12 +297,21 @@ class ModelRunner:
             self.run_window(Batch(seqs, 1))
 
     # ------------------------------------------------------------------ the window
-    @torch.inference_mode()
     def run_window(self, batch: Batch) -> WindowResult:
+        return self.finish_window(self.launch_window(batch))
+
+    @torch.inference_mode()
+    def launch_window(self, batch: Batch, overlap: bool = False) -> LaunchedWindow:
+        """Build the window's inputs and queue its k steps; the device may still be running them
+        on return. With ``overlap`` the window before it may still be in flight: a token it
+        samples is read from the token map, and its outputs stay pending beside this one's."""
         t0 = perf_counter()
-        plan = self._plan(batch)
+        plan = self._plan(batch, overlap)
         prepare_s = perf_counter() - t0
         outputs = self.outputs
+        if overlap:
+            self._overlap_outputs.reverse()
+            outputs = self._overlap_outputs[0]
         outputs.start(batch.num_steps, max(len(plan.step_rows[0]), 1))
         timers = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(batch.num_steps)] if self.cuda else []
@@ -285,17 +323,25 @@ class ModelRunner:
             t_launch = perf_counter()
             logits = self._first_step(plan) if j == 0 else self._next_step(plan, j, sampled)
             sampled = sample(logits, self.cfg.sampling, self.generator)
+            if plan.map_writes:
+                self.token_map.write(plan.map_writes[j], sampled)
             if timers:
                 timers[j][1].record()
             if j == 0:
                 launch_s = perf_counter() - t_launch
             outputs.push(j, sampled)
             outputs.poll()
+        return LaunchedWindow(batch, plan, outputs, timers, prepare_s, launch_s)
+
+    def finish_window(self, w: LaunchedWindow) -> WindowResult:
+        """Wait for the window's ids (each step's copy) and hand them over per sequence."""
+        outputs, batch = w.outputs, w.batch
         outputs.drain()
-        gpu = [a.elapsed_time(b) / 1e3 for a, b in timers] if timers else [0.0] * batch.num_steps
-        return WindowResult(list(outputs.times), self._per_seq(batch, plan, outputs.ids),
-                            prepare_s, outputs.pythonize_s, gpu,
-                            sum(s.num_query_tokens for s in batch.seqs), launch_s)
+        gpu = ([a.elapsed_time(b) / 1e3 for a, b in w.timers] if w.timers
+               else [0.0] * batch.num_steps)
+        return WindowResult(list(outputs.times), self._per_seq(batch, w.plan, outputs.ids),
+                            w.prepare_s, outputs.pythonize_s, gpu,
+                            sum(s.num_query_tokens for s in batch.seqs), w.launch_s)
 
     def _first_step(self, plan: WindowPlan) -> torch.Tensor:
         if plan.first_graph is not None:
@@ -358,7 +404,7 @@ class ModelRunner:
         keep.append(t)  # a non_blocking copy reads it later; it must outlive the copy
         return t.to(self.device, non_blocking=True)
 
-    def _plan(self, batch: Batch) -> WindowPlan:
+    def _plan(self, batch: Batch, overlap: bool = False) -> WindowPlan:
         seqs = batch.seqs
         multi = [i for i, s in enumerate(seqs) if s.num_query_tokens > 1]
         single = [i for i, s in enumerate(seqs) if s.num_query_tokens == 1]
@@ -370,8 +416,16 @@ class ModelRunner:
         step_rows = [sample_rows] + [[i for i in sample_rows if seqs[i].num_steps > j]
                                      for j in range(1, batch.num_steps)]
         plan = WindowPlan(step_rows, None)
+        if overlap:  # every step's samples go to the token map, where the next window reads them
+            plan.map_rows = rows = self.token_map.rows([s.request for s in seqs])
+            for j, step in enumerate(step_rows):
+                if j and step == step_rows[j - 1]:
+                    plan.map_writes.append(plan.map_writes[-1])
+                else:
+                    plan.map_writes.append(self._to_device(
+                        np.array([rows[i] for i in step], dtype=np.int64), plan.keep))
         if multi:
-            flat = self._flat_inputs(seqs, multi, single)
+            flat = self._flat_inputs(seqs, multi, single, plan.map_rows)
             key = (prefill_graph_key(len(flat.tokens), len(multi), self.cfg.prefill_graph_max_tokens)
                    if not single and self.prefill_graphs.graphs else None)
             if key is not None:
@@ -411,11 +465,15 @@ class ModelRunner:
         tables = self._to_device(_table_rows(rs, width), plan.keep)
         seq_lens = np.zeros(padded, dtype=np.int32)
         seq_lens[:n] = [s.num_cached_tokens + s.num_query_tokens + step - 1 for s in rs]
+        fetch = None
         if step == 0:
             seq_lens[:n] += 1
             tokens = np.zeros(padded, dtype=np.int64)
-            tokens[:n] = [s.request.token_ids(s.num_cached_tokens, s.num_cached_tokens + 1)[0]
-                          for s in rs]
+            ids, fetch = self._host_tokens(rs, [plan.map_rows[i] for i in rows]
+                                           if plan.map_rows else None)
+            tokens[:n] = ids
+            if fetch is not None:
+                fetch = tuple(self._to_device(a, plan.keep) for a in fetch)
             positions = np.zeros(padded, dtype=np.int64)
             positions[:n] = [s.num_cached_tokens for s in rs]
             slots = np.full(padded, PAD_SLOT_ID, dtype=np.int64)
@@ -433,20 +491,25 @@ class ModelRunner:
             b.block_tables[:n, :width].copy_(tables, non_blocking=True)
             if step == 0:
                 b.input_ids[:padded].copy_(tokens, non_blocking=True)
+                if fetch is not None:  # tokens of a window in flight, on the device
+                    b.input_ids.index_copy_(0, fetch[0], self.token_map.read(fetch[1]))
                 b.positions[:padded].copy_(positions, non_blocking=True)
                 b.slot_mapping[:padded].copy_(slots, non_blocking=True)
 
         return load
 
-    def _flat_inputs(self, seqs: list[ScheduledSeq], multi: list[int],
-                     single: list[int]) -> FlatInputs:
+    def _flat_inputs(self, seqs: list[ScheduledSeq], multi: list[int], single: list[int],
+                     map_rows: list[int] | None = None) -> FlatInputs:
         bs = self.block_size
         pre = [seqs[i] for i in multi]
         dec = [seqs[i] for i in single]
         every = pre + dec
+        # prefill chunks' tokens are all known (a request is re-admitted only once its tokens
+        # are); a decode's may be in flight
+        ids, fetch = self._host_tokens(dec, [map_rows[i] for i in single] if map_rows else None)
         tokens = np.concatenate([np.asarray(s.request.token_ids(
             s.num_cached_tokens, s.num_cached_tokens + s.num_query_tokens), dtype=np.int64)
-            for s in every])
+            for s in pre] + [np.asarray(ids, dtype=np.int64)])
         positions = np.concatenate([np.arange(s.num_cached_tokens,
                                               s.num_cached_tokens + s.num_query_tokens)
                                     for s in every])
@@ -466,7 +529,31 @@ class ModelRunner:
             _table_rows(pre, width),
             np.array([s.num_cached_tokens + 1 for s in dec], dtype=np.int32),
             _table_rows(dec, width), logits_indices, int(ends[len(pre) - 1]),
-            int(q_lens[:len(pre)].max()))
+            int(q_lens[:len(pre)].max()),
+            None if fetch is None else (fetch[0] + int(ends[len(pre) - 1]), fetch[1]))
+
+    @staticmethod
+    def _host_tokens(rs: list[ScheduledSeq], map_rows: list[int] | None
+                     ) -> tuple[list[int], tuple[np.ndarray, np.ndarray] | None]:
+        """The single input token of each decoding sequence as far as the host knows it, and
+        (index into ``rs``, token-map row) of those sampled by a window still in flight (their
+        host id is 0 until the device gathers them): overlap scheduling's placeholders."""
+        ids, index, rows = [], [], []
+        for r, s in enumerate(rs):
+            req, pos = s.request, s.num_cached_tokens
+            if pos < req.prompt_len + len(req.output_token_ids):
+                ids.append(req.token_ids(pos, pos + 1)[0])
+            elif map_rows is None:
+                raise RuntimeError(f"request {req.request_id}: the token at position {pos} is "
+                                   "not known yet (a window formed with overlap needs "
+                                   "launch_window(batch, overlap=True))")
+            else:
+                ids.append(0)
+                index.append(r)
+                rows.append(map_rows[r])
+        if not index:
+            return ids, None
+        return ids, (np.array(index, dtype=np.int64), np.array(rows, dtype=np.int64))
 
     def _step_inputs(self, f: FlatInputs, plan: WindowPlan) -> StepInputs:
         """Fresh device tensors for an eager step 1."""
@@ -477,8 +564,11 @@ class ModelRunner:
         decode = DecodeMetadata(dev(f.decode_seq_lens, keep), dev(f.decode_tables, keep)) \
             if len(f.decode_seq_lens) else None
         meta = AttentionMetadata(dev(f.slots, keep), f.num_prefill_tokens, prefill, decode)
-        return StepInputs(dev(f.tokens, keep), dev(f.positions, keep), meta,
-                          dev(f.logits_indices, keep))
+        input_ids = dev(f.tokens, keep)
+        if f.fetch is not None:  # queued behind the window in flight, whose samples it reads
+            input_ids.index_copy_(0, dev(f.fetch[0], keep),
+                                  self.token_map.read(dev(f.fetch[1], keep)))
+        return StepInputs(input_ids, dev(f.positions, keep), meta, dev(f.logits_indices, keep))
 
     def _prefill_load(self, f: FlatInputs, key: tuple[int, int],
                       plan: WindowPlan) -> Callable[[], None]:

@@ -1,14 +1,16 @@
-"""Token sampling on the device: greedy, temperature, top-k and top-p, seeded, with no host sync."""
+"""Token sampling on the device: greedy, temperature, top-k and top-p, seeded, with no host sync;
+the device-side map of each request's newest token that overlap scheduling reads inputs from."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from policies.base import check_settings
+from policies.request import Request, RequestState
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +59,42 @@ def sample(logits: torch.Tensor, params: SamplingParams,
     # Gumbel-max in its exponential form: argmax(p / E), E ~ Exp(1), samples from p with no sync.
     noise = torch.empty_like(probs).exponential_(generator=generator)
     return (probs / noise).argmax(dim=-1)
+
+
+class TokenMap:
+    """Each running request's newest sampled token on the device, in a row the map hands out.
+
+    Overlap scheduling builds window n+1's inputs before window n's ids reach the host:
+    sampling writes every step's ids into the map, and window n+1's input ids are gathered
+    from it on the device. A request's row goes back once it is no longer running; a window
+    still in flight may write the row after that, but the stream runs windows in order, so its
+    next owner writes the row (its first sample) before anything reads it.
+    """
+
+    def __init__(self, num_rows: int, device: torch.device) -> None:
+        self.tokens = torch.zeros(num_rows, dtype=torch.int64, device=device)
+        self._row: dict[Request, int] = {}
+        self._free = list(range(num_rows - 1, -1, -1))
+
+    def rows(self, requests: Sequence[Request]) -> list[int]:
+        """Each request's row, handed out on first use (rows of finished and preempted
+        requests are given back first)."""
+        row = self._row
+        for req in [r for r in row if r.state is not RequestState.RUNNING]:
+            self._free.append(row.pop(req))
+        out = []
+        for req in requests:
+            r = row.get(req)
+            if r is None:
+                if not self._free:
+                    raise RuntimeError(f"the token map's {len(row)} rows are all held by "
+                                       "running requests")
+                r = row[req] = self._free.pop()
+            out.append(r)
+        return out
+
+    def write(self, rows: torch.Tensor, sampled: torch.Tensor) -> None:
+        self.tokens.index_copy_(0, rows, sampled)
+
+    def read(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.tokens.index_select(0, rows)
