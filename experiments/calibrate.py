@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             elasticity if args.clock_elasticity is None else args.clock_elasticity,
                             fixed, args.bootstrap) if args.bootstrap else None)
     except (ValueError, OSError, pd.errors.ParserError) as err:
-        raise SystemExit(f"error: {err}") from None
+        print(f"error: {err}", file=sys.stderr)  # one line naming the file or setting
+        raise SystemExit(2) from None
     terms = term_errors(steps)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = "python -m experiments.calibrate " + " ".join(argv if argv is not None else

@@ -141,3 +141,11 @@ def test_one_bootstrap_resample_is_refused():
     with pytest.raises(SystemExit) as exc:
         calibrate.main(["--data", str(DATA), "--bootstrap", "1"])
     assert exc.value.code == 2
+
+
+def test_missing_data_is_a_one_line_error_with_exit_code_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        calibrate.main(["--data", str(tmp_path / "absent.csv"), "--conf-dir", str(tmp_path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "absent.csv" in err and "\n" not in err
