@@ -446,3 +446,29 @@ def test_sim_overlap_off_is_unchanged_and_overlap_is_refused_with_pipeline_stage
     pp2 = dataclasses.replace(H100, pp=2)
     with pytest.raises(ValueError, match="policy.overlap with hardware.pp = 2 is not modelled"):
         simulate_policy("single_step", synthetic(4), HAND, overlap=True, hw=pp2)
+
+
+def test_overlap_suite_smoke(tmp_path):
+    """benchmarks/overlap_suite.py --smoke: every run of the H200 script on the tiny model,
+    each recorded with its overlap setting, then the table and the acceptance checks."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "overlap_suite.py"), str(tmp_path), "--smoke",
+         "--prompts", "3", "--poisson-prompts", "3", "--rates", "40"],
+        capture_output=True, text=True, timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = {p.parent.relative_to(tmp_path).as_posix(): json.loads(p.read_text())
+            for p in tmp_path.rglob("result.json")}
+    assert len(runs) == 9
+    for tag, res in runs.items():
+        assert res["completed"] == 3
+        assert res["schedlab"]["policy_settings"]["overlap"] == tag.split("_rate")[0].endswith(
+            "overlap"), tag
+    assert runs["grid/multi_step_k4_overlap"]["schedlab"]["k"] == 4
+    table = proc.stdout[proc.stdout.index("req/s"):]
+    assert "FAILED" not in table and "single_step+overlap / multi_step k=8 req/s" in table
+    assert "rate 40: median TTFT" in table
