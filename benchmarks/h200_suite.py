@@ -158,10 +158,7 @@ def served_synthetic(model: str, base: Path, smoke: bool) -> str:
     on this model: rows, window timeline and clock samples as calibration data keeps them."""
     import pandas as pd
 
-    try:  # the calibration's measuring side (experiments.measure once split from the fit)
-        from experiments.measure import Profiler, grid
-    except ImportError:
-        from experiments.calibrate import Profiler, grid
+    from experiments.measure import Profiler, grid
     t0 = time.perf_counter()
     spec = load_spec(model)
     p = Profiler(spec, {"device": "cpu", "num_blocks": 256} if smoke else {"device": "cuda"}, 1)
