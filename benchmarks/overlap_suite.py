@@ -71,8 +71,9 @@ def acceptance(results: dict[str, dict | None], rates: list[str]) -> list[str]:
         out.append(f"median TPOT {over['median_tpot_ms']:.2f} vs {multi['median_tpot_ms']:.2f} ms "
                    f"(no worse: {over['median_tpot_ms'] <= multi['median_tpot_ms']})")
         ratio = over["median_itl_ms"] / over["median_tpot_ms"]
-        out.append(f"single_step+overlap median ITL / median TPOT: {ratio:.3f} (no bursts: "
-                   f"{0.9 <= ratio <= 1.1})")
+        # a k-token burst puts ITL near k x TPOT; prefills between decodes put it below TPOT
+        out.append(f"single_step+overlap median ITL / median TPOT: {ratio:.3f} (no bursts, "
+                   f"<= 1.1: {ratio <= 1.1})")
     for rate in rates:
         plain, over = get(f"poisson/single_step_rate{rate}"), \
             get(f"poisson/single_step_overlap_rate{rate}")
