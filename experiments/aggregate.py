@@ -20,7 +20,7 @@ SUMMARY_KEYS = ["completed", "duration", "total_input_tokens", "total_output_tok
                 "request_throughput", "output_throughput", "total_token_throughput"]
 LATENCY_KEYS = [f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
                 for stat in ("mean", "median", "std", "p99")]
-SCHEDLAB_KEYS = ["backend", "policy", "k", "model", "hardware", "overhead", "wall_seconds",
+SCHEDLAB_KEYS = ["backend", "policy", "k", "overlap", "model", "hardware", "overhead", "wall_seconds",
                  "num_blocks",
                  "num_invocations", "num_preemptions", "num_wasted_steps", "gpu_busy_fraction",
                  "simulated_seconds_per_wall_second", "time_scale"]

@@ -49,9 +49,21 @@ def _groups(df: pd.DataFrame, keys: list[str]):
 
 def _line_key(sub: pd.DataFrame) -> list[str]:
     keys = ["policy"]
+    if "overlap" in sub and sub["overlap"].nunique(dropna=False) > 1:  # overlap on and off
+        keys.append("overlap")
     if "hardware" in sub and sub["hardware"].nunique() > 1:
         keys.append("hardware")
     return keys
+
+
+def _line_label(values: dict) -> str:
+    """A series' legend text: the policy, "+ overlap" where overlap is on, then the GPU."""
+    label = str(values["policy"])
+    if str(values.get("overlap")).lower() in ("true", "1", "1.0"):  # numpy bool, CSV text
+        label += " + overlap"
+    if "hardware" in values:
+        label += f" / {values['hardware']}"
+    return label
 
 
 def _title(ctx: dict, what: str) -> str:
@@ -88,8 +100,10 @@ def plot_steps(df: pd.DataFrame, out: Path) -> list[Path]:
             continue
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         fig2, (ax_ttft, ax_tpot) = plt.subplots(1, 2, figsize=(11, 4.2))
-        for name, line in sub.groupby(_line_key(sub)):
-            label = " / ".join(map(str, name)) if isinstance(name, tuple) else str(name)
+        keys = _line_key(sub)
+        for name, line in sub.groupby(keys):
+            label = _line_label(dict(zip(keys, name if isinstance(name, tuple) else (name,),
+                                         strict=True)))
             for a, col in ((ax, "request_throughput"), (ax_ttft, "median_ttft_ms"),
                            (ax_tpot, "median_tpot_ms")):
                 _plot_repeats(a, line, col, label)

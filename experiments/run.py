@@ -100,6 +100,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
         "policy": policy_name,
         "policy_settings": policy.describe(),
         "k": getattr(policy, "num_steps", 1),
+        "overlap": bool(getattr(policy, "overlap", False)),
         "model": model.name,
         "hardware": (plain(cfg["hardware"]).get("name") if backend["name"] == "sim"
                      else getattr(outcome, "stats", {}).get("device_name", backend.get("device"))),

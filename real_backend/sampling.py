@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from policies.base import check_settings
+from policies.base import check_int, check_number, check_settings
 from policies.request import Request, RequestState
 
 
@@ -31,8 +31,10 @@ class SamplingParams:
     def from_mapping(cls, d: Mapping[str, Any] | None) -> SamplingParams:
         d = dict(d or {})
         check_settings("backend.sampling", d, ("temperature", "top_k", "top_p"))
-        return cls(float(d.get("temperature", 0.0)), int(d.get("top_k", -1)),
-                   float(d.get("top_p", 1.0)))
+        # checked, never cast: top_k=2.5 must not run as 2, nor temperature=nan as anything
+        return cls(float(check_number("backend.sampling.temperature", d.get("temperature", 0.0))),
+                   check_int("backend.sampling.top_k", d.get("top_k", -1), -1),
+                   float(check_number("backend.sampling.top_p", d.get("top_p", 1.0))))
 
     @property
     def greedy(self) -> bool:

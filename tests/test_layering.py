@@ -25,8 +25,8 @@ def test_policies_import_nothing_from_backends():
 def test_every_module_has_a_line_in_architecture_doc():
     root = Path(__file__).resolve().parent.parent
     doc = (root / "docs" / "architecture.md").read_text()
-    for pkg in ("policies", "simulator", "real_backend", "experiments"):
-        for path in (root / pkg).glob("*.py"):
-            if path.name == "__init__.py":
+    for pkg in ("policies", "simulator", "real_backend", "experiments", "benchmarks"):
+        for path in (root / pkg).rglob("*.py"):  # subpackages too (experiments/workload/)
+            if path.name == "__init__.py" or "__pycache__" in path.parts:
                 continue
             assert f"`{path.name}`" in doc or f"`{path.stem}.py`" in doc, f"{pkg}/{path.name}"

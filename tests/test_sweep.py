@@ -184,3 +184,32 @@ def test_simulated_repeats_average_runs_over_time_scales(tmp_path):
     assert got["repeats"] == 2 and got["median_ttft_ms"] == pytest.approx(sum(ttft) / 2)
     assert got["spread"]["median_ttft_ms"] == pytest.approx(abs(ttft[1] - ttft[0]) * 2 / sum(ttft))
     assert all(math.isfinite(v) for v in got["spread"].values())
+
+
+def test_overlap_runs_are_series_of_their_own(tmp_path):
+    """A sweep over policy.overlap draws overlap on and off as two series (not averaged into
+    one), labelled '+ overlap', and the aggregate row says which run had it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from experiments import plot
+
+    rows = [{"backend": "sim", "model": "llama3_8b", "hardware": "h200", "workload": "sharegpt",
+             "request_rate": float("inf"), "policy": "multi_step", "k": k, "overlap": ov,
+             "request_throughput": 10.0 * k + (5 if ov else 0), "median_ttft_ms": 1.0,
+             "median_tpot_ms": 1.0} for k in (1, 2, 4) for ov in (False, True)]
+    df = pd.DataFrame(rows)
+    assert plot._line_key(df) == ["policy", "overlap"]
+    made = plot.plot_steps(df, tmp_path)
+    assert made
+    fig_labels = {plot._line_label({"policy": "multi_step", "overlap": ov}) for ov in (0, 1)}
+    assert fig_labels == {"multi_step", "multi_step + overlap"}
+    out = subprocess.run([sys.executable, "-m", "experiments.run", "policy=single_step",
+                          "policy.overlap=true", "workload=synthetic", "workload.num_prompts=4",
+                          "model=tiny", "hardware=cpu", "overhead=none", "progress=false",
+                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    from experiments.aggregate import aggregate
+
+    assert aggregate(tmp_path / "run")["overlap"].tolist() == [True]

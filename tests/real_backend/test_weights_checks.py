@@ -259,6 +259,10 @@ def test_integer_tensor_is_refused(ckpt: Path) -> None:
 
 @pytest.mark.parametrize("settings, fragment", [
     ({"foo": 1}, "backend has no setting 'foo'"),
+    ({"sampling": {"top_k": 2.5}}, "backend.sampling.top_k must be an integer >= -1, got 2.5"),
+    ({"sampling": {"temperature": float("nan")}}, "backend.sampling.temperature must be a fin"),
+    ({"sampling": {"temperature": "abc"}}, "backend.sampling.temperature must be a finite"),
+    ({"sampling": {"top_p": float("inf")}}, "backend.sampling.top_p must be a finite"),
     ({"seed": 1.5}, "backend.seed must be an integer"),
     ({"seed": -1}, "backend.seed must be an integer >= 0"),
     ({"cuda_graphs": "yes"}, "backend.cuda_graphs must be true or false"),
