@@ -34,7 +34,7 @@ LLAMA3_BOS = 128000
 
 @pytest.fixture(autouse=True)
 def _shared_cache(tmp_path_factory, monkeypatch):
-    # One cache for the session: the bundled file's counts are built once, never in ~/.cache.
+    # One cache for the whole test run: the bundled file's counts are built once, never in ~/.cache.
     monkeypatch.setenv("SCHEDLAB_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
