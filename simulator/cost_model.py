@@ -71,6 +71,8 @@ class StepShape:
     kv_tokens: int  # KV-cache tokens the step's attention touches
     is_first: bool  # step 1 of its window (later steps follow an advance_step)
     max_kv_tokens: int = 0  # the longest decoding sequence's context (0: not known)
+    num_prefill_seqs: int = 0  # sequences with a prefill chunk (0 with prefill tokens: not known)
+    prefill_kv_tokens: int = 0  # of kv_tokens, those of the prefill chunks (c + q each)
 
 
 def window_shapes(batch: Batch) -> list[StepShape]:
@@ -80,7 +82,7 @@ def window_shapes(batch: Batch) -> list[StepShape]:
     leaving = [0] * (k + 1)  # leaving[m]: sequences taking part in exactly m steps
     leaving_ctx = [0] * (k + 1)  # their tokens in the cache after step 1 (c + q)
     leaving_max = [0] * (k + 1)  # the longest of them
-    tokens = prefill_tokens = sampled = kv = pairs = longest = 0
+    tokens = prefill_tokens = sampled = kv = pairs = longest = prefill_seqs = prefill_kv = 0
     for s in seqs:
         q = s.num_query_tokens
         c = s.num_cached_tokens
@@ -89,6 +91,8 @@ def window_shapes(batch: Batch) -> list[StepShape]:
         kv += cq
         if s.is_prefill:
             prefill_tokens += q
+            prefill_seqs += 1
+            prefill_kv += cq
             pairs += q * (q + 1) // 2 + q * c
         elif cq > longest:
             longest = cq
@@ -102,7 +106,7 @@ def window_shapes(batch: Batch) -> list[StepShape]:
             if cq > leaving_max[m]:
                 leaving_max[m] = cq
     shapes = [StepShape(tokens, len(seqs), prefill_tokens, sampled, float(pairs), kv, True,
-                        longest)]
+                        longest, prefill_seqs, prefill_kv)]
     if k == 1:
         return shapes
     for m in range(k - 1, -1, -1):  # leaving_max[m]: the longest sequence taking >= m steps
@@ -169,6 +173,10 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
     bound terms (matmul compute sides, prefill attention) take, both at clock slowdown ``slow``."""
     if shape.num_seqs == 0:
         return 0.0, 0.0  # a step nobody takes part in launches nothing
+    if hw.op_tables:  # priced from operator tables (simulator.op_cost) rather than rooflines
+        from simulator.op_cost import op_step_cost
+
+        return op_step_cost(shape, model, hw, slow)
     tp, L = hw.tp, model.num_layers
     h, V, d = model.hidden_size, model.vocab_size, model.dtype_bytes
     flops = hw.peak_flops

@@ -61,11 +61,21 @@ class HardwareSpec:
     clock_power_slowdown: float = 0.0
     clock_heat_slowdown: float = 0.0
     clock_tau_s: float = 10.0  # how fast the heat follows the load
+    # operator tables (simulator.op_cost): a directory of benchmarks/operators.py's CSVs, relative
+    # to conf/ or absolute; set, it prices every step from them and the efficiencies, rates and
+    # fixed times above are unused (tp > 1 keeps the all-reduce terms)
+    op_tables: str = ""
+    op_kernel_factor: float = 1.0  # served kernels' time over the tables' isolated time
+    # served compute-bound kernels' slowdown over the tables' (the power-limited clock under
+    # sustained load: the tables' points ran in short bursts at the full clock)
+    op_compute_factor: float = 1.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.op_tables, str):
+            raise ValueError(f"hardware.op_tables must be a directory name, got {self.op_tables!r}")
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name != "name" and (isinstance(value, bool) or not isinstance(value, (int, float))
+            if f.name not in ("name", "op_tables") and (isinstance(value, bool) or not isinstance(value, (int, float))
                                      or value != value):
                 raise ValueError(f"hardware.{f.name} must be a number, got {value!r}")
         for name in ("peak_tflops", "hbm_gib", "hbm_tbps", "nvlink_gbps"):
@@ -88,6 +98,9 @@ class HardwareSpec:
                      "mixed_kernels_per_layer", "piecewise_eager_kernels_per_layer"):
             if getattr(self, name) < 0:
                 raise ValueError(f"hardware.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("op_kernel_factor", "op_compute_factor"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"hardware.{name} must be > 0, got {getattr(self, name)}")
         if not self.clock_tau_s > 0:
             raise ValueError(f"hardware.clock_tau_s must be > 0, got {self.clock_tau_s}")
         for name in ("cuda_graph_max_batch", "prefill_graph_max_tokens",

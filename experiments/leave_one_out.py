@@ -1,0 +1,397 @@
+"""Leave-one-model-out validation: profiles fitted without a model's data predict its served runs.
+
+    python -m experiments.leave_one_out --out docs/validation/models
+
+For each model of the spec (default: llama3_2_1b, llama3_2_3b, llama3_8b, llama2_13b measured
+on an H200, ``DEFAULT_SPEC``), the held-out model's rows are dropped first, then:
+
+1. GPU: ``conf/hardware/h200_ops.yaml`` prices steps from the operator tables, which cover every
+   model shape and were never fitted to one; its two served-vs-isolated factors
+   (``op_kernel_factor``, ``op_compute_factor``) are fitted on the other models' served t=0
+   windows. At t=0 the simulator forms exactly the measured windows (every run checks this), so
+   each window's kernel time K and compute-bound share C come from simulated runs at unit and
+   doubled factors, and the measured GPU time g ~ G + a K + b C by least squares
+   (a = op_kernel_factor, b = a (op_compute_factor - 1); G: the launch terms).
+2. CPU: ``experiments.fit.fit_overhead`` over the other models' served windows pooled (their
+   idle time between windows, less the last step's pythonization; a window after which the GPU
+   waited for arrivals is read as its timed CPU phases instead).
+3. The held-out model's runs (t=0 and its Poisson rate, single_step, multi_step k=8 and cp1 k=8
+   where measured) are simulated with the measured KV cache and scheduler settings, as
+   ``experiments.validate.predict`` does, and compared on request throughput, median TTFT and
+   median TPOT. The old profile (h200_calibrated + schedlab_h200, fitted on llama3_8b steps)
+   predicts the same runs for comparison.
+
+Writes ``OUT.csv`` (model x configuration x metric x profile: predicted, measured, error),
+``OUT_fit.csv`` (each fold's fitted coefficients) and ``OUT.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import io
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from experiments.files import write_text_atomic
+from experiments.fit import fit_overhead
+from experiments.measured import measured_from_dir
+from experiments.validate import (
+    InputError,
+    _Parser,
+    load_profile,
+    predict,
+    run_one,
+    time_scales,
+    writable_dir,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICIES = [("single_step", None), ("multi_step", 8), ("cp1", 8)]
+TARGET_METRICS = {"request_throughput": 0.03, "median_ttft_ms": 0.10, "median_tpot_ms": 0.10}
+NEW, OLD = "h200_ops (held out)", "h200_calibrated + schedlab_h200"
+# a window after which the GPU idled longer than this many times its timed CPU phases waited
+# for arrivals: its CPU cost is read from the timed phases
+IDLE_FACTOR = 2.0
+IDLE_MARGIN_S = 200e-6
+FACTOR_BOUNDS = (0.5, 3.0)  # op_kernel_factor and op_compute_factor stay within these
+
+
+@dataclass(frozen=True)
+class ModelRuns:
+    """Where one model's measured runs are and how they were run."""
+
+    model: str
+    dirs: list[str]  # result.json trees (t=0 and Poisson), read by experiments.measured
+    rate: float  # its Poisson rate (req/s) in the table
+    steps: dict[str, str] = field(default_factory=dict)  # "policy_kK" -> t=0 steps.csv
+    poisson_steps: list[str] = field(default_factory=list)  # Poisson runs' steps.csv files
+    overrides: list[str] = field(default_factory=list)  # the runs' scheduler settings
+
+
+def _model_dir(name: str, rate: float, overrides: list[str] | None = None) -> ModelRuns:
+    base = f"docs/validation/measured/models/{name}"
+    return ModelRuns(name, [f"{base}/t0", f"{base}/poisson"], rate,
+                     {tag: f"{base}/t0/{tag}/steps.csv.gz"
+                      for tag in ("single_step_k1", "multi_step_k8", "cp1_k8")},
+                     [f"{base}/poisson/*/steps.csv.gz"], overrides or [])
+
+
+DEFAULT_SPEC = [
+    # max_model_len 131072: the runs capped a step at 8192 tokens
+    _model_dir("llama3_2_1b", 79, ["scheduler.max_num_batched_tokens=8192"]),
+    _model_dir("llama3_2_3b", 44),
+    ModelRuns("llama3_8b", ["docs/validation/measured/grid", "docs/validation/measured/poisson"],
+              20, {tag: f"docs/validation/measured/steps/{tag}.steps.csv"
+                   for tag in ("single_step_k1", "multi_step_k8", "cp1_k8")}),
+    _model_dir("llama2_13b", 14),
+]
+
+
+def load_spec(path: str | None) -> list[ModelRuns]:
+    """The built-in spec, or a YAML list of ModelRuns mappings (paths relative to the file)."""
+    if path is None:
+        return [_rooted(r, ROOT) for r in DEFAULT_SPEC]
+    f = Path(path)
+    try:
+        items = yaml.safe_load(f.read_text())
+        runs = [ModelRuns(**item) for item in items]
+    except (OSError, yaml.YAMLError, TypeError) as err:
+        raise InputError(f"--spec {path}: not a list of model runs ({err})") from None
+    return [_rooted(r, f.parent) for r in runs]
+
+
+def _rooted(r: ModelRuns, base: Path) -> ModelRuns:
+    def p(s: str) -> str:
+        return str(base / s)
+
+    return ModelRuns(r.model, [p(d) for d in r.dirs], float(r.rate),
+                     {k: p(v) for k, v in r.steps.items()}, [p(g) for g in r.poisson_steps],
+                     list(r.overrides))
+
+
+def _tag(policy: str, k: int | None) -> str:
+    return f"{policy}_k{k or 1}"
+
+
+def _read_steps(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path)
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path}: cannot read steps ({err})") from None
+
+
+# ---------------------------------------------------------------------------- measured
+def measured_configs(runs: ModelRuns) -> dict[tuple, dict[str, Any]]:
+    """(policy, k, rate) -> the measurement (repeats averaged), for the table's configurations."""
+    out = {}
+    for d in runs.dirs:
+        if not Path(d).is_dir():
+            raise InputError(f"{runs.model}: measured directory {d} does not exist")
+        try:
+            found = measured_from_dir(Path(d))
+        except ValueError as err:
+            raise InputError(f"{runs.model}: {err}") from None
+        for (policy, k, rate), meas in found.items():
+            if (policy, k) in POLICIES and (math.isinf(rate) or rate == runs.rate):
+                out[(policy, k, rate)] = meas
+    if not out:
+        raise InputError(f"{runs.model}: no measured single_step, multi_step k=8 or cp1 k=8 run "
+                         f"in {', '.join(runs.dirs)}")
+    return out
+
+
+def served_windows(runs: ModelRuns) -> pd.DataFrame:
+    """Every measured served window of the model (t=0 and Poisson): fit_overhead's rows."""
+    files = [Path(p) for p in runs.steps.values()]
+    for pattern in runs.poisson_steps:
+        files += [Path(p) for p in sorted(glob.glob(pattern))]
+    frames = []
+    for f in files:
+        s = _read_steps(f)
+        gap = s["t_start"].shift(-1) - s["t_start"] - s["gpu_s"]
+        cpu = s["schedule_s"] + s["prepare_s"] + s["update_s"]
+        timed = cpu + s["launch_s"] + s["pythonize_s"]
+        gap = gap.where(gap <= IDLE_FACTOR * timed + IDLE_MARGIN_S)  # idle: waited for arrivals
+        frames.append(s.assign(kind="served", cpu_s=cpu, gap_s=gap.clip(lower=0.0),
+                               model=runs.model, file=str(f)))
+    return pd.concat(frames, ignore_index=True)
+
+
+# ---------------------------------------------------------------------------- GPU factors
+def sim_overrides(runs: ModelRuns, policy: str, k: int | None, rate: float, meas: dict,
+                  ) -> list[str]:
+    ov = [f"policy={policy}", f"model={runs.model}", "workload=sharegpt",
+          f"workload.num_prompts={meas.get('num_prompts') or 1000}",
+          f"workload.seed={meas.get('seed') or 0}",
+          f"workload.request_rate={'inf' if math.isinf(rate) else rate}", "progress=false",
+          "backend=sim", "backend.stream_per_step=true"]
+    if k is not None:
+        ov.append(f"policy.num_steps={k}")
+    return ov + list(runs.overrides)
+
+
+def factor_rows(runs: ModelRuns, measured: dict[tuple, dict], hw: dict, overhead: dict,
+                work: Path) -> pd.DataFrame:
+    """The model's t=0 windows: measured GPU time g, and from simulated runs of the same windows
+    at unit and doubled factors, the launch part G, kernels K and compute-bound share C."""
+    frames = []
+    for (policy, k, rate), meas in sorted(measured.items(), key=str):
+        tag = _tag(policy, k)
+        if not math.isinf(rate) or tag not in runs.steps:
+            continue
+        base = sim_overrides(runs, policy, k, rate, meas)
+        cache = [f"backend.num_blocks={meas['cache_sizes'][0]}"] if meas["cache_sizes"] else []
+        gpu = {}
+        for name, kf, cf in (("unit", 1.0, 1.0), ("kernel2", 2.0, 1.0), ("compute2", 1.0, 2.0)):
+            prof = {**hw, "op_kernel_factor": kf, "op_compute_factor": cf}
+            run_dir = work / runs.model / f"{tag}_{name}"
+            with contextlib.redirect_stdout(io.StringIO()):  # each run prints its summary
+                run_one(base + cache, run_dir, {"hardware": prof, "overhead": overhead})
+            gpu[name] = pd.read_csv(run_dir / "steps.csv")
+        meas_steps = _read_steps(Path(runs.steps[tag]))
+        cols = ["k", "num_seqs", "num_tokens", "kv_tokens"]
+        sim = gpu["unit"]
+        if len(sim) != len(meas_steps) or not (sim[cols].to_numpy()
+                                                == meas_steps[cols].to_numpy()).all():
+            raise InputError(f"{runs.model} {tag}: the simulator formed other windows than "
+                             f"{runs.steps[tag]} measured; the GPU fit needs the same windows")
+        K = gpu["kernel2"]["gpu_s"] - sim["gpu_s"]
+        frames.append(pd.DataFrame({"model": runs.model, "config": tag,
+                                    "g": meas_steps["gpu_s"], "K": K,
+                                    "C": gpu["compute2"]["gpu_s"] - sim["gpu_s"],
+                                    "G": sim["gpu_s"] - K}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["model", "config", "g", "K", "C", "G"])
+
+
+def fit_factors(rows: pd.DataFrame) -> tuple[float, float]:
+    """(op_kernel_factor, op_compute_factor) from g ~ G + a K + b C by least squares, a and
+    a (1 + b / a) kept within FACTOR_BOUNDS."""
+    from scipy.optimize import lsq_linear
+
+    if rows.empty:
+        raise InputError("no served t=0 windows of the other models to fit the GPU factors on")
+    X = rows[["K", "C"]].to_numpy(float)
+    y = (rows["g"] - rows["G"]).to_numpy(float)
+    lo, hi = FACTOR_BOUNDS
+    sol = lsq_linear(X, y, bounds=([lo, 0.0], [hi, hi]), method="bvls", tol=1e-12).x
+    a, b = float(sol[0]), float(sol[1])
+    return round(a, 4), round(min(max(1.0 + b / a, lo), hi), 4)
+
+
+# ---------------------------------------------------------------------------- folds
+def fold_profiles(held_out: str, windows: pd.DataFrame, gpu_rows: pd.DataFrame, hw: dict,
+                  ) -> tuple[dict, dict, dict[str, float]]:
+    """The hardware and overhead profiles fitted without ``held_out``'s rows, and the fit."""
+    others_gpu = gpu_rows[gpu_rows["model"] != held_out]
+    others_win = windows[windows["model"] != held_out]
+    kf, cf = fit_factors(others_gpu)
+    hw_fold = {**hw, "name": f"h200_ops_without_{held_out}", "op_kernel_factor": kf,
+               "op_compute_factor": cf}
+    ov, _ = fit_overhead(others_win, f"served_without_{held_out}")
+    fit = {"op_kernel_factor": kf, "op_compute_factor": cf,
+           **{key: v for key, v in ov.items() if key.endswith("_us")},
+           "gpu_windows": len(others_gpu), "cpu_windows": len(others_win),
+           "fit_models": ";".join(sorted(set(others_gpu["model"])))}
+    return hw_fold, ov, fit
+
+
+def predict_config(runs: ModelRuns, policy: str, k: int | None, rate: float, meas: dict,
+                   profiles: dict, scales: list[float], work: Path, label: str) -> list[dict]:
+    tag = f"{_tag(policy, k)}_rate{'inf' if math.isinf(rate) else f'{rate:g}'}"
+    with contextlib.redirect_stdout(io.StringIO()):  # each run prints its summary
+        pred = predict(sim_overrides(runs, policy, k, rate, meas),
+                       work / runs.model / ("new" if label == NEW else "old") / tag,
+                       profiles, meas["cache_sizes"], scales)
+    rows = []
+    for metric, target in TARGET_METRICS.items():
+        p, q = pred.get(metric), meas.get(metric)
+        err = (p - q) / q
+        rows.append({"model": runs.model, "policy": policy, "k": k or 1,
+                     "request_rate": rate, "metric": metric, "profile": label,
+                     "predicted": p, "measured": q, "rel_error": err,
+                     "target": target, "over_target": abs(err) > target,
+                     "repeats": meas.get("repeats", 1)})
+    return rows
+
+
+def leave_one_out(spec: list[ModelRuns], models: list[str] | None, scales: list[float],
+                  work: Path, old: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    hw = load_profile("hardware", "h200_ops")
+    base_ov = load_profile("overhead", "schedlab_h200")
+    measured = {r.model: measured_configs(r) for r in spec}
+    windows = pd.concat([served_windows(r) for r in spec], ignore_index=True)
+    gpu_rows = pd.concat([factor_rows(r, measured[r.model], hw, base_ov, work / "factors")
+                          for r in spec], ignore_index=True)
+    old_profiles = {"hardware": load_profile("hardware", "h200_calibrated"),
+                    "overhead": base_ov}
+    rows, fits = [], []
+    for runs in spec:
+        if models and runs.model not in models:
+            continue
+        hw_fold, ov_fold, fit = fold_profiles(runs.model, windows, gpu_rows, hw)
+        fits.append({"held_out": runs.model, **fit})
+        for (policy, k, rate), meas in sorted(measured[runs.model].items(), key=str):
+            rows += predict_config(runs, policy, k, rate, meas,
+                                   {"hardware": hw_fold, "overhead": ov_fold}, scales, work, NEW)
+            if old:
+                rows += predict_config(runs, policy, k, rate, meas, old_profiles, scales, work,
+                                       OLD)
+    return pd.DataFrame(rows), pd.DataFrame(fits)
+
+
+# ---------------------------------------------------------------------------- output
+def markdown(df: pd.DataFrame, fits: pd.DataFrame, command: str) -> str:
+    lines = [f"Command: `{command}`", "",
+             "Each model's runs predicted by profiles fitted without that model's data "
+             f"(**{NEW}**), and by the old profile fitted on llama3_8b's steps "
+             f"(**{OLD}**; for llama3_8b it is not held out). Error = (predicted - measured) / "
+             "measured; targets: |error| <= 3% request throughput, <= 10% median TTFT and "
+             "median TPOT; **bold**: over target.", ""]
+    metrics = list(TARGET_METRICS)
+    head = "| model | policy | k | rate | " + " | ".join(
+        f"{m} measured | new | old" for m in metrics) + " |"
+    lines += [head, "|---|---|---|---|" + "---|---|---|" * len(metrics)]
+    key = ["model", "policy", "k", "request_rate"]
+    order = {m: i for i, m in enumerate(dict.fromkeys(df["model"]))}
+    for (model, policy, k, rate), g in sorted(df.groupby(key, sort=False),
+                                              key=lambda kv: (order[kv[0][0]], str(kv[0][1:]))):
+        cells = []
+        for m in metrics:
+            sub = g[g["metric"] == m].set_index("profile")
+            meas = sub["measured"].iloc[0]
+            cells.append(f"{meas:.4g}")
+            for prof in (NEW, OLD):
+                if prof in sub.index:
+                    e, over = sub.loc[prof, "rel_error"], sub.loc[prof, "over_target"]
+                    cells.append(f"**{e:+.1%}**" if over else f"{e:+.1%}")
+                else:
+                    cells.append("n/a")
+        rate_s = "t=0" if math.isinf(rate) else f"{rate:g}/s"
+        lines.append(f"| {model} | {policy} | {k} | {rate_s} | " + " | ".join(cells) + " |")
+    lines += ["", "Worst |error| per model and metric (new / old):", "",
+              "| model | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
+    for model in order:
+        cells = []
+        for m in metrics:
+            sub = df[(df["model"] == model) & (df["metric"] == m)]
+            worst = [sub[sub["profile"] == p]["rel_error"].abs().max() for p in (NEW, OLD)]
+            cells.append(" / ".join("n/a" if w != w else f"{w:.1%}" for w in worst))
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    lines += ["", "Coefficients fitted in each fold (the held-out model's rows dropped first):",
+              "", "| " + " | ".join(fits.columns) + " |", "|---" * len(fits.columns) + "|"]
+    for row in fits.itertuples(index=False):
+        lines.append("| " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v)
+                                       for v in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+NOTES_MARK = "<!-- notes: kept when the table is rebuilt -->"
+
+
+def write(df: pd.DataFrame, fits: pd.DataFrame, out: str, command: str) -> None:
+    """``out``.csv, ``out``_fit.csv and ``out``.md, each written whole; the .md keeps the
+    hand-written notes below NOTES_MARK of the file it replaces."""
+    md = Path(f"{out}.md")
+    notes = ""
+    if md.exists() and NOTES_MARK in (old := md.read_text()):
+        notes = "\n" + NOTES_MARK + old.split(NOTES_MARK, 1)[1]
+    write_text_atomic(Path(f"{out}.csv"), df.to_csv(index=False, float_format="%.6g"))
+    write_text_atomic(Path(f"{out}_fit.csv"), fits.to_csv(index=False, float_format="%.6g"))
+    write_text_atomic(md, "# Leave-one-model-out validation (H200)\n\n"
+                      + markdown(df, fits, command) + notes)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = _Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="docs/validation/models",
+                    help="path prefix of the tables: OUT.csv, OUT_fit.csv and OUT.md")
+    ap.add_argument("--runs", default="leave_one_out_runs", help="where simulated runs go")
+    ap.add_argument("--spec", default=None,
+                    help="YAML list of model runs (model, dirs, rate, steps, poisson_steps, "
+                    "overrides); default: the four H200 models in docs/validation/measured")
+    ap.add_argument("--models", default=None,
+                    help="comma-separated models to hold out (default: every model)")
+    ap.add_argument("--sim-repeats", type=int, default=5,
+                    help="simulated runs per configuration over time scales 1 +- --sim-spread")
+    ap.add_argument("--sim-spread", type=float, default=0.01)
+    ap.add_argument("--no-old", action="store_true", help="skip the old profile's predictions")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    args = parse_args(argv)
+    try:
+        spec = load_spec(args.spec)
+        models = args.models.split(",") if args.models else None
+        unknown = sorted(set(models or []) - {r.model for r in spec})
+        if unknown:
+            raise InputError(f"--models: {', '.join(unknown)} not in the spec's models "
+                             + ", ".join(r.model for r in spec))
+        try:
+            scales = time_scales(args.sim_repeats, args.sim_spread)
+        except ValueError as err:
+            raise InputError(str(err)) from None
+        work = writable_dir("--runs", args.runs)
+        writable_dir("--out", str(Path(args.out).parent))
+        df, fits = leave_one_out(spec, models, scales, work, old=not args.no_old)
+        command = "python -m experiments.leave_one_out " + " ".join(
+            argv if argv is not None else sys.argv[1:])
+        write(df, fits, args.out, command)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(markdown(df, fits, command))
+    return df
+
+
+if __name__ == "__main__":
+    main()

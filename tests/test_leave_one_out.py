@@ -1,0 +1,152 @@
+"""Leave-one-model-out validation: the fit never sees the held-out model, and the committed table
+is what the command rebuilds."""
+
+from __future__ import annotations
+
+import gzip
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from experiments import leave_one_out as loo
+from experiments.fit import fit_overhead
+from experiments.validate import load_profile, run_one
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ("llama3_2_1b", "llama3_2_3b")
+RATE = 20.0
+TRUE_FACTORS = (1.1, 1.2)  # op_kernel_factor, op_compute_factor of the fixture's "GPU"
+
+
+def _measure(root: Path, model: str, policy: str, k: int | None, rate: float) -> Path:
+    """One fixture run: the simulator at known factors stands in for the GPU; its steps.csv
+    in the real engine's columns."""
+    hw = {**load_profile("hardware", "h200_ops"), "op_kernel_factor": TRUE_FACTORS[0],
+          "op_compute_factor": TRUE_FACTORS[1]}
+    ov = load_profile("overhead", "schedlab_h200")
+    tag = f"{policy}_k{k or 1}" + ("" if math.isinf(rate) else f"_rate{rate:g}")
+    run_dir = root / model / ("t0" if math.isinf(rate) else "poisson") / tag
+    meas = {"num_prompts": 24, "seed": 0 if math.isinf(rate) else 1}
+    runs = loo.ModelRuns(model, [], rate)
+    run_one(loo.sim_overrides(runs, policy, k, rate, meas) + ["backend.num_blocks=4000"],
+            run_dir, {"hardware": hw, "overhead": ov})
+    s = pd.read_csv(run_dir / "steps.csv")
+    s = s.assign(schedule_s=s["schedule_prepare_s"], prepare_s=0.0, launch_s=0.0,
+                 pythonize_s=0.0, update_s=0.0)
+    with gzip.open(run_dir / "steps.csv.gz", "wt") as f:
+        s.to_csv(f, index=False)
+    (run_dir / "steps.csv").unlink()
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def fixture_tree(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("measured")
+    spec = []
+    for model in MODELS:
+        for policy, k in loo.POLICIES:
+            _measure(root, model, policy, k, math.inf)
+        _measure(root, model, "single_step", None, RATE)
+        spec.append({"model": model, "dirs": [f"{model}/t0", f"{model}/poisson"], "rate": RATE,
+                     "steps": {f"{p}_k{k or 1}": f"{model}/t0/{p}_k{k or 1}/steps.csv.gz"
+                               for p, k in loo.POLICIES},
+                     "poisson_steps": [f"{model}/poisson/*/steps.csv.gz"]})
+    (root / "spec.yaml").write_text(yaml.safe_dump(spec))
+    return root
+
+
+def _poison(root: Path, model: str) -> None:
+    """The held-out model's served windows made nonsense: GPU times x 3, CPU phases x 5."""
+    for f in (root / model).rglob("steps.csv.gz"):
+        s = pd.read_csv(f)
+        s = s.assign(gpu_s=s["gpu_s"] * 3, schedule_s=s["schedule_s"] * 5,
+                     t_start=s["t_start"] * 2)
+        with gzip.open(f, "wt") as out:
+            s.to_csv(out, index=False)
+
+
+def test_folds_recover_the_factors_and_never_use_the_held_out_rows(fixture_tree, tmp_path):
+    spec = loo.load_spec(str(fixture_tree / "spec.yaml"))
+    work = tmp_path / "runs"
+    df, fits = loo.leave_one_out(spec, None, [1.0], work, old=False)
+    assert set(fits["held_out"]) == set(MODELS)
+    for row in fits.itertuples():  # each fold sees only the other model, run at known factors
+        assert row.fit_models == ({*MODELS} - {row.held_out}).pop()
+        assert row.op_kernel_factor == pytest.approx(TRUE_FACTORS[0], rel=0.02)
+        assert row.op_compute_factor == pytest.approx(TRUE_FACTORS[1], rel=0.05)
+    assert len(df) == 2 * 4 * 3  # 2 models x (3 t=0 + 1 Poisson) x 3 metrics
+    assert df["rel_error"].abs().max() < 0.1  # the fixture's GPU is the op model itself
+    # poison the held-out model's windows: its fold's fit and predictions do not move
+    _poison(fixture_tree, MODELS[0])
+    df2, fits2 = loo.leave_one_out(spec, None, [1.0], work, old=False)
+    held = fits.set_index("held_out")
+    held2 = fits2.set_index("held_out")
+    pd.testing.assert_series_equal(held.loc[MODELS[0]], held2.loc[MODELS[0]])
+    mine = df[df["model"] == MODELS[0]].reset_index(drop=True)
+    mine2 = df2[df2["model"] == MODELS[0]].reset_index(drop=True)
+    pd.testing.assert_series_equal(mine["predicted"], mine2["predicted"])
+    # ... while the other fold, which fits on them, does
+    assert held2.loc[MODELS[1], "op_kernel_factor"] > 1.5 * held.loc[MODELS[1],
+                                                                      "op_kernel_factor"]
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "experiments.leave_one_out", "--models", "nope",
+                          "--out", str(tmp_path / "m"), "--runs", str(tmp_path / "r")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "error: --models: nope not in the spec's models llama3_2_1b, llama3_2_3b, llama3_8b, "
+        "llama2_13b"]
+    bad = tmp_path / "spec.yaml"
+    bad.write_text("- model: x\n  colour: red\n")
+    out = subprocess.run([sys.executable, "-m", "experiments.leave_one_out", "--spec", str(bad),
+                          "--out", str(tmp_path / "m"), "--runs", str(tmp_path / "r")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and out.stderr.startswith(f"error: --spec {bad}: ")
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------- committed table
+COMMITTED = ROOT / "docs" / "validation" / "models.csv"
+COMMITTED_FIT = ROOT / "docs" / "validation" / "models_fit.csv"
+
+
+def test_committed_cpu_fits_are_rebuilt_from_the_measured_windows():
+    fits = pd.read_csv(COMMITTED_FIT).set_index("held_out")
+    spec = loo.load_spec(None)
+    windows = pd.concat([loo.served_windows(r) for r in spec], ignore_index=True)
+    for model in fits.index:
+        ov, _ = fit_overhead(windows[windows["model"] != model], "x")
+        for key, value in ov.items():
+            if key.endswith("_us"):
+                assert fits.loc[model, key] == pytest.approx(value, rel=1e-5, abs=1e-9), key
+
+
+def test_committed_table_row_is_rebuilt(tmp_path):
+    """One configuration of the committed table, predicted again from the committed fold's
+    coefficients (the full command refits and re-simulates every one: minutes)."""
+    fits = pd.read_csv(COMMITTED_FIT).set_index("held_out")
+    table = pd.read_csv(COMMITTED)
+    model, policy, k = "llama3_2_1b", "multi_step", 8
+    runs = next(r for r in loo.load_spec(None) if r.model == model)
+    meas = loo.measured_configs(runs)[(policy, k, math.inf)]
+    hw = {**load_profile("hardware", "h200_ops"), "name": f"h200_ops_without_{model}",
+          "op_kernel_factor": float(fits.loc[model, "op_kernel_factor"]),
+          "op_compute_factor": float(fits.loc[model, "op_compute_factor"])}
+    ov = {**load_profile("overhead", "schedlab_h200"), "name": f"served_without_{model}",
+          **{key: float(fits.loc[model, key]) for key in fits.columns if key.endswith("_us")}}
+    rows = loo.predict_config(runs, policy, k, math.inf, meas, {"hardware": hw, "overhead": ov},
+                              loo.time_scales(5, 0.01), tmp_path, loo.NEW)
+    want = table[(table["model"] == model) & (table["policy"] == policy) & (table["k"] == k)
+                 & (table["profile"] == loo.NEW) & (table["request_rate"] == math.inf)]
+    assert len(want) == 3
+    for row in rows:
+        w = want[want["metric"] == row["metric"]].iloc[0]
+        assert row["predicted"] == pytest.approx(w["predicted"], rel=1e-5)
+        assert row["measured"] == pytest.approx(w["measured"], rel=1e-5)

@@ -1,0 +1,236 @@
+"""The operator-table cost model: interpolation, fallbacks, the tables' own points, profiles."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from policies import ModelSpec
+from simulator.cost_model import StepShape, step_cost, step_time
+from simulator.hardware import HardwareSpec
+from simulator.op_cost import (
+    Curve,
+    Grid2,
+    decode_attention_us,
+    gemm_us,
+    graph_kernels_us,
+    kernel_times,
+    load_tables,
+    prefill_attention_us,
+    small_us,
+)
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+OPS = CONF / "calibration" / "h200_ops"
+
+
+def model(name: str) -> ModelSpec:
+    return ModelSpec.from_dict(yaml.safe_load((CONF / "model" / f"{name}.yaml").read_text()))
+
+
+def ops_hw(**kw) -> HardwareSpec:
+    return HardwareSpec.from_dict({**yaml.safe_load((CONF / "hardware" / "h200_ops.yaml")
+                                                    .read_text()), **kw})
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return load_tables("calibration/h200_ops")
+
+
+# ---------------------------------------------------------------------------- interpolation
+def test_curve_interpolates_in_logs_and_extrapolates_linearly():
+    c = Curve(np.array([1.0, 4.0, 16.0]), np.array([2.0, 8.0, 8.0]))
+    assert c(4.0) == pytest.approx(8.0)
+    assert c(2.0) == pytest.approx(4.0)  # log-log midpoint of (1, 2) and (4, 8)
+    assert c(8.0) == pytest.approx(8.0)
+    assert c(0.5) == pytest.approx(2.0)  # flat below the smallest point
+    assert c(32.0) == pytest.approx(16.0)  # proportional past the largest
+    assert c(0) == 0.0
+
+
+def test_curve_takes_the_median_of_repeated_sizes_and_refuses_bad_points():
+    c = Curve(np.array([1.0, 1.0, 1.0, 2.0]), np.array([1.0, 3.0, 100.0, 6.0]))
+    assert c(1.0) == pytest.approx(3.0)
+    with pytest.raises(ValueError):
+        Curve(np.array([0.0, 1.0]), np.array([1.0, 2.0]))
+
+
+def test_grid_is_exact_on_its_points_and_bilinear_in_logs_between():
+    rows = pd.DataFrame([{"batch": b, "context": c, "time_us": b * c / 10.0}
+                         for b in (1, 4) for c in (100, 400)])
+    g = Grid2(rows)
+    for r in rows.itertuples():
+        assert g(r.batch, r.context) == pytest.approx(r.time_us)
+    assert g(2, 200) == pytest.approx(2 * 200 / 10.0)  # b c is log-linear: exact
+    assert g(8, 400) == pytest.approx(2 * g(4, 400))  # linear past the largest batch
+    assert g(4, 1600) == pytest.approx(4 * g(4, 400))  # ... and context
+
+
+# ---------------------------------------------------------------------------- the tables' points
+def test_gemm_points_are_reproduced(tables):
+    g = pd.read_csv(OPS / "gemm.csv")
+    for r in g.sample(60, random_state=0).itertuples():
+        assert gemm_us(tables, r.op, r.M, r.N, r.K) == pytest.approx(r.time_us, rel=1e-9)
+
+
+def test_attention_points_are_reproduced(tables):
+    d = pd.read_csv(OPS / "attention_decode.csv")
+    for r in d[d["ctx_dist"] == "uniform"].itertuples():
+        assert decode_attention_us(tables, (r.num_heads, r.num_kv_heads, r.head_dim), r.batch,
+                                   r.kv_tokens, r.max_kv_tokens) == pytest.approx(r.time_us)
+    p = pd.read_csv(OPS / "attention_prefill.csv")
+    one = p[(p["num_seqs"] == 1) & (p["cached_len"] == 0)]
+    for r in one.itertuples():
+        assert prefill_attention_us(tables, (r.num_heads, r.num_kv_heads, r.head_dim),
+                                    r.num_tokens, r.attn_pairs) == pytest.approx(r.time_us)
+    # batched prompts from an empty cache: on the line in pairs at their token count
+    fresh = p[(p["num_seqs"] > 1) & (p["cached_len"] == 0)]
+    err = [prefill_attention_us(tables, (r.num_heads, r.num_kv_heads, r.head_dim),
+                                r.num_tokens, r.attn_pairs) / r.time_us - 1
+           for r in fresh.itertuples()]
+    assert max(abs(e) for e in err) < 0.1
+
+
+def test_ragged_decode_lies_between_uniform_and_the_ragged_table(tables):
+    d = pd.read_csv(OPS / "attention_decode.csv")
+    r = d[(d["ctx_dist"] == "ragged") & (d["used_by"] == "llama3_8b") & (d["batch"] == 16)
+          & (d["context"] == 1024)].iloc[0]
+    heads = (32, 8, 128)
+    mean = r.kv_tokens / r.batch
+    uniform = decode_attention_us(tables, heads, 16, r.kv_tokens)  # longest unknown: uniform
+    ragged = decode_attention_us(tables, heads, 16, r.kv_tokens, r.max_kv_tokens)
+    assert uniform < ragged
+    assert ragged == pytest.approx(r.time_us, rel=0.1)  # its mean context is not c: 935
+    half = decode_attention_us(tables, heads, 16, r.kv_tokens, (mean + r.max_kv_tokens) / 2)
+    assert uniform < half < ragged
+
+
+def test_small_kernel_points_are_reproduced(tables):
+    s = pd.read_csv(OPS / "per_layer_small.csv")
+    for r in s.sample(40, random_state=1).itertuples():
+        sizes = (r.hidden_size, r.intermediate_size, r.num_heads, r.num_kv_heads, r.head_dim,
+                 r.vocab_size)
+        assert small_us(tables, r.op, r.tokens, sizes) == pytest.approx(r.time_us)
+
+
+# ---------------------------------------------------------------------------- fallbacks
+@pytest.fixture
+def one_shape_dir(tmp_path):
+    """The committed tables with the GEMM table cut to one (N, K)."""
+    for f in OPS.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    g = pd.read_csv(OPS / "gemm.csv")
+    g[(g["N"] == 6144) & (g["K"] == 4096) | (g["op"] == "lm_head")].to_csv(
+        tmp_path / "gemm.csv", index=False)
+    return tmp_path
+
+
+def test_gemm_fallback_scales_the_nearest_shape_by_the_roofline(one_shape_dir):
+    t = load_tables(str(one_shape_dir))
+    base = gemm_us(t, "layer", 8192, 6144, 4096)
+    assert gemm_us(t, "layer", 8192, 12288, 4096) == pytest.approx(2 * base, rel=1e-6)  # FLOPs
+    small = gemm_us(t, "layer", 1, 6144, 4096)
+    # memory-bound at M = 1: the weight bytes (N K) set the ratio
+    assert gemm_us(t, "layer", 1, 6144, 8192) == pytest.approx(2 * small, rel=1e-3)
+    # the fallback against the real measurement of that shape: within 35%
+    full = load_tables("calibration/h200_ops")
+    for m in (1, 64, 1024, 8192):
+        ratio = gemm_us(t, "layer", m, 4096, 4096) / gemm_us(full, "layer", m, 4096, 4096)
+        assert 0.65 < ratio < 1.35, (m, ratio)
+
+
+def test_head_shape_fallback_scales_by_flops_and_kv_bytes(tables):
+    near = (32, 8, 128)  # llama3_8b's, the nearest to 36 heads over 9 KV heads
+    assert prefill_attention_us(tables, (36, 9, 128), 512, 131328) == pytest.approx(
+        prefill_attention_us(tables, near, 512, 131328) * 36 / 32)
+    assert decode_attention_us(tables, (36, 9, 128), 64, 64 * 1024) == pytest.approx(
+        decode_attention_us(tables, near, 64, 64 * 1024) * 9 / 8)
+
+
+def test_small_kernel_fallback_scales_by_bytes(tables):
+    assert small_us(tables, "add_rms_norm", 256, (4300, 0, 0, 0, 0, 0)) == pytest.approx(
+        4300 / 4096 * small_us(tables, "add_rms_norm", 256, (4096, 0, 0, 0, 0, 0)))
+
+
+def test_missing_or_broken_tables_are_one_line_errors(tmp_path):
+    with pytest.raises(ValueError, match="hardware.op_tables: .* is not a directory"):
+        load_tables(str(tmp_path / "nowhere"))
+    (tmp_path / "gemm.csv").write_text("op,M\nlayer,1\n")
+    with pytest.raises(ValueError, match=r"gemm.csv lacks column\(s\) N, K, time_us"):
+        load_tables(str(tmp_path))
+    with pytest.raises(ValueError, match="hardware.op_tables must be a directory name"):
+        ops_hw(op_tables=3)
+    with pytest.raises(ValueError, match="hardware.op_kernel_factor must be > 0"):
+        ops_hw(op_kernel_factor=0)
+
+
+# ---------------------------------------------------------------------------- whole steps
+def test_graph_table_steps_are_reproduced_within_its_fit(tables):
+    """The decode graph's launch line is fitted over every model of the graph table: each
+    model's whole batch-1 decode step at its full depth comes back within 10%."""
+    g = tables.graph
+    full = g[g["mode"] == "decode_graph"].groupby("model")["num_layers"].max()
+    hw = ops_hw()
+    for name, layers in full.items():
+        spec = dataclasses.replace(model(name), num_layers=int(layers))
+        row = g[(g["model"] == name) & (g["num_layers"] == layers)
+                & (g["mode"] == "decode_graph")].iloc[0]
+        shape = StepShape(1, 1, 0, 1, 0.0, 128, True, 128)
+        pred = step_time(shape, spec, hw) * 1e6 - tables.sampler[("greedy", spec.vocab_size)](1)
+        assert pred == pytest.approx(row.time_us, rel=0.1), name
+        assert graph_kernels_us(tables, name, int(layers), "decode_graph") < row.time_us
+
+
+def test_step_prices_every_kernel_and_the_factors_scale_them(tables):
+    spec = model("llama3_8b")
+    hw = ops_hw()
+    decode = StepShape(64, 64, 0, 64, 0.0, 64 * 500, True, 500)
+    k = kernel_times(tables, spec, decode, 64, 1, False)
+    layer = sum(gemm_us(tables, "layer", 64, n, kk)
+                for n, kk in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)))
+    assert k.total > spec.num_layers * layer
+    t = step_time(decode, spec, hw)
+    assert step_time(decode, spec, ops_hw(op_kernel_factor=2.0)) == pytest.approx(
+        t + k.total * 1e-6, rel=1e-9)
+    later = dataclasses.replace(decode, is_first=False)
+    assert step_time(later, spec, hw) > t  # advance_step
+    prefill = StepShape(4096, 4, 4096, 4, 4 * 1024 * 1025 / 2, 4096, True, 0, 4, 4096)
+    t_p, busy = step_cost(prefill, spec, hw)
+    assert 0.5 * t_p < busy <= t_p  # a large prefill is compute-bound
+    slow = step_time(prefill, spec, ops_hw(op_compute_factor=1.2))
+    assert t_p * 1.1 < slow < t_p * 1.2
+    # eager prefills above the piecewise graphs pay at least the host's launches
+    launch = tables.launch.eager_prefill_host
+    assert t_p >= (launch[0] + launch[1] * spec.num_layers) * 1e-6
+
+
+def test_tp_adds_the_all_reduces():
+    spec = model("llama3_8b")
+    shape = StepShape(256, 256, 0, 256, 0.0, 256 * 500, True, 500)
+    one, two = step_time(shape, spec, ops_hw()), step_time(shape, spec, ops_hw(tp=2))
+    assert two < one  # half the weights each
+    hw2 = ops_hw(tp=2)
+    link = hw2.link_bytes_per_s * hw2.allreduce_efficiency
+    ar = 2 * spec.num_layers * (hw2.allreduce_latency_us * 1e-6
+                                + 256 * spec.hidden_size * 2 / link)
+    assert two > ar
+
+
+def test_other_profiles_ignore_the_new_fields():
+    """A profile without op_tables prices through the roofline model, as before."""
+    hw = HardwareSpec.from_dict(yaml.safe_load((CONF / "hardware" / "h200_calibrated.yaml")
+                                               .read_text()))
+    assert hw.op_tables == ""
+    shape = StepShape(256, 256, 0, 256, 0.0, 256 * 500, True, 500)
+    with_prefill_fields = dataclasses.replace(shape, num_prefill_seqs=0, prefill_kv_tokens=0)
+    assert step_time(shape, model("llama3_8b"), hw) == step_time(with_prefill_fields,
+                                                                  model("llama3_8b"), hw)
+    assert math.isfinite(step_time(shape, model("llama3_8b"), hw))
