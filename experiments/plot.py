@@ -220,8 +220,9 @@ def main() -> None:
     args = ap.parse_args()
     try:
         made = plot_table(args.table, args.out)
-    except ValueError as err:
-        raise SystemExit(f"error: {err}") from None
+    except ValueError as err:  # a table that is not one, or lacks what a figure needs
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     except OSError as err:  # --out (or the table's directory) is a file or not writable
         print(f"error: cannot write figures: {err}", file=sys.stderr)
         sys.exit(2)

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.run_dir import CONTROL_KEYS, STAMP_KEY, config_stamp, finished
 from experiments.sweep_workers import stop_with_sweep
 from policies import ModelSpec, SchedulerConfig, make_policy, make_scheduler
-from policies.base import check_settings
+from policies.base import check_int, check_number, check_settings
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -31,6 +31,27 @@ def known_settings() -> tuple[list[str], list[str]]:
     groups = [next(iter(d)) for d in top.get("defaults", []) if isinstance(d, Mapping)]
     keys = [k for k in top if k not in ("defaults", "hydra")] + groups + list(CONTROL_KEYS)
     return keys, list(OmegaConf.load(Path(CONF_DIR) / "backend" / "sim.yaml"))
+
+
+def _check_bool(setting: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{setting} must be true or false, got {value!r}")
+
+
+def check_sim_settings(cfg: Mapping[str, Any], backend: Mapping[str, Any]) -> None:
+    """The sim backend's settings and the top-level switches, by type and range: a word where
+    a number goes, or 'maybe' for a switch, is a one-line error naming the setting."""
+    for key in CONTROL_KEYS:
+        if key in cfg:
+            _check_bool(key, cfg[key])
+    _check_bool("backend.stream_per_step", backend.get("stream_per_step", False))
+    if backend.get("num_blocks") is not None:
+        check_int("backend.num_blocks", backend["num_blocks"], 1)
+    check_number("backend.time_scale", backend.get("time_scale", 1.0), positive=True)
+    util = check_number("gpu_memory_utilization", cfg.get("gpu_memory_utilization", 0.9),
+                        positive=True)
+    if util > 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {util!r}")
 
 
 def outcome_stats(outcome: Any) -> dict[str, Any]:
@@ -56,6 +77,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
     backend = plain(cfg["backend"])
     if backend.get("name") == "sim":  # the real backend's settings are checked by run_real
         check_settings("backend", backend, sim_keys)
+        check_sim_settings(cfg, backend)
     model = ModelSpec.from_dict(plain(cfg["model"]))
     policy_cfg = plain(cfg["policy"])
     policy_name = policy_cfg.pop("name")

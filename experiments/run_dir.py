@@ -60,8 +60,12 @@ def claim(path: str | os.PathLike[str], setting: str = "hydra.run.dir") -> Path:
         raise RunDirError(f"{setting}={path} is in use by another run"
                           + (f" (pid {holder})" if holder.isdigit() else "")
                           + f"; wait for it to finish or choose another {setting}") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError as err:  # a full disk: Hydra would fail later, deep in its config writer
+        os.close(fd)
+        raise RunDirError(f"cannot write into {setting}={path}: {err.strerror}") from None
     _held[path] = fd
     return path
 
@@ -74,8 +78,18 @@ def release(path: str | os.PathLike[str]) -> None:
 
 def _claim_or_exit(config: DictConfig, setting: str) -> None:
     try:
-        claim(str(OmegaConf.select(config, setting)), setting)
-    except RunDirError as err:
+        path = claim(str(OmegaConf.select(config, setting)), setting)
+        subdir = OmegaConf.select(config, "hydra.output_subdir")
+        if setting == "hydra.run.dir" and subdir and (path / subdir).exists() \
+                and not (path / subdir).is_dir():  # Hydra writes its config files there next
+            raise RunDirError(f"{path / subdir} is a file; Hydra keeps the run's config in a "
+                              f"directory of that name: remove it or choose another {setting}")
+        if setting == "hydra.sweep.dir":
+            # A sweep that fails or is interrupted never reaches the aggregate callback: the
+            # tables of an earlier sweep into this directory go now, so none is left stale.
+            for name in ("aggregate.csv", "aggregate.parquet"):
+                (path / name).unlink(missing_ok=True)
+    except (RunDirError, IsADirectoryError) as err:
         # Hydra turns a callback's exception into a warning; only an exit stops the run.
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

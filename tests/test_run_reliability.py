@@ -370,3 +370,63 @@ def test_a_killed_joblib_sweep_leaves_no_workers(tmp_path):
         for k in kids:
             if _alive(k):
                 os.kill(k, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("backend.stream_per_step=maybe", "backend.stream_per_step must be true or false, got 'maybe'"),
+    ("backend.num_blocks=2.5", "backend.num_blocks must be an integer >= 1, got 2.5"),
+    ("backend.time_scale=abc", "backend.time_scale must be a finite number, got 'abc'"),
+    ("gpu_memory_utilization=abc", "gpu_memory_utilization must be a finite number, got 'abc'"),
+    ("gpu_memory_utilization=1.5", "gpu_memory_utilization must be in (0, 1], got 1.5"),
+    ("+skip_existing=abc", "skip_existing must be true or false, got 'abc'"),
+])
+def test_sim_backend_and_switch_settings_are_checked(tmp_path, override, message):
+    """A word where a number goes, or 'maybe' for a switch: one line naming the setting (before,
+    'maybe' ran as true and 2.5 blocks failed with no setting named)."""
+    p = cli("-m", "experiments.run", *SMALL, f"hydra.run.dir={tmp_path / 'r'}", override)
+    assert message in one_line_error(p)
+
+
+def test_hydra_config_path_that_is_a_file_is_one_line(tmp_path):
+    """Hydra writes the run's config into <run dir>/.hydra after the run directory is claimed;
+    a file of that name was a FileExistsError traceback."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / ".hydra").write_text("x")
+    p = cli("-m", "experiments.run", *SMALL, f"hydra.run.dir={run_dir}")
+    assert ".hydra is a file" in one_line_error(p)
+
+
+def test_a_failed_sweep_leaves_no_aggregate_of_an_earlier_one(tmp_path):
+    """A job that fails ends the sweep before the aggregate callback: the table of an earlier
+    sweep into the same directory must not stay beside the new results."""
+    sweep = tmp_path / "s"
+    ok = cli("-m", "experiments.run", "-m", *SMALL, f"hydra.sweep.dir={sweep}",
+             "policy.num_steps=1,2")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert (sweep / "aggregate.csv").exists() and (sweep / "aggregate.parquet").exists()
+    bad = cli("-m", "experiments.run", "-m", *SMALL, f"hydra.sweep.dir={sweep}",
+              "policy.num_steps=1,0")
+    assert bad.returncode == 2
+    assert not (sweep / "aggregate.csv").exists() and not (sweep / "aggregate.parquet").exists()
+
+
+def test_a_full_disk_at_the_start_is_one_line(tmp_path, monkeypatch):
+    """Claiming the run directory writes the lock holder's pid: ENOSPC there is a RunDirError
+    naming the directory, not a traceback from Hydra's config writer later."""
+    from experiments import run_dir as rd
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rd.os, "write", full)
+    with pytest.raises(rd.RunDirError, match=r"cannot write into hydra.run.dir=.*No space left"):
+        claim(tmp_path / "r")
+    assert not rd._held
+
+
+def test_plot_of_a_table_that_is_not_one_is_exit_2(tmp_path):
+    table = tmp_path / "bin.csv"
+    table.write_bytes(b"\x00\x01\x02binary")
+    p = cli("-m", "experiments.plot", str(table), "--out", str(tmp_path / "f"))
+    assert "bin.csv" in one_line_error(p)
