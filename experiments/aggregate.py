@@ -23,7 +23,7 @@ LATENCY_KEYS = [f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
 SCHEDLAB_KEYS = ["backend", "policy", "k", "overlap", "model", "hardware", "overhead", "wall_seconds",
                  "num_blocks",
                  "num_invocations", "num_preemptions", "num_wasted_steps", "gpu_busy_fraction",
-                 "simulated_seconds_per_wall_second", "time_scale"]
+                 "simulated_seconds_per_wall_second", "time_scale", "config_sha256"]
 
 
 def parse_rate(rate: str | float) -> float:
@@ -95,6 +95,21 @@ def write_tables(df: pd.DataFrame, root: Path) -> None:
         raise
 
 
+def one_row_per_simulated_config(df: pd.DataFrame) -> pd.DataFrame:
+    """Simulated runs of one configuration (equal config stamps: a sweep that spelled a setting
+    two ways, say policy=multi_step and the default) give the same result, so one row stands
+    for them and the others are named; measured repeats of one configuration all stay, as
+    each is a draw of its own."""
+    if "config_sha256" not in df or "backend" not in df:
+        return df
+    sim = (df["backend"] == "sim") & df["config_sha256"].notna()
+    dup = sim & df.duplicated("config_sha256", keep="first")
+    for run_dir in df.loc[dup, "run_dir"]:
+        print(f"aggregate: {run_dir} repeats the configuration of another simulated run; "
+              "one row kept")
+    return df[~dup].reset_index(drop=True)
+
+
 def aggregate(root: str | os.PathLike) -> pd.DataFrame:
     """Write ROOT/aggregate.csv and ROOT/aggregate.parquet from every result.json below ROOT.
     If a result cannot be read, the error names it and the old tables are removed: a table
@@ -110,6 +125,7 @@ def aggregate(root: str | os.PathLike) -> pd.DataFrame:
         with contextlib.suppress(OSError):
             remove_tables(root)
         raise
+    df = one_row_per_simulated_config(df)
     sort = [c for c in ("backend", "model", "hardware", "policy", "request_rate", "k") if c in df]
     df = df.sort_values(sort, kind="stable", na_position="last").reset_index(drop=True)
     write_tables(df, root)

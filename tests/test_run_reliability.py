@@ -430,3 +430,16 @@ def test_plot_of_a_table_that_is_not_one_is_exit_2(tmp_path):
     table.write_bytes(b"\x00\x01\x02binary")
     p = cli("-m", "experiments.plot", str(table), "--out", str(tmp_path / "f"))
     assert "bin.csv" in one_line_error(p)
+
+
+def test_one_row_per_simulated_configuration_however_it_was_spelled(tmp_path):
+    """A sweep resumed with a setting spelled out (policy=multi_step, the default) writes new
+    directories for the same configurations: the aggregate keeps one row per configuration."""
+    sweep = tmp_path / "s"
+    for extra in ([], ["policy=multi_step", "+skip_existing=true"]):
+        p = cli("-m", "experiments.run", "-m", *SMALL, f"hydra.sweep.dir={sweep}",
+                "policy.num_steps=1,2", *extra)
+        assert p.returncode == 0, p.stderr[-2000:]
+    assert len(list(sweep.rglob("result.json"))) == 4
+    df = pd.read_csv(sweep / "aggregate.csv")
+    assert len(df) == 2 and sorted(df["k"]) == [1, 2]
