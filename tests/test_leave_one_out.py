@@ -74,9 +74,9 @@ def test_folds_recover_the_factors_and_never_use_the_held_out_rows(fixture_tree,
     spec = loo.load_spec(str(fixture_tree / "spec.yaml"))
     work = tmp_path / "runs"
     df, fits = loo.leave_one_out(spec, None, [1.0], work, old=False)
-    assert set(fits["held_out"]) == set(MODELS)
+    assert set(fits["held_out"]) == {*MODELS, "none"}
     for row in fits.itertuples():  # each fold sees only the other model, run at known factors
-        assert row.fit_models == ({*MODELS} - {row.held_out}).pop()
+        assert row.fit_models == ";".join(sorted({*MODELS} - {row.held_out}))
         assert row.op_kernel_factor == pytest.approx(TRUE_FACTORS[0], rel=0.02)
         assert row.op_compute_factor == pytest.approx(TRUE_FACTORS[1], rel=0.05)
     assert len(df) == 2 * 4 * 3  # 2 models x (3 t=0 + 1 Poisson) x 3 metrics
@@ -120,12 +120,20 @@ COMMITTED_FIT = ROOT / "docs" / "validation" / "models_fit.csv"
 def test_committed_cpu_fits_are_rebuilt_from_the_measured_windows():
     fits = pd.read_csv(COMMITTED_FIT).set_index("held_out")
     spec = loo.load_spec(None)
+    assert set(fits.index) == {"none", *(r.model for r in spec)}
     windows = pd.concat([loo.served_windows(r) for r in spec], ignore_index=True)
-    for model in fits.index:
+    for model in fits.index:  # "none": no model held out
         ov, _ = fit_overhead(windows[windows["model"] != model], "x")
         for key, value in ov.items():
             if key.endswith("_us"):
                 assert fits.loc[model, key] == pytest.approx(value, rel=1e-5, abs=1e-9), key
+
+
+def test_the_profile_carries_the_all_model_fit():
+    fit = pd.read_csv(COMMITTED_FIT).set_index("held_out").loc["none"]
+    hw = load_profile("hardware", "h200_ops")
+    for key in ("op_kernel_factor", "op_compute_factor"):
+        assert hw[key] == pytest.approx(fit[key], rel=1e-6), key
 
 
 def test_committed_table_row_is_rebuilt(tmp_path):

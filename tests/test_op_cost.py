@@ -36,8 +36,10 @@ def model(name: str) -> ModelSpec:
 
 
 def ops_hw(**kw) -> HardwareSpec:
+    """h200_ops at unit served-vs-isolated factors (the tables' own times) unless ``kw`` says."""
     return HardwareSpec.from_dict({**yaml.safe_load((CONF / "hardware" / "h200_ops.yaml")
-                                                    .read_text()), **kw})
+                                                    .read_text()), "op_kernel_factor": 1.0,
+                                   "op_compute_factor": 1.0, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +113,9 @@ def test_ragged_decode_lies_between_uniform_and_the_ragged_table(tables):
     assert ragged == pytest.approx(r.time_us, rel=0.1)  # its mean context is not c: 935
     half = decode_attention_us(tables, heads, 16, r.kv_tokens, (mean + r.max_kv_tokens) / 2)
     assert uniform < half < ragged
+    # no further than the table's ragged batch: the tables say nothing past it
+    far = decode_attention_us(tables, heads, 16, r.kv_tokens, 2 * r.max_kv_tokens - mean)
+    assert far == pytest.approx(ragged)
 
 
 def test_small_kernel_points_are_reproduced(tables):
