@@ -338,18 +338,8 @@ class Scheduler:
             if computed < req.prompt_len + req.num_output_tokens:
                 continue  # a prefill chunk that samples nothing
             useful = n if n < owed else owed
-            done = useful == owed
-            if sampled is not None:
-                tokens = sampled[i]
-                if len(tokens) < n:
-                    raise ValueError(f"update: request {req.request_id} got {len(tokens)} "
-                                     f"tokens for {n} steps")
-                if req.eos_token_id is not None and req.eos_token_id in tokens[:useful]:
-                    useful = list(tokens[:useful]).index(req.eos_token_id) + 1
-                    done = True
-                req.output_token_ids.extend(tokens[:useful])
-            req.token_times.extend(times[useful])
-            req.num_output_tokens += useful
+            tokens = None if sampled is None else sampled[i]
+            useful, done = _credit(req, n, useful, useful == owed, tokens, times)
             wasted += n - useful
             if done:
                 req.state = RequestState.FINISHED
@@ -383,17 +373,8 @@ class Scheduler:
                 continue
             req.num_output_placeholders -= useful
             done = req.num_output_tokens + useful == req.max_tokens
-            if sampled is not None:
-                tokens = sampled[i]
-                if len(tokens) < n:
-                    raise ValueError(f"update: request {req.request_id} got {len(tokens)} "
-                                     f"tokens for {n} steps")
-                if req.eos_token_id is not None and req.eos_token_id in tokens[:useful]:
-                    useful = list(tokens[:useful]).index(req.eos_token_id) + 1
-                    done = True
-                req.output_token_ids.extend(tokens[:useful])
-            req.token_times.extend(times[useful])
-            req.num_output_tokens += useful
+            tokens = None if sampled is None else sampled[i]
+            useful, done = _credit(req, n, useful, done, tokens, times)
             wasted += n - useful
             if done:
                 req.state = RequestState.FINISHED
@@ -415,3 +396,20 @@ class Scheduler:
 def _known_done(req: Request) -> bool:
     """Overlap: the request's last token is among its placeholders."""
     return req.num_output_tokens + req.num_output_placeholders >= req.max_tokens
+
+
+def _credit(req: Request, n: int, useful: int, done: bool, tokens: Sequence[int] | None,
+            times: list[Sequence[float]]) -> tuple[int, bool]:
+    """Give ``req`` the first ``useful`` of its ``n`` steps' tokens (``tokens``: the sampled ids,
+    None where the backend samples none), stopping after an EOS; (tokens kept, finished)."""
+    if tokens is not None:
+        if len(tokens) < n:
+            raise ValueError(f"update: request {req.request_id} got {len(tokens)} "
+                             f"tokens for {n} steps")
+        if req.eos_token_id is not None and req.eos_token_id in tokens[:useful]:
+            useful = list(tokens[:useful]).index(req.eos_token_id) + 1
+            done = True
+        req.output_token_ids.extend(tokens[:useful])
+    req.token_times.extend(times[useful])
+    req.num_output_tokens += useful
+    return useful, done
