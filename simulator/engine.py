@@ -191,11 +191,7 @@ def _engine(sim: _Sim, v: int) -> Generator:
             if pending is not None:
                 _claim_output_processing(sim, pending, pending.batch.num_steps - 1)
                 pending = None
-            if sim.arrivals_left[v] == 0:
-                if sched.has_unfinished:
-                    raise RuntimeError(
-                        f"virtual engine {v}: the scheduler formed no batch with "
-                        f"{sched.num_waiting} waiting and {sched.num_running} running requests")
+            if _all_done(sim, v):
                 return
             sim.wake[v] = env.event()
             yield sim.wake[v]
@@ -213,6 +209,19 @@ def _engine(sim: _Sim, v: int) -> Generator:
             pending = win
         else:  # blocking: every step's outputs now; async, not deferred: the last step's
             _claim_output_processing(sim, win, win.batch.num_steps - 1 if asynchronous else 0)
+
+
+def _all_done(sim: _Sim, v: int) -> bool:
+    """Whether virtual engine ``v`` is done when its scheduler formed no batch: nothing more
+    arrives and nothing is left; work left that no batch can take is a scheduler bug."""
+    if sim.arrivals_left[v]:
+        return False
+    sched = sim.schedulers[v]
+    if sched.has_unfinished:
+        raise RuntimeError(
+            f"virtual engine {v}: the scheduler formed no batch with "
+            f"{sched.num_waiting} waiting and {sched.num_running} running requests")
+    return True
 
 
 def _engine_overlap(sim: _Sim, v: int) -> Generator:
@@ -237,11 +246,7 @@ def _engine_overlap(sim: _Sim, v: int) -> Generator:
             _close_window(sim, sched, last)
             sim.steps.append(_window_row(last, v))
         elif win is None:
-            if sim.arrivals_left[v] == 0:
-                if sched.has_unfinished:
-                    raise RuntimeError(
-                        f"virtual engine {v}: the scheduler formed no batch with "
-                        f"{sched.num_waiting} waiting and {sched.num_running} running requests")
+            if _all_done(sim, v):
                 return
             sim.wake[v] = env.event()
             yield sim.wake[v]
