@@ -38,14 +38,14 @@ __all__ = [
     "arrival_times", "build_workload", "bundled_sharegpt_path", "cache_dir", "iter_json_array",
     "load_tokenizer", "read_record_at", "read_trace", "sample_sharegpt",
     "sharegpt_prompt_token_ids", "sharegpt_token_counts", "synthetic_lengths", "to_request",
-    "trace_arrival_times",
+    "trace_arrival_times", "max_concurrency",
 ]
 
 KINDS = ("sharegpt", "synthetic", "trace")
 
 # Keys each kind reads; anything else in the section is a typo or a leftover and is refused,
 # because a silently ignored knob gives a silently wrong experiment.
-_COMMON_KEYS = frozenset({"kind", "num_prompts", "seed"})
+_COMMON_KEYS = frozenset({"kind", "num_prompts", "seed", "max_concurrency"})
 _KEYS_BY_KIND = {
     "sharegpt": _COMMON_KEYS | ARRIVAL_KEYS | SHAREGPT_KEYS,
     "synthetic": _COMMON_KEYS | ARRIVAL_KEYS | SYNTHETIC_KEYS,
@@ -53,6 +53,15 @@ _KEYS_BY_KIND = {
 }
 # np.random.RandomState, which draws the arrival gaps as benchmark_serving does, takes 32 bits.
 _MAX_SEED = 2**32 - 1
+
+
+def max_concurrency(cfg: Mapping[str, Any]) -> int | None:
+    """``workload.max_concurrency``: at most this many requests in flight (vLLM
+    benchmark_serving's ``--max-concurrency`` semaphore: a request due while that many are
+    unfinished waits for one to finish), or None for no limit."""
+    if cfg.get("max_concurrency") is None:
+        return None
+    return get_int(cfg, "max_concurrency", None, 1)
 
 
 def build_workload(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
@@ -78,6 +87,7 @@ def build_workload(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
         raise ValueError(f"model.vocab_size must be >= 1, got {vocab_size}")
     with_ids = vocab_size is not None
     seed = get_int(cfg, "seed", 0, 0)
+    max_concurrency(cfg)
     if seed > _MAX_SEED:
         raise ValueError(f"workload.seed must be <= {_MAX_SEED}, got {seed}")
     num_prompts = None if kind == "trace" and cfg.get("num_prompts") is None \
