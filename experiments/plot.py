@@ -7,37 +7,104 @@ import math
 import os
 import re
 import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter  # noqa: E402
 
 from experiments.files import atomic_path  # noqa: E402
 
 DEFAULT_TABLE = "multirun/steps_sweep/aggregate.csv"
 
+# The names a reader of a paper knows, for each setting's value as the table holds it (the
+# conf/<group>/<name>.yaml names, and the GPU names the real engine records); a value missing
+# here is shown as it is.
+HUMAN_NAMES: dict[str, dict[str, str]] = {
+    "policy": {"multi_step": "multi-step", "cp1": "CP1", "cp2": "CP2",
+               "single_step": "single-step", "chunked_prefill": "chunked prefill",
+               "cp_promote": "CP-promote", "adaptive": "adaptive"},
+    "hardware": {"h100_sxm": "H100 SXM", "h200": "H200", "a100_80g": "A100 80GB", "a10g": "A10G",
+                 "cpu": "CPU", "h200_calibrated": "H200 (calibrated)",
+                 "h200_ops": "H200 (operator tables)", "NVIDIA H200": "H200",
+                 "NVIDIA H100 80GB HBM3": "H100 SXM"},
+    "model": {"llama3_8b": "Llama-3-8B", "llama3_70b": "Llama-3-70B",
+              "llama3_2_1b": "Llama-3.2-1B", "llama3_2_3b": "Llama-3.2-3B",
+              "llama2_13b": "Llama-2-13B", "llama_30b": "LLaMA-30B", "tiny": "tiny test model"},
+    "overhead": {"vllm_v0_5": "vLLM v0.5 CPU overheads", "vllm_v0_6": "vLLM v0.6 CPU overheads",
+                 "none": "no CPU overheads",
+                 "schedlab_h200": "CPU overheads fitted on the H200 engine"},
+    "workload": {"sharegpt": "ShareGPT", "synthetic": "synthetic lengths", "trace": "trace"},
+    "backend": {"sim": "simulated", "real": "real engine", "vllm": "vLLM"},
+}
+METRIC_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "end-to-end latency"}
 
-def save(fig, out: Path, stem: str) -> list[Path]:
+# Colours are the policy's everywhere (tab10 in this order), so figures can be read side by side.
+POLICY_COLOURS = {p: f"C{i}" for i, p in enumerate(HUMAN_NAMES["policy"])}
+EXTRA_COLOURS = ("C7", "C8", "C9", "black", "olive", "navy")  # policies not named above
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h")  # one per GPU (steps) or per k / load
+OVERLAP_STYLES = {False: "-", True: "--"}
+# Series of one panel are shifted sideways by this much (in octaves of k) one from the next, so
+# that equal values (cp1 and cp2 at k=1 are one policy) stay visible side by side.
+DODGE_OCTAVES = 0.05
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def human(kind: str, value: Any) -> str:
+    """A setting's value as a reader knows it: human("hardware", "h100_sxm") == "H100 SXM"."""
+    if not _present(value):
+        return ""
+    return HUMAN_NAMES.get(kind, {}).get(str(value), str(value))
+
+
+def metric_label(column: str) -> tuple[str, str]:
+    """A metric column's name and unit: "median_ttft_ms" -> ("median TTFT", "ms")."""
+    if column == "request_throughput":
+        return "request throughput", "req/s"
+    m = re.fullmatch(r"(mean|median|std|p\d+)_(ttft|tpot|itl|e2el)_ms", column)
+    if not m:
+        return column.replace("_", " "), ""
+    return f"{m[1]} {METRIC_NAMES[m[2]]}", "ms"
+
+
+def overlap_on(value: Any) -> bool:
+    """Whether a table's overlap cell says on: a bool, numpy bool, 1 / 1.0, or CSV text."""
+    return str(value).lower() in ("true", "1", "1.0")
+
+
+def save(fig: Figure, out: Path, stem: str) -> list[Path]:
     """PNG and SVG, each written to a temporary file first so no half figure is left behind."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for ext in ("png", "svg"):
-        path = out / f"{stem}.{ext}"
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight")
-        paths.append(path)
-    plt.close(fig)
+    try:
+        for ext in ("png", "svg"):
+            path = out / f"{stem}.{ext}"
+            with atomic_path(path) as tmp:
+                fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight")
+            paths.append(path)
+    finally:
+        plt.close(fig)
     return paths
 
 
-def rate_label(rate: float) -> str:
+def rate_label(rate: float | None) -> str:
     return "all at t=0" if rate is None or math.isinf(rate) else f"{rate:g} req/s"
 
 
-def _groups(df: pd.DataFrame, keys: list[str]):
+def _groups(df: pd.DataFrame, keys: list[str]) -> Iterator[tuple[dict, pd.DataFrame]]:
     keys = [k for k in keys if k in df and df[k].notna().any()]
     if not keys:
         yield {}, df
@@ -47,7 +114,30 @@ def _groups(df: pd.DataFrame, keys: list[str]):
         yield dict(zip(keys, vals, strict=False)), sub
 
 
+def _policy_colours(policies: Iterable[str]) -> dict[str, str]:
+    """The fixed colour of each named policy; others take the extra colours in name order."""
+    colours = {p: POLICY_COLOURS[p] for p in policies if p in POLICY_COLOURS}
+    for i, p in enumerate(sorted(set(policies) - set(colours))):
+        colours[p] = EXTRA_COLOURS[i % len(EXTRA_COLOURS)]
+    return colours
+
+
+def _policy_order(policy: str) -> tuple[int, str]:
+    names = list(HUMAN_NAMES["policy"])
+    return (names.index(policy) if policy in names else len(names), policy)
+
+
+@dataclass(frozen=True)
+class Style:
+    colour: str
+    marker: str
+    linestyle: str
+
+
+# ---- versus k ---------------------------------------------------------------------------------
+
 def _line_key(sub: pd.DataFrame) -> list[str]:
+    """The columns that tell one series of a k figure from another."""
     keys = ["policy"]
     if "overlap" in sub and sub["overlap"].nunique(dropna=False) > 1:  # overlap on and off
         keys.append("overlap")
@@ -57,20 +147,183 @@ def _line_key(sub: pd.DataFrame) -> list[str]:
 
 
 def _line_label(values: dict) -> str:
-    """A series' legend text: the policy, "+ overlap" where overlap is on, then the GPU."""
-    label = str(values["policy"])
-    if str(values.get("overlap")).lower() in ("true", "1", "1.0"):  # numpy bool, CSV text
+    """A series' full name: the policy, "+ overlap" where overlap is on, then the GPU."""
+    label = human("policy", values["policy"])
+    if overlap_on(values.get("overlap")):
         label += " + overlap"
-    if "hardware" in values:
-        label += f" / {values['hardware']}"
+    if _present(values.get("hardware")):
+        label += f", {human('hardware', values['hardware'])}"
     return label
 
 
-def _title(ctx: dict, what: str) -> str:
-    parts = [str(ctx.get("model", "")), str(ctx.get("hardware", "")) if "hardware" in ctx else "",
-             f"{ctx.get('workload', '')} ({rate_label(ctx.get('request_rate'))})"]
-    back = ctx.get("backend")
-    return f"{what}: " + ", ".join(p for p in parts if p) + (f" [{back}]" if back else "")
+@dataclass(frozen=True)
+class Series:
+    """One line of a k figure: a policy, overlap on or off, on one GPU."""
+
+    policy: str
+    overlap: bool
+    hardware: str  # "" where the table names none
+
+
+def _series(sub: pd.DataFrame) -> list[tuple[Series, pd.DataFrame]]:
+    sub = sub.assign(_overlap=sub["overlap"].map(overlap_on) if "overlap" in sub else False,
+                     _hw=sub["hardware"].fillna("").astype(str) if "hardware" in sub else "")
+    found = [(Series(str(p), bool(o), h), line)
+             for (p, o, h), line in sub.groupby(["policy", "_overlap", "_hw"])]
+    return sorted(found, key=lambda s: (_policy_order(s[0].policy), s[0].overlap, s[0].hardware))
+
+
+def _gpu_markers(series: list[Series]) -> dict[str, str]:
+    return {g: MARKERS[i % len(MARKERS)] for i, g in enumerate(sorted({s.hardware
+                                                                       for s in series}))}
+
+
+def _k_styles(series: list[Series]) -> dict[Series, Style]:
+    """Colour from the policy, marker from the GPU, line style from overlap: no two series of
+    a figure look alike."""
+    colours = _policy_colours({s.policy for s in series})
+    markers = _gpu_markers(series)
+    return {s: Style(colours[s.policy], markers[s.hardware], OVERLAP_STYLES[s.overlap])
+            for s in series}
+
+
+def _dodge(n: int) -> list[float]:
+    """The factor each of n series' k is drawn at (k on a log axis: a fixed sideways shift)."""
+    return [2 ** ((i - (n - 1) / 2) * DODGE_OCTAVES) for i in range(n)]
+
+
+def repeats_note(counts: Iterable[int], varied: str = "") -> str:
+    """What a figure's points and bars are, from the number of runs behind each point."""
+    counts = list(counts)
+    lo, hi = min(counts), max(counts)
+    if hi == 1:
+        return "one run per point, so no bars"
+    n = f"{hi}" if lo == hi else f"{lo}-{hi}"
+    return f"points: mean of {n} runs{varied}; bars: min-max of those runs"
+
+
+def _varied(sub: pd.DataFrame) -> str:
+    """What the repeats of one configuration differ in, where the table says (time_scale)."""
+    if "time_scale" in sub and sub["time_scale"].nunique() > 1:
+        return (f" at time_scale {sub['time_scale'].min():g}-{sub['time_scale'].max():g}")
+    return ""
+
+
+def _workload_text(ctx: dict) -> str:
+    text = human("workload", ctx.get("workload"))
+    if _present(ctx.get("num_prompts")):
+        text += f" {int(ctx['num_prompts'])} prompts"
+    return f"{text}, {rate_label(ctx.get('request_rate'))}".strip(", ")
+
+
+def _context_title(what: str, ctx: dict, gpus: list[str]) -> str:
+    """Two lines: what is drawn; then the model and workload, and how it was run: the backend,
+    the GPU (where the figure has one) and the CPU-overhead profile."""
+    data = ", ".join(p for p in (human("model", ctx.get("model")), _workload_text(ctx)) if p)
+    how = human("backend", ctx.get("backend"))
+    if len(gpus) == 1 and gpus[0]:
+        how = f"{how} on {human('hardware', gpus[0])}".strip()
+    how = ", ".join(p for p in (how, human("overhead", ctx.get("overhead"))) if p)
+    return f"{what}\n{data}" + (f"; {how}" if how else "")
+
+
+def _legend(fig: Figure, groups: list[list[tuple[Any, str]]], note: str) -> None:
+    """One legend under the figure, a column per group (policies, GPUs, overlap), its title
+    saying what the points and bars are."""
+    groups = [g for g in groups if g]
+    if len(groups) == 1:  # one kind of entry: in a row, not a column
+        groups = [[entry] for entry in groups[0]]
+    rows = max(len(g) for g in groups)
+    handles, labels = [], []
+    for g in groups:
+        for handle, label in g + [(Line2D([], [], alpha=0), "")] * (rows - len(g)):
+            handles.append(handle)
+            labels.append(label)
+    fig.legend(handles, labels, loc="outside lower center", ncol=len(groups), frameon=False,
+               title=note, title_fontsize=8, fontsize=9)
+
+
+def _y_from_zero(row: Iterable[Axes]) -> None:
+    """A row of panels' (shared) y axis from 0, unless the values lie in a narrow band far
+    above it (a real engine's 45-52 req/s), where 0 would press the series into one line."""
+    row = list(row)
+    lo, hi = min(a.dataLim.y0 for a in row), max(a.dataLim.y1 for a in row)
+    if not (lo > 0 and lo > 0.6 * hi):
+        row[0].set_ylim(bottom=0)
+
+
+def _k_axis(ax: Axes, ks: list[float]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(ks))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlim(min(ks) / 2 ** 0.3, max(ks) * 2 ** 0.3)
+
+
+def _k_figure(ctx: dict, series: list[tuple[Series, pd.DataFrame]],
+              metrics: list[str], what: str) -> Figure:
+    """``metrics`` against k: with several GPUs a row per metric and a column per GPU (a row
+    shares its y axis), with one GPU the metrics side by side."""
+    styles = _k_styles([s for s, _ in series])
+    gpus = sorted({s.hardware for s, _ in series})
+    split = len(gpus) > 1
+    panels = gpus if split else [None]
+    shape = (len(metrics), len(panels)) if split else (1, len(metrics))
+    fig, grid = plt.subplots(*shape, squeeze=False, sharey="row" if split else False,
+                             figsize=(0.6 + 4.6 * shape[1], 1.6 + 3.3 * shape[0]),
+                             layout="constrained")
+    axes = grid if split else grid.T  # axes[metric][panel]
+    ks = sorted({float(k) for _, line in series for k in line["k"]})
+    counts: list[int] = []
+    most = 0  # series in the fullest panel
+    for col, gpu in enumerate(panels):
+        in_panel = [(s, line) for s, line in series if gpu is None or s.hardware == gpu]
+        most = max(most, len(in_panel))
+        for row, metric in enumerate(metrics):
+            ax = axes[row][col]
+            for (s, line), shift in zip(in_panel, _dodge(len(in_panel)), strict=True):
+                by_k = line.groupby("k")[metric].agg(["mean", "min", "max", "count"]).sort_index()
+                counts += by_k["count"].tolist()
+                spread = [by_k["mean"] - by_k["min"], by_k["max"] - by_k["mean"]]
+                st = styles[s]
+                ax.errorbar(by_k.index * shift, by_k["mean"],
+                            yerr=spread if (by_k["max"] > by_k["min"]).any() else None,
+                            color=st.colour, marker=st.marker, linestyle=st.linestyle, ms=5,
+                            capsize=2, alpha=0.85, label=_line_label(
+                                {"policy": s.policy, "overlap": s.overlap, "hardware": s.hardware}))
+            _k_axis(ax, ks)
+            ax.grid(alpha=0.3)
+            name, unit = metric_label(metric)
+            if col == 0:
+                ax.set_ylabel(f"{name} ({unit})")
+            if row == len(metrics) - 1 or not split:
+                ax.set_xlabel("scheduler steps per window, k")
+            if row == 0 and gpu is not None:
+                ax.set_title(human("hardware", gpu))
+    for row in grid:  # once every panel is drawn: a row shares its y axis if split
+        for shared in [row] if split else [[ax] for ax in row]:
+            _y_from_zero(shared)
+    fig.suptitle(_context_title(what, ctx, gpus))
+    shift = round((_dodge(most)[-1] - 1) * 100)
+    note = repeats_note(counts, _varied(pd.concat([line for _, line in series])))
+    if shift:
+        note += f"\npoints shifted sideways by up to {shift}% of k so that equal values stay visible"
+    policies = sorted({s.policy for s, _ in series}, key=_policy_order)
+    colours = _policy_colours(policies)
+    markers = _gpu_markers([s for s, _ in series])
+    # with one GPU its marker is every series', so a policy drawn at one k reads in the legend
+    policy_marker = markers[gpus[0]] if len(gpus) == 1 else None
+    groups = [[(Line2D([], [], color=colours[p], lw=2, marker=policy_marker), human("policy", p))
+               for p in policies]]
+    if len(gpus) > 1:
+        groups.append([(Line2D([], [], color="0.35", marker=markers[g], ls="none"),
+                        human("hardware", g)) for g in gpus])
+    if any(s.overlap for s, _ in series):
+        groups.append([(Line2D([], [], color="0.35", ls=OVERLAP_STYLES[o]),
+                        "overlap on" if o else "overlap off")
+                       for o in sorted({s.overlap for s, _ in series})])
+    _legend(fig, groups, note)
+    return fig
 
 
 def _stem(ctx: dict) -> str:
@@ -79,116 +332,171 @@ def _stem(ctx: dict) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", stem)
 
 
-def _plot_repeats(ax, line: pd.DataFrame, col: str, label: str) -> None:
-    """``col`` against k; repeats of one k (several runs of one configuration) are drawn as
-    their mean with a bar from the smallest to the largest."""
-    by_k = line.groupby("k")[col].agg(["mean", "min", "max"]).sort_index()
-    spread = [by_k["mean"] - by_k["min"], by_k["max"] - by_k["mean"]]
-    ax.errorbar(by_k.index, by_k["mean"], yerr=spread if (by_k["max"] > by_k["min"]).any()
-                else None, marker="o", capsize=3, label=label)
-
-
-def plot_steps(df: pd.DataFrame, out: Path) -> list[Path]:
-    """req/s versus k (a line per policy, or per policy and GPU), and TTFT/TPOT versus k;
+def steps_figures(df: pd.DataFrame) -> list[tuple[str, Figure]]:
+    """req/s versus k, and median TTFT and TPOT versus k: a figure of each per configuration
+    (every setting but k and the series' own keys), a series per policy, overlap and GPU;
     repeated runs of one configuration as their mean and range."""
-    made: list[Path] = []
+    made: list[tuple[str, Figure]] = []
     df = df[df["k"].notna()]
-    # every setting but k and the line's own keys splits figures, so no line mixes configs
     for ctx, sub in _groups(df, ["backend", "model", "workload", "request_rate", "overhead",
                                  "num_prompts", "seed", "burstiness"]):
         if sub["k"].nunique() < 2:
             continue
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        fig2, (ax_ttft, ax_tpot) = plt.subplots(1, 2, figsize=(11, 4.2))
-        keys = _line_key(sub)
-        for name, line in sub.groupby(keys):
-            label = _line_label(dict(zip(keys, name if isinstance(name, tuple) else (name,),
-                                         strict=True)))
-            for a, col in ((ax, "request_throughput"), (ax_ttft, "median_ttft_ms"),
-                           (ax_tpot, "median_tpot_ms")):
-                _plot_repeats(a, line, col, label)
-        hw = " vs ".join(sorted(map(str, sub["hardware"].dropna().unique())))
-        ctx = {**ctx, "hardware": hw}
-        ax.set(xlabel="scheduler steps per window, k", ylabel="request throughput (req/s)",
-               title=_title(ctx, "Throughput vs k"))
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend()
-        ax_ttft.set(xlabel="k", ylabel="median TTFT (ms)", title="TTFT vs k")
-        ax_tpot.set(xlabel="k", ylabel="median TPOT (ms)", title="TPOT vs k")
-        for a in (ax_ttft, ax_tpot):
-            a.grid(alpha=0.3)
-            a.legend()
-            a.set_ylim(bottom=0)
-        fig2.suptitle(_title(ctx, "Latency vs k"))
-        stem = _stem(ctx)
-        made += save(fig, out, f"reqs_vs_k_{stem}")
-        made += save(fig2, out, f"latency_vs_k_{stem}")
+        series = _series(sub)
+        gpus = " vs ".join(sorted({s.hardware for s, _ in series} - {""}))
+        stem = _stem({**ctx, "hardware": gpus})
+        made.append((f"reqs_vs_k_{stem}", _k_figure(
+            ctx, series, ["request_throughput"], "Request throughput versus steps per window")))
+        made.append((f"latency_vs_k_{stem}", _k_figure(
+            ctx, series, ["median_ttft_ms", "median_tpot_ms"],
+            "Median latency versus steps per window")))
+    return made
+
+
+def plot_steps(df: pd.DataFrame, out: Path) -> list[Path]:
+    return [p for stem, fig in steps_figures(df) for p in save(fig, out, stem)]
+
+
+# ---- versus load ------------------------------------------------------------------------------
+
+def rates_figures(df: pd.DataFrame) -> list[tuple[str, Figure]]:
+    """Throughput-latency curves: median TTFT and TPOT versus the achieved throughput, a point
+    per offered request rate (its repeats as their mean, bars their range), a series per
+    policy, k and overlap."""
+    made: list[tuple[str, Figure]] = []
+    df = df[df["request_rate"].notna() & ~df["request_rate"].apply(
+        lambda r: math.isinf(r) if isinstance(r, float) else False)]
+    for ctx, sub in _groups(df, ["backend", "model", "hardware", "workload", "overhead"]):
+        if sub["request_rate"].nunique() < 2:
+            continue
+        sub = sub.assign(_overlap=sub["overlap"].map(overlap_on) if "overlap" in sub else False)
+        colours = _policy_colours(set(map(str, sub["policy"])))
+        ks = sorted(sub["k"].dropna().unique())
+        fig, axes = plt.subplots(1, 2, figsize=(11, 5.2), layout="constrained")
+        counts: list[int] = []
+        entries = []
+        lines = sorted(sub.groupby(["policy", "k", "_overlap"], dropna=False),
+                       key=lambda g: (_policy_order(str(g[0][0])), str(g[0][1]), g[0][2]))
+        for (pol, k, ov), line in lines:
+            marker = MARKERS[ks.index(k) % len(MARKERS)] if k == k else "o"
+            label = human("policy", pol) + (f" k={k:g}" if k == k else "")
+            label += " + overlap" if ov else ""
+            by_rate = line.groupby("request_rate")
+            counts += by_rate.size().tolist()
+            x = by_rate["request_throughput"].mean()
+            for ax, metric in zip(axes, ("median_ttft_ms", "median_tpot_ms"), strict=True):
+                y = by_rate[metric].agg(["mean", "min", "max"])
+                ax.errorbar(x, y["mean"], yerr=[y["mean"] - y["min"], y["max"] - y["mean"]],
+                            color=colours[str(pol)], marker=marker, ms=5, capsize=2, alpha=0.85,
+                            linestyle=OVERLAP_STYLES[bool(ov)], label=label)
+            entries.append((Line2D([], [], color=colours[str(pol)], marker=marker,
+                                   ls=OVERLAP_STYLES[bool(ov)]), label))
+        for ax, metric in zip(axes, ("median_ttft_ms", "median_tpot_ms"), strict=True):
+            name, unit = metric_label(metric)
+            ax.set(xlabel="achieved request throughput (req/s)", ylabel=f"{name} ({unit})")
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+        gpu = [str(ctx["hardware"])] if "hardware" in ctx else []
+        fig.suptitle(_context_title("Median latency versus load", {**ctx, "request_rate": None},
+                                    gpu).replace("all at t=0", "Poisson arrivals"))
+        ncol = min(4, len(entries))
+        fig.legend([h for h, _ in entries], [lbl for _, lbl in entries], ncol=ncol,
+                   loc="outside lower center", frameon=False, fontsize=9, title_fontsize=8,
+                   title=repeats_note(counts, _varied(sub)) + " (a point per offered rate)")
+        made.append((f"latency_vs_rate_{_stem(ctx)}", fig))
     return made
 
 
 def plot_rates(df: pd.DataFrame, out: Path) -> list[Path]:
-    """Throughput-latency curves: median TTFT and TPOT versus the offered request rate (repeats
-    at one rate as their mean)."""
-    made: list[Path] = []
-    df = df[df["request_rate"].notna() & ~df["request_rate"].apply(
-        lambda r: math.isinf(r) if isinstance(r, float) else False)]
-    for ctx, sub in _groups(df, ["backend", "model", "hardware", "workload"]):
-        if sub["request_rate"].nunique() < 2:
-            continue
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
-        for (pol, k), line in sub.groupby(["policy", "k"], dropna=False):
-            line = line.groupby("request_rate")[["request_throughput", "median_ttft_ms",
-                                                  "median_tpot_ms"]].mean()
-            line = line.sort_values("request_throughput")
-            label = f"{pol} k={k:g}" if k == k else str(pol)
-            a1.plot(line["request_throughput"], line["median_ttft_ms"], marker="o", label=label)
-            a2.plot(line["request_throughput"], line["median_tpot_ms"], marker="o", label=label)
-        a1.set(xlabel="achieved throughput (req/s)", ylabel="median TTFT (ms)")
-        a2.set(xlabel="achieved throughput (req/s)", ylabel="median TPOT (ms)")
-        for a in (a1, a2):
-            a.grid(alpha=0.3)
-            a.legend()
-        fig.suptitle(_title({**ctx, "request_rate": None}, "Latency vs load").replace(
-            " (all at t=0)", " (Poisson arrivals)"))
-        stem = _stem(ctx)
-        made += save(fig, out, f"latency_vs_rate_{stem}")
-    return made
+    return [p for stem, fig in rates_figures(df) for p in save(fig, out, stem)]
 
 
-def plot_validation(df: pd.DataFrame, out: Path, title: str = "") -> list[Path]:
-    """Predicted (simulator) against measured for each metric, with the y = x line; where the
-    table has each side's spread between its runs, bars of half that range either way."""
-    metrics = [m for m in df["metric"].unique()]
+# ---- simulated versus measured ----------------------------------------------------------------
+
+def _equal_limits(values: pd.Series, log: bool) -> tuple[float, float]:
+    lo, hi = float(values.min()), float(values.max())
+    if log:
+        return lo / 1.25, hi * 1.25
+    pad = (hi - lo) * 0.08 or abs(hi) * 0.1 or 1.0
+    return lo - pad, hi + pad
+
+
+def validation_figure(df: pd.DataFrame, title: str = "") -> Figure:
+    """Predicted (simulator) against measured, a panel per metric on equal log axes (so an
+    error of one size looks the same in every panel), with y = x and a +-10% band; colour by
+    policy, marker by load; where the table has each side's spread between its runs, bars of
+    half that range either way."""
+    metrics = list(dict.fromkeys(df["metric"]))
     cols = min(4, len(metrics))
     rows = math.ceil(len(metrics) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.4 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 3.3 * rows + 1.4), squeeze=False,
+                             layout="constrained")
+    colours = _policy_colours(set(map(str, df["policy"])))
+    rate_of = df["request_rate"] if "request_rate" in df else pd.Series(math.inf, df.index)
+    df = df.assign(_rate=rate_of.fillna(math.inf).astype(float))
+    # offline (all at t=0) first, then the Poisson rates in order
+    rates = sorted(df["_rate"].unique(), key=lambda r: (not math.isinf(r), r))
+    markers = {r: MARKERS[i % len(MARKERS)] for i, r in enumerate(rates)}
     for ax, metric in zip(axes.flat, metrics, strict=False):
         sub = df[df["metric"] == metric]
-        for pol, pts in sub.groupby("policy"):
+        for (pol, rate), pts in sub.groupby(["policy", "_rate"]):
             bars = {}
             for side in ("measured", "predicted"):
                 if f"{side}_spread" in pts:  # half the range either way, above zero (log axes)
                     half = pts[side] * pts[f"{side}_spread"].fillna(0.0) / 2
                     bars[side] = [half.clip(upper=pts[side] * 0.99), half]
             ax.errorbar(pts["measured"], pts["predicted"], xerr=bars.get("measured"),
-                        yerr=bars.get("predicted"), fmt="o", ms=4, elinewidth=0.6, capsize=0,
-                        label=str(pol))
-        lo = min(sub["measured"].min(), sub["predicted"].min())
-        hi = max(sub["measured"].max(), sub["predicted"].max())
-        ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
-        if lo > 0 and hi / lo > 30:  # offline TTFTs in seconds beside online ones in ms
+                        yerr=bars.get("predicted"), ls="none", marker=markers[rate], ms=4.5,
+                        color=colours[str(pol)], alpha=0.8, elinewidth=0.6, capsize=0,
+                        label=f"{human('policy', pol)}, {rate_label(rate)}")
+        both = pd.concat([sub["measured"], sub["predicted"]])
+        log = bool((both > 0).all())
+        lo, hi = _equal_limits(both, log)
+        ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.88",
+                        lw=0, zorder=0)
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, zorder=1)
+        if log:
             ax.set(xscale="log", yscale="log")
-        unit = "req/s" if "throughput" in metric else "ms"
-        ax.set(xlabel=f"measured ({unit})", ylabel=f"simulated ({unit})", title=metric)
-        ax.grid(alpha=0.3)
+        ax.set(xlim=(lo, hi), ylim=(lo, hi))
+        ax.set_aspect("equal", adjustable="box")
+        name, unit = metric_label(metric)
+        ax.set(xlabel=f"measured ({unit})", ylabel=f"simulated ({unit})", title=name)
+        ax.grid(alpha=0.3, which="both" if log else "major", lw=0.5)
     for ax in list(axes.flat)[len(metrics):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.suptitle(title or "Simulator vs measurement")
-    fig.tight_layout()
-    return save(fig, out, "validation_scatter")
+    policies = sorted(colours, key=_policy_order)
+    groups = [[(Line2D([], [], color=colours[p], marker="o", ls="none"), human("policy", p))
+               for p in policies],
+              [(Line2D([], [], color="0.35", marker=markers[r], ls="none"), rate_label(r))
+               for r in rates],
+              [(Line2D([], [], color="k", ls="--", lw=0.8), "simulated = measured"),
+               (Patch(color="0.88"), "within 10%")]]
+    if "measured_spread" in df or "predicted_spread" in df:
+        repeats = df["repeats"].dropna().astype(int) if "repeats" in df else pd.Series([], int)
+        n = "" if repeats.empty else (f" ({repeats.min()}" + (
+            f"-{repeats.max()}" if repeats.max() > repeats.min() else "") + " measured runs)")
+        note = f"bars: the range between repeated runs{n}, drawn half either way of their mean"
+    else:
+        note = "one run per side, so no bars"
+    _legend(fig, groups, note)
+    fig.suptitle(title or "Simulator versus measurement")
+    return fig
 
+
+def validation_title(model: str | None, hardware: str | None) -> str:
+    where = ", ".join(p for p in (human("model", model), human("hardware", hardware)) if p)
+    return "Simulator versus measurement" + (f": {where}" if where else "")
+
+
+def plot_validation(df: pd.DataFrame, out: Path, title: str = "", *, model: str | None = None,
+                    hardware: str | None = None) -> list[Path]:
+    """The scatter of validation_figure, titled with the model's and GPU's human names (or
+    ``title``), as OUT/validation_scatter.png and .svg."""
+    title = title or validation_title(model, hardware)
+    return save(validation_figure(df, title), out, "validation_scatter")
+
+
+# ---- command line -----------------------------------------------------------------------------
 
 def plot_table(table: str | os.PathLike, out: str | os.PathLike | None = None) -> list[Path]:
     table = Path(table)
