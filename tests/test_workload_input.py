@@ -45,7 +45,7 @@ def test_epoch_stamped_trace_replays_from_its_first_arrival():
 
 def test_trace_starting_late_is_shifted_to_zero(tmp_path):
     rows = read_trace(trace(tmp_path, HEADER + "7.5,10,2\n5,10,1\n"))
-    assert rows == [(0.0, 10, 1), (2.5, 10, 2)]
+    assert [r[:3] for r in rows] == [(0.0, 10, 1), (2.5, 10, 2)]
 
 
 @pytest.mark.parametrize("text, match", [
@@ -77,7 +77,7 @@ def test_duplicate_trace_column_is_refused(tmp_path, header, column):
 
 def test_byte_order_mark_is_accepted():
     rows = read_trace(DATA / "trace_bom.csv")
-    assert rows == [(0.0, 64, 16), (0.5, 128, 32)]
+    assert [r[:3] for r in rows] == [(0.0, 64, 16), (0.5, 128, 32)]
 
 
 @pytest.mark.parametrize("content, match", [

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from experiments.workload.arrivals import ARRIVAL_KEYS, arrival_times, trace_arrival_times
-from experiments.workload.footprint import check_run_fits, max_trace_rows
+from experiments.workload.footprint import check_run_fits
 from experiments.workload.jsonstream import iter_json_array, read_record_at
-from experiments.workload.settings import get_float, get_int, get_path
+from experiments.workload.settings import get_float, get_int
 from experiments.workload.sharegpt import (
     CACHE_FORMAT_VERSION,
     DEFAULT_TOKENIZER,
@@ -31,14 +31,15 @@ from experiments.workload.sharegpt import (
 )
 from experiments.workload.spec import RequestSpec, to_request
 from experiments.workload.synthetic import SYNTHETIC_KEYS, random_token_ids, synthetic_lengths
-from experiments.workload.trace import TRACE_KEYS, read_trace
+from experiments.workload.trace import TRACE_KEYS, TraceRequest, read_trace, read_trace_section
+from experiments.workload.trace_formats import FORMATS as TRACE_FORMATS
 
 __all__ = [
     "CACHE_FORMAT_VERSION", "DEFAULT_TOKENIZER", "KINDS", "MIN_SHAREGPT_LEN", "RequestSpec",
     "arrival_times", "build_workload", "bundled_sharegpt_path", "cache_dir", "iter_json_array",
     "load_tokenizer", "read_record_at", "read_trace", "sample_sharegpt",
     "sharegpt_prompt_token_ids", "sharegpt_token_counts", "synthetic_lengths", "to_request",
-    "trace_arrival_times", "max_concurrency",
+    "trace_arrival_times", "max_concurrency", "TraceRequest", "TRACE_FORMATS",
 ]
 
 KINDS = ("sharegpt", "synthetic", "trace")
@@ -96,19 +97,15 @@ def build_workload(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
         check_run_fits(num_prompts, None, None, with_token_ids=with_ids)
 
     sample = None
+    hash_ids: list[tuple[int, ...] | None] | None = None
     if kind == "trace":
-        path = get_path(cfg, "trace_path")
-        if path is None:
-            raise ValueError("workload.trace_path must be set to a CSV file")
-        rows = read_trace(path, max_requests=max_trace_rows())
-        if num_prompts is not None:
-            if len(rows) < num_prompts:
-                raise ValueError(f"workload.num_prompts = {num_prompts}, but {path} has only "
-                                 f"{len(rows)} requests")
-            rows = rows[:num_prompts]
-        arrivals = [r[0] for r in rows]
-        prompt_lens = [r[1] for r in rows]
-        output_lens = [r[2] for r in rows]
+        trace = read_trace_section(cfg, num_prompts)
+        arrivals = [r.arrival_time for r in trace]
+        prompt_lens = [r.prompt_len for r in trace]
+        output_lens = [r.output_len for r in trace]
+        if any(r.hash_ids is not None for r in trace):
+            hash_ids = [r.hash_ids for r in trace]
+        del trace
     else:
         assert num_prompts is not None
         rate = get_float(cfg, "request_rate", math.inf)
@@ -140,5 +137,6 @@ def build_workload(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
     if vocab_size is not None:
         token_ids = sample.prompt_token_ids(vocab_size) if sample is not None \
             else random_token_ids(prompt_lens, vocab_size, seed)
-    return [RequestSpec(float(a), int(p), int(o), None if token_ids is None else token_ids[i])
+    return [RequestSpec(float(a), int(p), int(o), None if token_ids is None else token_ids[i],
+                        None if hash_ids is None else hash_ids[i])
             for i, (a, p, o) in enumerate(zip(arrivals, prompt_lens, output_lens, strict=True))]

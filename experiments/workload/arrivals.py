@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,23 +36,46 @@ def arrival_times(num_prompts: int, request_rate: float, burstiness: float, seed
     return np.concatenate([[0.0], np.cumsum(gaps)])
 
 
-def trace_arrival_times(times: Sequence[float], lines: Sequence[int], path: str) -> list[float]:
-    """A trace's sorted arrival times (seconds) made relative to its first arrival.
+@dataclass(frozen=True, slots=True)
+class TimeUnit:
+    """The unit a trace format stamps its times in."""
+
+    symbol: str  # "s"
+    name: str  # "seconds"
+    seconds: float  # seconds per unit
+
+
+SECONDS = TimeUnit("s", "seconds", 1.0)
+MILLISECONDS = TimeUnit("ms", "milliseconds", 1e-3)
+
+
+def trace_arrival_times(times: Sequence[float], lines: Sequence[int], path: str, *,
+                        column: str = "arrival_time", unit: TimeUnit = SECONDS,
+                        time_scale: float = 1.0) -> list[float]:
+    """A trace's sorted arrival times (in ``unit``) as seconds after its first arrival, times
+    ``time_scale``.
 
     A run measures its duration from t=0, so a trace stamped with Unix-epoch times would
     otherwise report a rate near zero; shifting makes absolute and relative stamps replay
-    alike. ``lines`` gives each time's line in ``path`` for the error messages.
+    alike. ``time_scale`` stretches the gaps between arrivals: 2 replays the trace at half its
+    rate (twice as far apart), 0.5 at twice its rate. ``lines`` gives each time's line in
+    ``path`` and ``column`` the time's column, for the error messages.
     """
+    max_time = MAX_TRACE_TIME / unit.seconds
     for t, line in zip(times, lines, strict=True):
-        if not (math.isfinite(t) and abs(t) <= MAX_TRACE_TIME):
-            raise ValueError(f"{path}:{line}: arrival_time {t!r} is beyond {MAX_TRACE_TIME:g} s "
-                             f"(times are seconds)")
+        if not (math.isfinite(t) and abs(t) <= max_time):
+            raise ValueError(f"{path}:{line}: {column} {t!r} is beyond {max_time:g} {unit.symbol} "
+                             f"(times are {unit.name})")
     if not times:
         return []
     first = times[0]
-    span = times[-1] - first
+    span = (times[-1] - first) * unit.seconds
     if span > MAX_TRACE_SPAN:
-        raise ValueError(f"{path}:{lines[-1]}: arrival_time {times[-1]!r} is {span:.4g} s after "
+        raise ValueError(f"{path}:{lines[-1]}: {column} {times[-1]!r} is {span:.4g} s after "
                          f"the first arrival (line {lines[0]}); a trace may span at most "
-                         f"{MAX_TRACE_SPAN:g} s (times are seconds)")
-    return [t - first for t in times]
+                         f"{MAX_TRACE_SPAN:g} s (times are {unit.name})")
+    if not (time_scale > 0 and math.isfinite(time_scale * span)):
+        raise ValueError(f"workload.time_scale must be > 0 and keep the replay finite, "
+                         f"got {time_scale!r}")
+    factor = unit.seconds * time_scale
+    return [(t - first) * factor for t in times]

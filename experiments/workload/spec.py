@@ -15,6 +15,10 @@ class RequestSpec:
     prompt_len: int
     output_len: int
     prompt_token_ids: tuple[int, ...] | None = None
+    # A Mooncake trace's block hashes: equal ids at the start of two prompts mark a shared
+    # prefix (one id per block of the trace's block size). Kept for prefix-caching work; the
+    # scheduler's Request does not carry them yet.
+    hash_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.output_len < 1:
@@ -27,6 +31,9 @@ class RequestSpec:
             raise ValueError(
                 f"RequestSpec has {len(self.prompt_token_ids)} prompt token ids "
                 f"but prompt_len {self.prompt_len}")
+        if self.hash_ids is not None and not isinstance(self.hash_ids, tuple):
+            raise ValueError(f"RequestSpec.hash_ids must be a tuple or None, "
+                             f"got {type(self.hash_ids).__name__}")
 
 
 def to_request(spec: RequestSpec, request_id: int, with_token_ids: bool) -> Request:

@@ -1,99 +1,152 @@
-"""Trace files: requests replayed from a CSV of arrival times and lengths."""
+"""Trace replay: a trace file's requests in arrival order, filtered, cut and time-scaled."""
 
 from __future__ import annotations
 
-import csv
+import heapq
+import logging
 import math
 import os
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 from experiments.workload.arrivals import trace_arrival_times
+from experiments.workload.footprint import BYTES_PER_TRACE_ROW, max_trace_rows
+from experiments.workload.settings import get_float, get_path
+from experiments.workload.trace_formats import FORMATS, RowCounts, RowFilter, TraceRow
 
 # The settings kind=trace reads besides the common ones.
-TRACE_KEYS = frozenset({"trace_path"})
-TRACE_COLUMNS = ("arrival_time", "prompt_len", "output_len")
+TRACE_KEYS = frozenset({"trace_path", "format", "time_scale", "model_filter", "log_type",
+                        "keep_failed"})
+# Settings that only some formats have: set for another format, they would be ignored.
+_FORMAT_SETTINGS = {"model_filter": ("burstgpt",), "log_type": ("burstgpt",),
+                    "keep_failed": ("azure", "burstgpt")}
+# A Mooncake block hash held while the trace is read: an int object and a tuple slot.
+BYTES_PER_HASH_ID = 40
+
+NO_FILTER = RowFilter()
+
+log = logging.getLogger(__name__)
 
 
-def read_trace(path: str | os.PathLike[str], *, max_requests: int | None = None
-               ) -> list[tuple[float, int, int]]:
-    """(arrival_time, prompt_len, output_len) rows of a CSV trace, sorted by arrival time, the
-    times relative to the first arrival (trace_arrival_times).
+class TraceRequest(NamedTuple):
+    """A request of a trace: seconds after the first arrival (scaled), lengths, block hashes."""
 
-    Other columns are ignored; a UTF-8 byte-order mark is allowed. A file with more than
-    ``max_requests`` rows is refused as soon as the row after the last allowed one is read.
+    arrival_time: float
+    prompt_len: int
+    output_len: int
+    hash_ids: tuple[int, ...] | None = None
+
+
+def read_trace(path: str | os.PathLike[str], *, format: str = "csv",
+               num_prompts: int | None = None, time_scale: float = 1.0,
+               row_filter: RowFilter = NO_FILTER, max_requests: int | None = None
+               ) -> list[TraceRequest]:
+    """The requests of a trace file sorted by arrival time (ties in file order), the times in
+    seconds after the first arrival times ``time_scale`` (trace_arrival_times).
+
+    ``num_prompts``: only the first that many by arrival time, the file streamed and no more
+    rows held. Without it, a file with more than ``max_requests`` rows (fewer with Mooncake
+    block hashes) is refused as soon as the row after the last allowed one is read.
     """
     path_s = os.fspath(path)
-    try:
-        # utf-8-sig drops the byte-order mark that spreadsheet exports put before the header.
-        with open(path_s, newline="", encoding="utf-8-sig") as f:
-            rows = _read_rows(csv.reader(f), path_s, max_requests)
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path_s}: not a UTF-8 text file (byte 0x{e.object[e.start]:02x} "
-                         f"cannot be decoded); a trace is a CSV file") from None
-    except csv.Error as e:
-        raise ValueError(f"{path_s}: unreadable CSV: {e}") from None
-    rows.sort(key=lambda r: r[0])  # stable: ties keep file order
-    times = trace_arrival_times([r[0] for r in rows], [r[3] for r in rows], path_s)
-    return [(t, r[1], r[2]) for t, r in zip(times, rows, strict=True)]
+    fmt = FORMATS[format]
+    counts = RowCounts()
+    rows = fmt.read(path_s, row_filter, counts)
+    kept = _all(rows, path_s, max_requests) if num_prompts is None \
+        else _earliest(rows, num_prompts)
+    if not kept:
+        raise _nothing_left(path_s, format, row_filter, counts)
+    if counts.failed or counts.filtered:
+        log.info("%s: %d of its %d requests pass the filters (%d failed ones dropped, %d of "
+                 "other models or log types)", path_s, counts.rows - counts.failed
+                 - counts.filtered, counts.rows, counts.failed, counts.filtered)
+    times = trace_arrival_times([r.time for r in kept], [r.line for r in kept], path_s,
+                                column=fmt.time_column, unit=fmt.unit, time_scale=time_scale)
+    # In place: a large trace is not held twice.
+    out: list[Any] = kept
+    for i, (t, r) in enumerate(zip(times, kept, strict=True)):
+        out[i] = TraceRequest(t, r.prompt_len, r.output_len, r.hash_ids)
+    return out
 
 
-def _read_rows(reader: Any, path: str, max_requests: int | None
-               ) -> list[tuple[float, int, int, int]]:
-    """(arrival_time, prompt_len, output_len, line) per request, in file order."""
-    header = next(reader, None)
-    if header is None:
-        raise ValueError(f"{path}: empty trace, expected a header "
-                         f"'{','.join(TRACE_COLUMNS)}'")
-    header = [h.strip() for h in header]
-    _check_text(header, path, 1)
-    seen: set[str] = set()
-    for h in header:
-        if h in seen:  # which of the two columns is meant cannot be told
-            raise ValueError(f"{path}:1: trace header has column {h!r} twice")
-        seen.add(h)
-    missing = [c for c in TRACE_COLUMNS if c not in header]
-    if missing:
-        raise ValueError(f"{path}:1: trace header lacks column {missing[0]!r} "
-                         f"(needs {', '.join(TRACE_COLUMNS)}; got {', '.join(header)})")
-    cols = [header.index(c) for c in TRACE_COLUMNS]
-    rows: list[tuple[float, int, int, int]] = []
-    for row in reader:
-        line = reader.line_num
-        if not row or all(not c.strip() for c in row):
-            continue
-        _check_text(row, path, line)
-        if len(row) != len(header):
-            raise ValueError(f"{path}:{line}: expected {len(header)} fields, got {len(row)}")
-        if max_requests is not None and len(rows) == max_requests:
-            raise ValueError(f"{path}:{line}: the trace has more than {max_requests} requests, "
+def _all(rows: Iterable[TraceRow], path: str, max_requests: int | None) -> list[TraceRow]:
+    budget = None if max_requests is None else max_requests * BYTES_PER_TRACE_ROW
+    kept: list[TraceRow] = []
+    held = 0
+    for r in rows:
+        held += BYTES_PER_TRACE_ROW + (len(r.hash_ids) * BYTES_PER_HASH_ID if r.hash_ids else 0)
+        if budget is not None and held > budget:
+            raise ValueError(f"{path}:{r.line}: the trace has more than {len(kept)} requests, "
                              f"the most whose replay fits in the memory available")
-        arrival = _parse_number(row[cols[0]], path, line, "arrival_time", integer=False)
-        prompt_len = _parse_number(row[cols[1]], path, line, "prompt_len", integer=True)
-        output_len = _parse_number(row[cols[2]], path, line, "output_len", integer=True)
-        if arrival < 0:
-            raise ValueError(f"{path}:{line}: arrival_time must be >= 0, got {arrival}")
-        for name, v in (("prompt_len", prompt_len), ("output_len", output_len)):
-            if v < 1:
-                raise ValueError(f"{path}:{line}: {name} must be >= 1, got {v}")
-        rows.append((float(arrival), int(prompt_len), int(output_len), line))
-    if not rows:
-        raise ValueError(f"{path}: trace has a header but no requests")
-    return rows
+        kept.append(r)
+    kept.sort(key=lambda r: r.time)  # stable: ties keep file order
+    return kept
 
 
-def _check_text(fields: list[str], path: str, line: int) -> None:
-    # Valid UTF-8 can still be binary (NUL bytes); the csv module would pass them through.
-    if any("\x00" in f for f in fields):
-        raise ValueError(f"{path}:{line}: NUL byte in a text field; a trace is a CSV text file")
+def _earliest(rows: Iterable[TraceRow], n: int) -> list[TraceRow]:
+    """The ``n`` earliest rows, ties in file order, holding no more than ``n`` at a time."""
+    heap: list[tuple[float, int, TraceRow]] = []  # (-time, -position): the latest on top
+    for i, r in enumerate(rows):
+        if len(heap) < n:
+            heapq.heappush(heap, (-r.time, -i, r))
+        elif r.time < -heap[0][0]:  # a tie loses: it comes later in the file
+            heapq.heapreplace(heap, (-r.time, -i, r))
+    heap.sort(reverse=True)
+    return [r for _, _, r in heap]
 
 
-def _parse_number(text: str, path: str, line: int, column: str, *, integer: bool) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise ValueError(f"{path}:{line}: {column} is not a number: {text.strip()!r}") from None
-    if not math.isfinite(v):
-        raise ValueError(f"{path}:{line}: {column} must be finite, got {text.strip()!r}")
-    if integer and v != int(v):
-        raise ValueError(f"{path}:{line}: {column} must be an integer, got {text.strip()!r}")
-    return v
+def _nothing_left(path: str, fmt: str, flt: RowFilter, counts: RowCounts) -> ValueError:
+    if counts.rows == 0:
+        what = "no JSON lines" if fmt == "mooncake" else "a header but no requests"
+        return ValueError(f"{path}: trace has {what}")
+    for setting, wanted, seen in (("model_filter", flt.models, counts.models),
+                                  ("log_type", flt.log_types, counts.log_types)):
+        if wanted is not None and not wanted & seen:
+            return ValueError(f"workload.{setting}: no request of {path} has "
+                              f"{' or '.join(map(repr, sorted(wanted)))}; it has "
+                              f"{', '.join(map(repr, sorted(seen)))}")
+    return ValueError(f"{path}: none of its {counts.rows} requests is left: {counts.filtered} "
+                      f"of other models or log types, {counts.failed} failed (no output "
+                      f"tokens; workload.keep_failed=true keeps them)")
+
+
+def read_trace_section(cfg: Mapping[str, Any], num_prompts: int | None
+                       ) -> list[TraceRequest]:
+    """The requests of a kind=trace ``workload`` section, its settings checked."""
+    path = get_path(cfg, "trace_path")
+    if path is None:
+        raise ValueError("workload.trace_path must be set to a trace file")
+    fmt = cfg.get("format", "csv")
+    if fmt not in FORMATS:
+        raise ValueError(f"workload.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    time_scale = get_float(cfg, "time_scale", 1.0)
+    if not (time_scale > 0 and math.isfinite(time_scale)):
+        raise ValueError(f"workload.time_scale must be a number > 0 (2: arrivals twice as far "
+                         f"apart), got {time_scale!r}")
+    keep_failed = cfg.get("keep_failed", False)
+    if not isinstance(keep_failed, bool):
+        raise ValueError(f"workload.keep_failed must be true or false, got {keep_failed!r}")
+    for key, formats in _FORMAT_SETTINGS.items():
+        if cfg.get(key) not in (None, False) and fmt not in formats:
+            raise ValueError(f"workload.{key} applies to workload.format="
+                             f"{' or '.join(formats)} only, not {fmt}")
+    row_filter = RowFilter(_names(cfg, "model_filter"), _names(cfg, "log_type"), keep_failed)
+    requests = read_trace(path, format=fmt, num_prompts=num_prompts, time_scale=time_scale,
+                          row_filter=row_filter, max_requests=max_trace_rows())
+    if num_prompts is not None and len(requests) < num_prompts:
+        filtered = " that pass the filters" if row_filter != NO_FILTER else ""
+        raise ValueError(f"workload.num_prompts = {num_prompts}, but {path} has only "
+                         f"{len(requests)} requests{filtered}")
+    return requests
+
+
+def _names(cfg: Mapping[str, Any], key: str) -> frozenset[str] | None:
+    """A filter setting: null (no filter), a name, or a list of names."""
+    v = cfg.get(key)
+    if v is None:
+        return None
+    names = [v] if isinstance(v, str) else v
+    if not isinstance(names, (list, tuple)) or not names or \
+            not all(isinstance(n, str) and n.strip() for n in names):
+        raise ValueError(f"workload.{key} must be null, a name or a list of names, got {v!r}")
+    return frozenset(n.strip() for n in names)

@@ -1,0 +1,306 @@
+"""Trace file formats: each one's columns, time unit and per-row checks, read as a row stream."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, NamedTuple
+
+from experiments.workload.arrivals import MILLISECONDS, SECONDS, TimeUnit
+
+CSV_COLUMNS = ("arrival_time", "prompt_len", "output_len")
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "Log Type")
+MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
+# A Mooncake line holds one request's lengths and block hashes (a few KiB at 128k tokens);
+# a longer line is a file of another kind, not read into memory whole.
+MAX_JSONL_LINE = 16 << 20
+
+
+class TraceRow(NamedTuple):
+    """One request as its file gives it: the time in the format's unit, and its line."""
+
+    time: float
+    prompt_len: int
+    output_len: int
+    line: int
+    hash_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RowFilter:
+    """Which rows of a trace a run replays."""
+
+    models: frozenset[str] | None = None  # BurstGPT's Model; None: every model
+    log_types: frozenset[str] | None = None  # BurstGPT's Log Type; None: every type
+    # Rows with no output tokens are failed requests (BurstGPT says so; an Azure row like it is
+    # taken alike). Kept, they replay as requests for one token: the least a request can ask.
+    keep_failed: bool = False
+
+
+@dataclass(slots=True)
+class RowCounts:
+    """What a reader saw, for the messages that say why rows are missing."""
+
+    rows: int = 0
+    failed: int = 0  # dropped: no output tokens
+    filtered: int = 0  # dropped: another model or log type
+    models: set[str] = field(default_factory=set)
+    log_types: set[str] = field(default_factory=set)
+
+
+Reader = Callable[[str, RowFilter, RowCounts], Iterator[TraceRow]]
+
+
+@dataclass(frozen=True, slots=True)
+class TraceFormat:
+    name: str
+    time_column: str
+    unit: TimeUnit
+    read: Reader  # rows in file order; every row's fields checked
+    columns: tuple[str, ...] = ()  # a CSV format's header columns
+
+
+# --------------------------------------------------------------------------- CSV formats
+
+def _csv_fields(path: str, fmt: str, columns: Sequence[str]
+                ) -> Iterator[tuple[int, list[str]]]:
+    """(line, the fields of ``columns``) per non-blank row of a CSV trace; the header, the
+    encoding and each row's field count checked."""
+    try:
+        # utf-8-sig drops the byte-order mark that spreadsheet exports put before the header.
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if header is None:
+                raise ValueError(f"{path}: empty trace, expected a header '{','.join(columns)}'")
+            header = [h.strip() for h in header]
+            _check_text(header, path, 1)
+            cols = _header_columns(header, path, fmt, columns)
+            for row in reader:
+                line = reader.line_num
+                if not row or all(not c.strip() for c in row):
+                    continue
+                _check_text(row, path, line)
+                if len(row) != len(header):
+                    raise ValueError(f"{path}:{line}: expected {len(header)} fields, "
+                                     f"got {len(row)}")
+                yield line, [row[c] for c in cols]
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a UTF-8 text file (byte 0x{e.object[e.start]:02x} "
+                         f"cannot be decoded); a trace is a CSV file") from None
+    except csv.Error as e:
+        raise ValueError(f"{path}: unreadable CSV: {e}") from None
+
+
+def _header_columns(header: list[str], path: str, fmt: str, columns: Sequence[str]
+                    ) -> list[int]:
+    seen: set[str] = set()
+    for h in header:
+        if h in seen:  # which of the two columns is meant cannot be told
+            raise ValueError(f"{path}:1: trace header has column {h!r} twice")
+        seen.add(h)
+    missing = [c for c in columns if c not in seen]
+    if missing:
+        # A public trace read under the default format is the likely slip: name the right one.
+        other = [f.name for f in FORMATS.values()
+                 if f.columns and f.name != fmt and set(f.columns) <= seen]
+        hint = f"; it looks like workload.format={other[0]}" if other else ""
+        raise ValueError(f"{path}:1: trace header lacks column {missing[0]!r} (format={fmt} "
+                         f"needs {', '.join(columns)}; got {', '.join(header)}){hint}")
+    return [header.index(c) for c in columns]
+
+
+def _check_text(fields: list[str], path: str, line: int) -> None:
+    # Valid UTF-8 can still be binary (NUL bytes); the csv module would pass them through.
+    if any("\x00" in f for f in fields):
+        raise ValueError(f"{path}:{line}: NUL byte in a text field; a trace is a CSV text file")
+
+
+def _number(text: str, path: str, line: int, column: str, *, integer: bool) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(f"{path}:{line}: {column} is not a number: {text.strip()!r}") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{path}:{line}: {column} must be finite, got {text.strip()!r}")
+    if integer and v != int(v):
+        raise ValueError(f"{path}:{line}: {column} must be an integer, got {text.strip()!r}")
+    return v
+
+
+def _check_lengths(prompt_len: float, output_len: float, path: str, line: int,
+                   names: tuple[str, str], *, failed_allowed: bool = False) -> None:
+    if prompt_len < 1:
+        raise ValueError(f"{path}:{line}: {names[0]} must be >= 1, got {prompt_len:g}")
+    least = 0 if failed_allowed else 1
+    if output_len < least:
+        raise ValueError(f"{path}:{line}: {names[1]} must be >= {least}, got {output_len:g}")
+
+
+def _replayed_output(output_len: float, flt: RowFilter, counts: RowCounts) -> int | None:
+    """The output length a row replays with, or None for a failed request dropped."""
+    if output_len >= 1:
+        return int(output_len)
+    if flt.keep_failed:
+        return 1
+    counts.failed += 1
+    return None
+
+
+def _read_csv(path: str, flt: RowFilter, counts: RowCounts) -> Iterator[TraceRow]:
+    for line, (t, p, o) in _csv_fields(path, "csv", CSV_COLUMNS):
+        counts.rows += 1
+        arrival = _number(t, path, line, "arrival_time", integer=False)
+        prompt_len = _number(p, path, line, "prompt_len", integer=True)
+        output_len = _number(o, path, line, "output_len", integer=True)
+        if arrival < 0:
+            raise ValueError(f"{path}:{line}: arrival_time must be >= 0, got {arrival}")
+        _check_lengths(prompt_len, output_len, path, line, ("prompt_len", "output_len"))
+        yield TraceRow(arrival, int(prompt_len), int(output_len), line)
+
+
+# "2023-11-16 18:15:46.6805900" (2023: no zone, 7 fractional digits) or
+# "2024-05-10 00:00:00.009930+00:00" (2024: UTC offset, 6 digits or none). Parsed here rather
+# than by datetime.fromisoformat, which takes 7 digits only from Python 3.11 on.
+_AZURE_TIME = re.compile(r"\s*(\d{4}-\d\d-\d\d[ T]\d\d:\d\d):(\d\d(?:\.\d+)?)"
+                         r"(Z|[+-]\d\d:?\d\d)?\s*")
+
+
+def _azure_time(text: str, path: str, line: int, minutes: dict[str, float]) -> float:
+    """Seconds since the Unix epoch (a time without a zone is taken as UTC). ``minutes`` caches
+    each minute's start: a trace's rows share it, and strptime is the slow part."""
+    m = _AZURE_TIME.fullmatch(text)
+    seconds = float(m[2]) if m else math.inf
+    minute = minutes.get(m[1]) if m else None
+    if m and minute is None:
+        try:
+            minute = datetime.strptime(m[1].replace("T", " "), "%Y-%m-%d %H:%M").replace(
+                tzinfo=timezone.utc).timestamp()
+        except ValueError:  # month 13, hour 25
+            seconds = math.inf
+        else:
+            if len(minutes) > 1024:  # rows come in time order: old minutes do not recur
+                minutes.clear()
+            minutes[m[1]] = minute
+    if minute is None or seconds >= 61:  # 60.x: a leap second
+        raise ValueError(f"{path}:{line}: TIMESTAMP is not a date and time: {text.strip()!r} "
+                         f"(expected e.g. 2023-11-16 18:15:46.6805900)")
+    zone = m[3]
+    offset = 0 if not zone or zone == "Z" else \
+        (1 if zone[0] == "+" else -1) * (int(zone[1:3]) * 3600 + int(zone[-2:]) * 60)
+    return minute + seconds - offset
+
+
+def _read_azure(path: str, flt: RowFilter, counts: RowCounts) -> Iterator[TraceRow]:
+    minutes: dict[str, float] = {}
+    for line, (t, p, o) in _csv_fields(path, "azure", AZURE_COLUMNS):
+        counts.rows += 1
+        arrival = _azure_time(t, path, line, minutes)
+        prompt_len = _number(p, path, line, "ContextTokens", integer=True)
+        generated = _number(o, path, line, "GeneratedTokens", integer=True)
+        _check_lengths(prompt_len, generated, path, line, ("ContextTokens", "GeneratedTokens"),
+                       failed_allowed=True)
+        output_len = _replayed_output(generated, flt, counts)
+        if output_len is not None:
+            yield TraceRow(arrival, int(prompt_len), output_len, line)
+
+
+def _read_burstgpt(path: str, flt: RowFilter, counts: RowCounts) -> Iterator[TraceRow]:
+    for line, (t, model, p, o, log_type) in _csv_fields(path, "burstgpt", BURSTGPT_COLUMNS):
+        counts.rows += 1
+        model, log_type = model.strip(), log_type.strip()
+        counts.models.add(model)
+        counts.log_types.add(log_type)
+        if (flt.models is not None and model not in flt.models) or \
+                (flt.log_types is not None and log_type not in flt.log_types):
+            counts.filtered += 1
+            continue
+        arrival = _number(t, path, line, "Timestamp", integer=False)
+        if arrival < 0:
+            raise ValueError(f"{path}:{line}: Timestamp must be >= 0, got {arrival:g}")
+        prompt_len = _number(p, path, line, "Request tokens", integer=True)
+        response = _number(o, path, line, "Response tokens", integer=True)
+        _check_lengths(prompt_len, response, path, line, ("Request tokens", "Response tokens"),
+                       failed_allowed=True)
+        output_len = _replayed_output(response, flt, counts)
+        if output_len is not None:
+            yield TraceRow(arrival, int(prompt_len), output_len, line)
+
+
+# --------------------------------------------------------------------------- Mooncake JSONL
+
+def _read_mooncake(path: str, flt: RowFilter, counts: RowCounts) -> Iterator[TraceRow]:
+    with open(path, "rb") as f:
+        line = 0
+        while raw := f.readline(MAX_JSONL_LINE + 1):
+            line += 1
+            if len(raw) > MAX_JSONL_LINE:
+                raise ValueError(f"{path}:{line}: a line longer than {MAX_JSONL_LINE >> 20} MiB; "
+                                 f"a Mooncake trace has one JSON object per line")
+            if line == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")
+            if not raw.strip():
+                continue
+            counts.rows += 1
+            yield _mooncake_row(raw, path, line)
+
+
+def _mooncake_row(raw: bytes, path: str, line: int) -> TraceRow:
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x}); "
+                         f"a Mooncake trace is JSON lines") from None
+    except json.JSONDecodeError as e:
+        if not raw.endswith(b"\n"):
+            raise ValueError(f"{path}:{line}: the last line is cut short (incomplete JSON, no "
+                             f"newline); the file may be partly written or copied") from None
+        raise ValueError(f"{path}:{line}: not a JSON object ({e.msg}, column {e.colno})"
+                         ) from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}:{line}: a JSON {type(record).__name__}, expected an object "
+                         f"with {', '.join(MOONCAKE_KEYS)}")
+    missing = [k for k in MOONCAKE_KEYS if k not in record]
+    if missing:
+        raise ValueError(f"{path}:{line}: no {missing[0]!r} (a Mooncake request needs "
+                         f"{', '.join(MOONCAKE_KEYS)}; got {', '.join(record) or 'nothing'})")
+    arrival = _json_number(record, "timestamp", path, line, integer=False)
+    if arrival < 0:
+        raise ValueError(f"{path}:{line}: timestamp must be >= 0, got {arrival:g}")
+    prompt_len = _json_number(record, "input_length", path, line, integer=True)
+    output_len = _json_number(record, "output_length", path, line, integer=True)
+    _check_lengths(prompt_len, output_len, path, line, ("input_length", "output_length"))
+    hash_ids = record.get("hash_ids")
+    if hash_ids is not None:
+        if not isinstance(hash_ids, list) or not all(
+                isinstance(h, int) and not isinstance(h, bool) for h in hash_ids):
+            raise ValueError(f"{path}:{line}: hash_ids must be a list of integers")
+        hash_ids = tuple(hash_ids)
+    return TraceRow(float(arrival), int(prompt_len), int(output_len), line, hash_ids)
+
+
+def _json_number(record: dict[str, Any], key: str, path: str, line: int, *, integer: bool
+                 ) -> float:
+    v = record[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{path}:{line}: {key} must be a number, got {v!r}")
+    if not math.isfinite(v):
+        raise ValueError(f"{path}:{line}: {key} must be finite, got {v!r}")
+    if integer and v != int(v):
+        raise ValueError(f"{path}:{line}: {key} must be an integer, got {v!r}")
+    return v
+
+
+FORMATS: dict[str, TraceFormat] = {f.name: f for f in (
+    TraceFormat("csv", "arrival_time", SECONDS, _read_csv, CSV_COLUMNS),
+    # TIMESTAMP is a date and time; as seconds since the Unix epoch here.
+    TraceFormat("azure", "TIMESTAMP", SECONDS, _read_azure, AZURE_COLUMNS),
+    TraceFormat("burstgpt", "Timestamp", SECONDS, _read_burstgpt, BURSTGPT_COLUMNS),
+    TraceFormat("mooncake", "timestamp", MILLISECONDS, _read_mooncake),
+)}
