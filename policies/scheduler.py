@@ -104,6 +104,27 @@ class Scheduler:
         self.waiting.append(req)
         self.recent_arrivals.append(req.arrival_time)
 
+    def abort(self, request_id: int) -> bool:
+        """End request ``request_id`` now, wherever it is, and give its KV blocks back; False
+        if the scheduler does not hold it (finished, or never added).
+
+        Call it between windows (before ``schedule()``). With ``policy.overlap`` the request
+        may be in the window in flight: its blocks are freed now all the same, because the
+        backend runs windows in order, so a window formed from here on that takes a freed
+        block writes it after the window in flight is done with it. That window's ``update()``
+        finds the request finished and counts its slots as wasted, as it does for a request
+        whose EOS it learns one window late.
+        """
+        for queue in (self.running, self.finishing, self.waiting):
+            for req in queue:
+                if req.request_id == request_id:
+                    queue.remove(req)
+                    self.block_manager.free(req)  # a preempted request holds none
+                    req.state = RequestState.FINISHED
+                    req.num_output_placeholders = 0
+                    return True
+        return False
+
     @property
     def has_unfinished(self) -> bool:
         return bool(self.waiting) or bool(self.running) or bool(self.finishing)
