@@ -26,7 +26,7 @@ from experiments.workload import (
 
 # The bundled file's cut tail is reported when its token counts are built, in whichever test
 # comes first; tests of the warning itself catch it with pytest.warns.
-pytestmark = pytest.mark.filterwarnings("ignore:.*JSON array is cut short:RuntimeWarning")
+pytestmark = pytest.mark.filterwarnings("ignore:.* is cut short:RuntimeWarning")
 
 DATA = Path(__file__).parent / "data"
 LLAMA3_BOS = 128000
@@ -81,7 +81,8 @@ def test_every_cut_of_a_valid_file_stops_cleanly_with_one_warning(tmp_path, ensu
     for cut in range(1, len(raw)):
         path.write_bytes(raw[:cut])
         for chunk_size in (3, 1 << 16):
-            with pytest.warns(RuntimeWarning, match=r"cut short; read \d+ complete") as w:
+            with pytest.warns(RuntimeWarning, match=r"cut\.json is cut short: the file ends ") \
+                    as w:
                 got = [r for _, r in iter_json_array(path, chunk_size=chunk_size)]
             assert len(w) == 1
             assert got == RECORDS[:len(got)], (cut, chunk_size)
@@ -91,8 +92,14 @@ def test_every_cut_of_a_valid_file_stops_cleanly_with_one_warning(tmp_path, ensu
 def test_cut_tail_warning_counts_records(tmp_path):
     path = tmp_path / "cut.json"
     path.write_bytes(b'[{"a": 1}, {"b": 2}, {"c": "unfinished')
-    with pytest.warns(RuntimeWarning, match=r"cut\.json: JSON array is cut short; read 2 "):
+    with pytest.warns(RuntimeWarning, match=r"cut\.json is cut short: the file ends partway "
+                      r"through record 3; using the 2 complete records before it and dropping "
+                      r"the incomplete one$"):
         assert [r for _, r in iter_json_array(path)] == [{"a": 1}, {"b": 2}]
+    path.write_bytes(b'[{"a": 1},\n')  # cut between records: nothing is dropped
+    with pytest.warns(RuntimeWarning, match=r"cut\.json is cut short: the file ends before its "
+                      r"JSON array closes; using all 1 complete record it holds$"):
+        assert [r for _, r in iter_json_array(path)] == [{"a": 1}]
 
 
 @pytest.mark.parametrize("content, byte, what", [
@@ -133,7 +140,7 @@ def test_bundled_sharegpt_file_is_read_up_to_its_cut_tail():
     with pytest.warns(RuntimeWarning, match="cut short") as w:
         n = sum(1 for _ in iter_json_array(bundled_sharegpt_path()))
     assert n > 17000
-    assert f"read {n} complete records" in str(w[0].message)
+    assert f"using the {n} complete records before it" in str(w[0].message)
 
 
 # --------------------------------------------------------------------------- ShareGPT sampling

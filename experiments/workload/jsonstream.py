@@ -123,8 +123,9 @@ def iter_json_array(path: str | os.PathLike[str], *, chunk_size: int = 1 << 20
     """Yield (byte offset, record) for each complete object of a top-level JSON array.
 
     Reads ``chunk_size`` bytes at a time, so a multi-GB file never sits in memory. A file cut
-    short (the bundled ShareGPT copy is) ends the iteration with one warning giving the number
-    of records read; anything else malformed raises ValueError naming the file and byte offset.
+    short (the bundled ShareGPT copy is) ends the iteration with one warning naming the file,
+    the complete records used and the incomplete one dropped; anything else malformed raises
+    ValueError naming the file and byte offset.
     """
     path_s = os.fspath(path)
     with open(path_s, "rb") as f:
@@ -138,6 +139,7 @@ def iter_json_array(path: str | os.PathLike[str], *, chunk_size: int = 1 << 20
             raise r.error(r.pos, "not a JSON array (expected '[')")
         r.pos += 1
         n = 0
+        partial = False  # the cut falls inside a record
         while r.skip_ws():  # False: cut after '[', ',' or a record
             if n == 0 and r.buf[r.pos] == "]":
                 r.pos += 1
@@ -145,7 +147,8 @@ def iter_json_array(path: str | os.PathLike[str], *, chunk_size: int = 1 << 20
                 return
             decoded = _decode_value(r)
             if decoded is None:
-                break  # cut inside a record
+                partial = True
+                break
             record, end = decoded
             if not isinstance(record, dict):
                 raise r.error(r.pos, f"record {n} is a JSON {type(record).__name__}, "
@@ -163,8 +166,11 @@ def iter_json_array(path: str | os.PathLike[str], *, chunk_size: int = 1 << 20
             if ch != ",":
                 raise r.error(r.pos, f"malformed JSON (expected ',' or ']' after record {n - 1})")
             r.pos += 1
-    warnings.warn(f"{path_s}: JSON array is cut short; read {n} complete records",
-                  RuntimeWarning, stacklevel=2)
+    records = f"{n} complete record{'' if n == 1 else 's'}"
+    kept = (f"the file ends partway through record {n + 1}; using the {records} before it "
+            f"and dropping the incomplete one") if partial else \
+        f"the file ends before its JSON array closes; using all {records} it holds"
+    warnings.warn(f"{path_s} is cut short: {kept}", RuntimeWarning, stacklevel=2)
 
 
 def read_record_at(path: str | os.PathLike[str], offset: int) -> dict[str, Any]:
