@@ -252,6 +252,8 @@ def _read_mooncake(path: str, flt: RowFilter, counts: RowCounts) -> Iterator[Tra
 
 
 def _mooncake_row(raw: bytes, path: str, line: int) -> TraceRow:
+    if b"\x00" in raw:
+        raise ValueError(f"{path}:{line}: NUL byte; a Mooncake trace is JSON lines text")
     try:
         record = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
