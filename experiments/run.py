@@ -12,12 +12,13 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.paths import conf_dir
 from experiments.run_dir import CONTROL_KEYS, STAMP_KEY, config_stamp, finished
 from experiments.sweep_workers import stop_with_sweep
 from policies import ModelSpec, SchedulerConfig, make_policy, make_scheduler
 from policies.base import check_int, check_number, check_settings
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONF_DIR = str(conf_dir())  # one home: experiments/paths.py
 
 
 def plain(section: Any) -> dict[str, Any]:

@@ -45,12 +45,13 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from experiments.paths import conf_dir
 from policies.model_spec import ModelSpec
 from simulator.cost_model import StepShape, graph_tokens, piecewise_tokens
 from simulator.hardware import HardwareSpec, kv_heads_per_gpu
 
 _US = 1e-6
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = conf_dir()  # one home: experiments/paths.py
 TABLES = ("gemm", "attention_prefill", "attention_decode", "per_layer_small", "sampler", "graph")
 GRAPH_MODES = ("decode_graph", "piecewise_graph", "decode_eager", "piecewise_eager")
 # the graph table's steps (benchmarks/op_graph.py): batch-1 decode at this context, and a

@@ -1,0 +1,80 @@
+"""Sweeps under the submitit launchers (docs/sweeps.md): submitit_local runs a sweep whose
+aggregate callback and skip_existing behave as under joblib; conf/hydra/launcher/slurm.yaml
+reaches sbatch as documented."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+# a tiny simulated sweep: three runs of a few milliseconds each
+SWEEP = ["workload=synthetic", "workload.num_prompts=10", "policy=multi_step",
+         "policy.num_steps=1,2,4", "progress=false"]
+
+
+def _sweep(cwd: Path, *overrides: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "experiments.run", "-m", *overrides],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+
+
+def _results(sweep_dir: Path) -> dict[str, tuple[int, int]]:
+    """Each run's result.json: (inode, mtime in ns); a rewritten result (written to a temporary
+    file, then renamed) gets a new inode."""
+    return {str(p.parent.relative_to(sweep_dir)): (p.stat().st_ino, p.stat().st_mtime_ns)
+            for p in sweep_dir.rglob("result.json")}
+
+
+def test_submitit_local_sweep_aggregates_and_a_rerun_skips_every_run(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    # timeout_min: a job that hangs is killed within a minute instead of holding CI
+    args = ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=1",
+            f"hydra.sweep.dir={sweep_dir}", "+skip_existing=true", *SWEEP]
+    first = _sweep(tmp_path, *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "aggregated 3 runs" in first.stdout
+    table = pd.read_csv(sweep_dir / "aggregate.csv")
+    assert len(table) == 3 and sorted(table["k"]) == [1, 2, 4]
+    assert set(table["policy"]) == {"multi_step"} and (table["completed"] == 10).all()
+    # each run ran in a submitit job of its own (its log below the sweep dir), not in-process
+    logs = sorted((sweep_dir / ".submitit").glob("*/*_0_log.out"))
+    assert len(logs) == 3
+    done = _results(sweep_dir)
+    assert len(done) == 3
+
+    again = _sweep(tmp_path, *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _results(sweep_dir) == done  # no result rewritten
+    logs = sorted((sweep_dir / ".submitit").glob("*/*_0_log.out"))
+    skipped = [p for p in logs if "skipping" in p.read_text()]
+    assert len(logs) == 6 and len(skipped) == 3
+    table = pd.read_csv(sweep_dir / "aggregate.csv")
+    assert len(table) == 3 and sorted(table["k"]) == [1, 2, 4]
+
+
+def test_slurm_launcher_config_reaches_sbatch(tmp_path):
+    """hydra/launcher=slurm on a host without SLURM: stand-ins for srun (which submitit looks
+    for) and sbatch (which keeps the job script and refuses it) show what a cluster gets."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = tmp_path / "job.sh"
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncp "$1" {script}\n'
+                                    'echo "sbatch: error: not a cluster" >&2\nexit 1\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    sweep_dir = tmp_path / "shared" / "sweep"
+    out = _sweep(tmp_path, "hydra/launcher=slurm", "hydra.launcher.partition=cpu_queue",
+                 f"hydra.sweep.dir={sweep_dir}", *SWEEP, env=env)
+    assert out.returncode != 0 and "not a cluster" in out.stderr
+    sbatch = script.read_text()
+    for line in ("--array=0-2%3", "--cpus-per-task=1", "--mem=4GB", "--partition=cpu_queue",
+                 "--time=60", f"--output={sweep_dir}/.submitit/"):
+        assert f"#SBATCH {line}" in sbatch, line
+    # the job runs the submitting interpreter on the job files below the sweep directory
+    assert f"{sys.executable} -u -m submitit.core._submit {sweep_dir}/.submitit/" in sbatch
