@@ -1,4 +1,5 @@
-"""Serving metrics (TTFT, TPOT, ITL, E2EL) in vLLM benchmark_serving form, and the run's result files."""
+"""Serving metrics (TTFT, TPOT, ITL, E2EL, goodput) in vLLM benchmark_serving form, and the run's
+result files (result.json in the ``--save-result`` format, requests.csv, steps.csv, summary.txt)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from experiments.files import write_text_atomic
+from policies.base import check_settings
 from policies.request import Request
 
 METRICS = (("ttft", "TTFT", "Time to First Token"),
@@ -28,6 +31,96 @@ REQUEST_CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len",
                        "first_scheduled_time", "ttft", "e2el", "tpot", "num_chunks",
                        "num_preemptions", "finish_time")
 UNFINISHED = "unfinished"
+METRIC_KEYS = tuple(key for key, _, _ in METRICS)
+# benchmark_serving's per-request lists (its --save-detailed ones, plus our e2els)
+PER_REQUEST_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "e2els", "generated_texts",
+                    "errors")
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # benchmark_serving's --goodput names
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ResultSettings:
+    """What a run's result.json and summary hold: the ``metrics`` and ``goodput`` sections.
+
+    ``percentile_metrics`` and ``metric_percentiles`` are benchmark_serving's
+    ``--percentile-metrics`` and ``--metric-percentiles``: the summary shows the chosen metrics
+    with those percentiles, and result.json gets their ``p{N}_{metric}_ms``, besides the mean,
+    median, std and p99 of every metric, which it always holds. ``goodput`` maps a metric to
+    its SLO in ms (``--goodput``); empty: no goodput.
+    """
+
+    percentile_metrics: tuple[str, ...] = ("ttft", "tpot", "itl")
+    metric_percentiles: tuple[float, ...] = (99.0,)
+    save_per_request: bool = True
+    goodput: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def percentiles(self) -> dict[str, list[float]]:
+        """The percentiles result.json holds for each metric: p99 (always) and the chosen."""
+        return {m: sorted({99.0, *(self.metric_percentiles if m in self.percentile_metrics
+                                   else ())}) for m in METRIC_KEYS}
+
+    @property
+    def shown(self) -> dict[str, tuple[float, ...]]:
+        """The percentiles the summary shows for each metric it shows."""
+        return {m: self.metric_percentiles for m in self.percentile_metrics}
+
+
+def _words(setting: str, value: Any) -> list[Any]:
+    # benchmark_serving's comma-separated form ("ttft,tpot"), or a list ([ttft, tpot])
+    if isinstance(value, str):
+        items: list[Any] = [w.strip() for w in value.split(",")]
+    elif isinstance(value, Sequence) and not isinstance(value, bytes):
+        items = list(value)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        items = [value]
+    else:
+        raise ValueError(f"{setting} must be a list or a comma-separated string, got {value!r}")
+    if not items or any(w == "" for w in items):
+        raise ValueError(f"{setting} must name at least one value, got {value!r}")
+    return items
+
+
+def result_settings(metrics: Mapping[str, Any] | None,
+                    goodput: Mapping[str, Any] | None) -> ResultSettings:
+    """The ``metrics`` and ``goodput`` config sections, checked: an unknown setting, metric or
+    percentile, or an SLO that is not a number >= 0, is a one-line error naming it."""
+    metrics = dict(metrics or {})
+    goodput = dict(goodput or {})
+    check_settings("metrics", metrics, ("percentile_metrics", "metric_percentiles",
+                                        "save_per_request"))
+    check_settings("goodput", goodput, [f"{m}_ms" for m in GOODPUT_METRICS])
+    chosen = []
+    for m in _words("metrics.percentile_metrics", metrics.get("percentile_metrics",
+                                                                "ttft,tpot,itl")):
+        if m not in METRIC_KEYS:
+            raise ValueError(f"metrics.percentile_metrics: {m!r} is not one of "
+                             + ", ".join(METRIC_KEYS))
+        if m not in chosen:
+            chosen.append(m)
+    percentiles = []
+    for p in _words("metrics.metric_percentiles", metrics.get("metric_percentiles", "99")):
+        try:
+            value = float(p) if not isinstance(p, bool) else math.nan
+        except (TypeError, ValueError):
+            value = math.nan
+        if not 0 <= value <= 100:  # NaN fails too
+            raise ValueError(f"metrics.metric_percentiles: {p!r} is not a number in [0, 100]")
+        if value not in percentiles:
+            percentiles.append(value)
+    save = metrics.get("save_per_request", True)
+    if not isinstance(save, bool):
+        raise ValueError(f"metrics.save_per_request must be true or false, got {save!r}")
+    slos = {}
+    for m in GOODPUT_METRICS:
+        v = goodput.get(f"{m}_ms")
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            raise ValueError(f"goodput.{m}_ms must be a number of milliseconds >= 0 (or null), "
+                             f"got {v!r}")
+        slos[m] = float(v)
+    return ResultSettings(tuple(chosen), tuple(percentiles), save, slos)
 
 
 @dataclasses.dataclass(slots=True)
@@ -94,20 +187,33 @@ def _p_word(p: float) -> str:
 
 
 def summarize(requests: Sequence[Request], duration: float, *,
-              percentiles: Sequence[float] = (99.0,)) -> dict[str, Any]:
+              percentiles: Sequence[float] | Mapping[str, Sequence[float]] = (99.0,),
+              goodput: Mapping[str, float] | None = None,
+              generated_texts: Sequence[str] | None = None,
+              per_request: bool = True) -> dict[str, Any]:
     """The benchmark_serving ``--save-result`` fields of a finished run.
 
     ``duration`` is the benchmark's wall time, first send to last finish, in seconds. Per-request
-    lists (input_lens, output_lens, ttfts, itls, e2els, errors) keep request order and include
-    unfinished requests the way benchmark_serving keeps failed ones; the statistics use
-    completed requests only. TPOT is per request (e2el - ttft) / (output_len - 1), over
-    requests with more than one output token; ITLs are pooled over requests.
+    lists (input_lens, output_lens, ttfts, itls, e2els, generated_texts, errors; left out
+    without ``per_request``) keep request order and include unfinished requests the way
+    benchmark_serving keeps failed ones; the statistics use completed requests only. TPOT is
+    per request (e2el - ttft) / (output_len - 1), over requests with more than one output
+    token; ITLs are pooled over requests. ``percentiles``: for every metric, or per metric.
+    ``generated_texts`` default to empty strings, as benchmark_serving's are without text.
+
+    ``goodput`` (SLOs in ms by metric: ttft, tpot, e2el) adds ``request_goodput``: completed
+    requests that meet every SLO given, per second, with benchmark_serving's rule that a request
+    with one output token has TPOT 0.
     """
     if not (isinstance(duration, (int, float)) and duration > 0 and math.isfinite(duration)):
         raise ValueError(f"duration must be a finite number > 0, got {duration!r}")
-    for p in percentiles:
+    by_metric = ({m: list(percentiles.get(m, ())) for m in METRIC_KEYS}
+                 if isinstance(percentiles, Mapping) else {m: list(percentiles) for m in METRIC_KEYS})
+    for p in (p for ps in by_metric.values() for p in ps):
         if not 0 <= p <= 100:
             raise ValueError(f"percentiles must lie in [0, 100], got {p}")
+    if generated_texts is not None and len(generated_texts) != len(requests):
+        raise ValueError(f"{len(generated_texts)} generated texts for {len(requests)} requests")
     per = [request_times(r) for r in requests]
     done = [t for t in per if t.completed]
     total_input = sum(r.prompt_len for r, t in zip(requests, per, strict=True) if t.completed)
@@ -122,19 +228,53 @@ def summarize(requests: Sequence[Request], duration: float, *,
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
         "request_throughput": len(done) / duration,
+    }
+    if goodput:
+        summary["request_goodput"] = _num_good(done, goodput) / duration
+    summary.update({
         "output_throughput": total_output / duration,
         "total_token_throughput": (total_input + total_output) / duration,
-        "input_lens": [r.prompt_len for r in requests],
-        "output_lens": [t.output_len for t in per],
-        "ttfts": [t.ttft for t in per],
-        "itls": [t.itls for t in per],
-        "e2els": [t.e2el for t in per],
-        "errors": ["" if t.completed else UNFINISHED for t in per],
-    }
-    for key, _, _ in METRICS:
-        for stat, value in _stats_ms(pooled[key], percentiles).items():
+    })
+    if per_request:
+        summary.update({
+            "input_lens": [r.prompt_len for r in requests],
+            "output_lens": [t.output_len for t in per],
+            "ttfts": [t.ttft for t in per],
+            "itls": [t.itls for t in per],
+            "e2els": [t.e2el for t in per],
+            "generated_texts": list(generated_texts) if generated_texts is not None
+            else [""] * len(requests),
+            "errors": ["" if t.completed else UNFINISHED for t in per],
+        })
+    for key in METRIC_KEYS:
+        for stat, value in _stats_ms(pooled[key], by_metric[key]).items():
             summary[f"{stat}_{key}_ms"] = value
     return summary
+
+
+def _num_good(done: Sequence[RequestTimes], slos_ms: Mapping[str, float]) -> int:
+    """Completed requests meeting every SLO given (benchmark_serving's calculate_metrics)."""
+    unknown = set(slos_ms) - set(GOODPUT_METRICS)
+    if unknown:
+        raise ValueError(f"goodput has no metric {sorted(unknown)[0]!r}")
+    limits = {m: ms / 1000 for m, ms in slos_ms.items()}  # vLLM compares seconds to SLO/1000
+    good = 0
+    for t in done:
+        value = {"ttft": t.ttft, "tpot": t.tpot or 0.0, "e2el": t.e2el}
+        good += all(value[m] <= limit for m, limit in limits.items())
+    return good
+
+
+def save_result_metadata(*, backend: str, model_id: str, tokenizer_id: str | None,
+                         num_prompts: int, request_rate: float | None,
+                         burstiness: float | None, max_concurrency: int | None,
+                         date: datetime | None = None) -> dict[str, Any]:
+    """benchmark_serving's ``--save-result`` header, in its order (request_rate inf is written
+    "inf"; a trace's None: its times come from the file)."""
+    return {"date": (date or datetime.now()).strftime("%Y%m%d-%H%M%S"), "backend": backend,
+            "model_id": model_id, "tokenizer_id": tokenizer_id, "num_prompts": num_prompts,
+            "request_rate": request_rate, "burstiness": burstiness,
+            "max_concurrency": max_concurrency}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,7 +365,7 @@ def _steps_csv(steps: Any) -> str:
 
 # A run's result files, result.json first: it is removed first and written last, so its presence
 # means every other file beside it comes from the same run (resumable sweeps skip on it).
-RESULT_FILES = ("result.json", "requests.csv", "steps.csv")
+RESULT_FILES = ("result.json", "requests.csv", "steps.csv", "summary.txt")
 
 
 def clear_results(run_dir: str | os.PathLike[str]) -> None:
@@ -238,11 +378,11 @@ def clear_results(run_dir: str | os.PathLike[str]) -> None:
 
 def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
                   requests: Sequence[Request], extra: Mapping[str, Any], *,
-                  steps: Any = None) -> Path:
+                  steps: Any = None, summary_text: str | None = None) -> Path:
     """Write run_dir/result.json (summary + {"schedlab": extra}), requests.csv and, given
-    per-step records, steps.csv, as one unit: a previous run's files are removed first, each
-    file is written atomically, result.json last, and if any write fails (or is interrupted)
-    none of them is left. Returns result.json's path."""
+    per-step records, steps.csv, given the printout, summary.txt, as one unit: a previous run's
+    files are removed first, each file is written atomically, result.json last, and if any write
+    fails (or is interrupted) none of them is left. Returns result.json's path."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     # Everything is rendered before anything is written: a bad value leaves no new file.
@@ -250,6 +390,8 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     texts = [("requests.csv", requests_csv(requests))]
     if steps is not None:
         texts.append(("steps.csv", _steps_csv(steps)))
+    if summary_text is not None:
+        texts.append(("summary.txt", summary_text + "\n"))
     texts.append(("result.json", result))
     clear_results(run_dir)
     try:
@@ -279,35 +421,65 @@ def _fmt_value(v: Any, width: int = 80) -> str:
     return s if len(s) <= width else s[:width - 3] + "..."
 
 
-def format_summary(summary: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> str:
-    """The run on one screen, laid out like benchmark_serving's printout plus a schedlab part."""
-    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
+# Labels of schedlab fields whose names alone mislead.
+_LABELS = {"num_wasted_steps": "num_wasted_steps (decode slots)"}
+
+
+def traffic_lines(summary: Mapping[str, Any]) -> list[str]:
+    """benchmark_serving's (v0.6) traffic lines, from the --save-result header's fields."""
+    rate = summary.get("request_rate")
+    if rate is None:  # a trace: no rate, its own times
+        return ["Traffic request rate: trace (the file's arrival times)",
+                f"Maximum request concurrency: {summary.get('max_concurrency')}"]
+    burstiness = summary.get("burstiness", 1.0)
+    distribution = "Poisson process" if burstiness == 1.0 else "Gamma distribution"
+    return [f"Traffic request rate: {float(rate)}",
+            f"Burstiness factor: {burstiness} ({distribution})",
+            f"Maximum request concurrency: {summary.get('max_concurrency')}"]
+
+
+def format_summary(summary: Mapping[str, Any], extra: Mapping[str, Any] | None = None, *,
+                   shown: Mapping[str, Sequence[float]] | None = None) -> str:
+    """The run on one screen, laid out like benchmark_serving's printout plus a schedlab part.
+
+    ``shown`` picks the metrics and the percentiles printed (ResultSettings.shown); by default
+    every metric with every percentile the summary holds. The traffic lines head it when the
+    summary carries the --save-result header (save_result_metadata).
+    """
+    lines = traffic_lines(summary) if "max_concurrency" in summary else []
+    lines.append("{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="))
 
     def row(label: str, value: Any, fmt: str = "") -> None:
         lines.append(f"{label:<40} {format(value, fmt)}")
 
     row("Successful requests:", summary["completed"])
-    unfinished = len(summary.get("input_lens", [])) - summary["completed"]
-    if unfinished > 0:
-        row("Unfinished requests:", unfinished)
+    num_prompts = summary.get("num_prompts", len(summary.get("input_lens", [])))
+    if num_prompts > summary["completed"]:
+        row("Unfinished requests:", num_prompts - summary["completed"])
     row("Benchmark duration (s):", summary["duration"], ".2f")
     row("Total input tokens:", summary["total_input_tokens"])
     row("Total generated tokens:", summary["total_output_tokens"])
     row("Request throughput (req/s):", summary["request_throughput"], ".2f")
+    if "request_goodput" in summary:
+        row("Request goodput (req/s):", summary["request_goodput"], ".2f")
     row("Output token throughput (tok/s):", summary["output_throughput"], ".2f")
     row("Total Token throughput (tok/s):", summary["total_token_throughput"], ".2f")
     for key, name, header in METRICS:
-        if f"mean_{key}_ms" not in summary:
+        if f"mean_{key}_ms" not in summary or (shown is not None and key not in shown):
             continue
         lines.append("{s:{c}^{n}}".format(s=header, n=50, c="-"))
         row(f"Mean {name} (ms):", summary[f"mean_{key}_ms"], ".2f")
         row(f"Median {name} (ms):", summary[f"median_{key}_ms"], ".2f")
-        pct = [k for k in summary if re.fullmatch(rf"p[0-9.]+_{key}_ms", k)]
-        for k in sorted(pct, key=lambda k: float(k[1:].split("_")[0])):
-            row(f"P{k[1:].split('_')[0]} {name} (ms):", summary[k], ".2f")
+        if shown is None:
+            pct = sorted((k[1:].split("_")[0] for k in summary
+                          if re.fullmatch(rf"p[0-9.]+_{key}_ms", k)), key=float)
+        else:  # in the order given, as benchmark_serving prints them
+            pct = [_p_word(p) for p in shown[key]]
+        for p in pct:
+            row(f"P{p} {name} (ms):", summary[f"p{p}_{key}_ms"], ".2f")
     if extra:
         lines.append("{s:{c}^{n}}".format(s=" schedlab ", n=50, c="-"))
         for k, v in extra.items():
-            lines.append(f"{k + ':':<40} {_fmt_value(v)}")
+            lines.append(f"{_LABELS.get(k, k) + ':':<40} {_fmt_value(v)}")
     lines.append("=" * 50)
     return "\n".join(lines)

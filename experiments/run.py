@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from experiments.run_dir import CONTROL_KEYS, STAMP_KEY, config_stamp, finished
 from experiments.sweep_workers import stop_with_sweep
 from policies import ModelSpec, SchedulerConfig, make_policy, make_scheduler
 from policies.base import check_int, check_number, check_settings
+from policies.request import Request
 
 CONF_DIR = str(conf_dir())  # one home: experiments/paths.py
 
@@ -54,7 +57,12 @@ def check_sim_settings(cfg: Mapping[str, Any], backend: Mapping[str, Any]) -> No
 
 
 def outcome_stats(outcome: Any) -> dict[str, Any]:
-    """The backend-independent counters of a run, for result.json's schedlab section."""
+    """The backend-independent counters of a run, for result.json's schedlab section.
+
+    ``num_wasted_steps`` counts decode slots, not steps: each request's share of a multi-step
+    window run after it had all its tokens (a window of k steps in which a request finishes
+    at step j wastes k - j of its slots; the other requests' slots in those steps are not).
+    """
     st = outcome.stats
     stats = {k: getattr(st, k) for k in ("num_invocations", "num_windows", "num_steps",
                                          "num_preemptions", "num_wasted_steps")} \
@@ -65,10 +73,81 @@ def outcome_stats(outcome: Any) -> dict[str, Any]:
     return stats
 
 
-def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
-    """Run one configuration and write result.json / requests.csv (/ steps.csv) into run_dir."""
-    from experiments.metrics import format_summary, summarize, write_results
-    from experiments.workload import build_workload, to_request
+# The real backend's fields that only mean something on a GPU (CUDA graphs, the CUDA module
+# loader); a run on the CPU keeps them in result.json but leaves them out of its printout.
+CUDA_ONLY_FIELDS = ("cuda_graph_sizes", "prefill_graphs", "prefill_graph_replays",
+                    "piecewise_graph_sizes", "piecewise_capture_s", "piecewise_graph_replays",
+                    "cuda_module_loading")
+# From this many requests on, computing the metrics and writing the files takes seconds
+# (about 3 s for 100k ShareGPT requests), so a line says what the run is doing meanwhile.
+LONG_WRITE_REQUESTS = 20_000
+
+# The run's lines for its run.log (Hydra's job log); the console gets them from print. Its
+# handlers are Hydra's file handlers, attached by the app for each job (log_to_run_log).
+_RUN_LOG = logging.getLogger("schedlab.run")
+_RUN_LOG.propagate = False
+
+
+def log_to_run_log() -> None:
+    """Send say()'s lines to the file handlers Hydra's job logging gave the root logger (the
+    run's run.log); none (hydra/job_logging=disabled): no log."""
+    _RUN_LOG.handlers = [h for h in logging.getLogger().handlers
+                         if isinstance(h, logging.FileHandler)]
+    _RUN_LOG.setLevel(logging.INFO)
+
+
+def say(text: str, *, console: bool = True, error: bool = False) -> None:
+    """A message of the run: on the console (errors on stderr) unless ``console`` is false, and
+    in its run.log."""
+    if console:
+        print(text, file=sys.stderr if error else sys.stdout, flush=True)
+    _RUN_LOG.log(logging.ERROR if error else logging.INFO, text)
+
+
+def text_tokenizer_id(workload: Mapping[str, Any], model: ModelSpec) -> str:
+    """The tokenizer result.json names (vLLM's tokenizer_id) and the real backend's outputs are
+    decoded with: the workload's (ShareGPT), else the model's, else the default (Llama-3)."""
+    from experiments.workload import DEFAULT_TOKENIZER
+
+    return workload.get("tokenizer") or model.tokenizer or DEFAULT_TOKENIZER
+
+
+def generated_texts(requests: Sequence[Request], tokenizer: Any) -> list[str]:
+    """Each request's output ids as text, as benchmark_serving's client receives it: the
+    tokenizer's special tokens are skipped (vLLM detokenizes with skip_special_tokens), and so
+    are ids the tokenizer does not have; an unfinished request's text is empty, as a failed
+    one's is. A test model's small vocabulary holds the tokenizer's first ids (prompts are
+    folded modulo its size), so its outputs decode as those tokens."""
+    n = tokenizer.n_vocab
+    special = {i for i in range(n) if tokenizer.is_special_token(i)}
+    ids = [[t for t in r.output_token_ids if t < n and t not in special]
+           if r.finish_time is not None else [] for r in requests]
+    return tokenizer.decode_batch(ids)
+
+
+def sweep_line(label: str, result: Mapping[str, Any], run_dir: Path) -> str:
+    """A run of a sweep in one line; the full summary is its summary.txt."""
+    line = (f"{label}: {result['request_throughput']:.2f} req/s, median TTFT "
+            f"{result['median_ttft_ms']:.1f} ms, median TPOT {result['median_tpot_ms']:.1f} ms")
+    if "request_goodput" in result:
+        line += f", goodput {result['request_goodput']:.2f} req/s"
+    return f"{line} -> {run_dir}"
+
+
+def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
+        sweep_label: str | None = None) -> dict[str, Any]:
+    """Run one configuration and write result.json, requests.csv (, steps.csv) and summary.txt
+    into run_dir. The summary is printed, or with ``sweep_label`` (a run of a sweep) one line
+    named by it; either way run.log gets the summary."""
+    from experiments.metrics import (
+        format_summary,
+        result_settings,
+        save_result_metadata,
+        summarize,
+        write_results,
+    )
+    from experiments.workload import build_workload, load_tokenizer, max_concurrency, to_request
+    from experiments.workload.settings import get_float
 
     run_dir = Path(run_dir)
     top_keys, sim_keys = known_settings()
@@ -77,20 +156,27 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
     if backend.get("name") == "sim":  # the real backend's settings are checked by run_real
         check_settings("backend", backend, sim_keys)
         check_sim_settings(cfg, backend)
+    results = result_settings(plain(cfg.get("metrics") or {}), plain(cfg.get("goodput") or {}))
     model = ModelSpec.from_dict(plain(cfg["model"]))
     policy_cfg = plain(cfg["policy"])
     policy_name = policy_cfg.pop("name")
     policy = make_policy(policy_name, **policy_cfg)  # fail fast on bad settings
     sched_cfg = SchedulerConfig.from_dict(plain(cfg["scheduler"]))
     with_ids = backend["name"] == "real"  # the simulator needs lengths only
-    specs = build_workload(plain(cfg["workload"]), vocab_size=model.vocab_size if with_ids else None,
+    workload = plain(cfg["workload"])
+    specs = build_workload(workload, vocab_size=model.vocab_size if with_ids else None,
                            max_model_len=model.max_model_len)
+    limit = max_concurrency(workload)
+    tokenizer_id = text_tokenizer_id(workload, model)
+    # the real backend's outputs become text: its tokenizer is loaded before the run, not after
+    tokenizer = load_tokenizer(tokenizer_id) if with_ids and results.save_per_request else None
     requests = [to_request(spec, i, with_token_ids=with_ids) for i, spec in enumerate(specs)]
 
     def new_scheduler(num_blocks: int):
         return make_scheduler(policy_name, policy_cfg, sched_cfg, num_blocks, model.max_model_len)
 
     time_scale = float(backend.get("time_scale", 1.0))  # the simulator's
+    progress = bool(cfg.get("progress", True))
     wall0 = time.perf_counter()
     if backend["name"] == "sim":
         from simulator.engine import simulate
@@ -103,19 +189,30 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
                            gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
                            stream_per_step=bool(backend.get("stream_per_step", False)),
                            num_blocks=backend.get("num_blocks"),
-                           time_scale=time_scale,
-                           progress=bool(cfg.get("progress", True)))
+                           time_scale=time_scale, max_concurrency=limit, progress=progress)
     elif backend["name"] == "real":
         from real_backend.engine import run_real
 
         settings = {k: v for k, v in backend.items() if k != "name"}
-        outcome = run_real(requests, new_scheduler, model, settings,
-                           progress=bool(cfg.get("progress", True)))
+        outcome = run_real(requests, new_scheduler, model, settings, max_concurrency=limit,
+                           progress=progress)
     else:
         raise ValueError(f"backend.name must be sim or real, got {backend['name']!r}")
     wall = time.perf_counter() - wall0
 
-    summary = summarize(requests, outcome.duration)
+    if len(requests) >= LONG_WRITE_REQUESTS:
+        say(f"writing results to {run_dir} ...", console=sweep_label is None)
+    texts = generated_texts(requests, tokenizer) if tokenizer is not None else None
+    summary = summarize(requests, outcome.duration, percentiles=results.percentiles,
+                        goodput=results.goodput, generated_texts=texts,
+                        per_request=results.save_per_request)
+    trace = workload.get("kind") == "trace"
+    result = {**save_result_metadata(
+        backend=f"schedlab-{backend['name']}", model_id=model.name, tokenizer_id=tokenizer_id,
+        num_prompts=len(requests),
+        request_rate=None if trace else get_float(workload, "request_rate", math.inf),
+        burstiness=None if trace else get_float(workload, "burstiness", 1.0),
+        max_concurrency=limit), **summary}
     extra = {
         "backend": backend["name"],
         "policy": policy_name,
@@ -126,43 +223,67 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike) -> dict[str, Any]:
         "hardware": (plain(cfg["hardware"]).get("name") if backend["name"] == "sim"
                      else getattr(outcome, "stats", {}).get("device_name", backend.get("device"))),
         "overhead": plain(cfg["overhead"]).get("name") if backend["name"] == "sim" else None,
-        "workload": plain(cfg["workload"]),
+        "workload": workload,
         "wall_seconds": wall,
         **outcome_stats(outcome),
         STAMP_KEY: config_stamp(cfg),
     }
+    if results.goodput:
+        extra["goodput_slo_ms"] = dict(results.goodput)
     if backend["name"] == "sim":
         extra["time_scale"] = time_scale
         extra["simulated_seconds"] = outcome.duration
         extra["simulated_seconds_per_wall_second"] = outcome.duration / max(wall, 1e-9)
     if backend.get("save_token_ids"):
-        summary["output_token_ids"] = [list(r.output_token_ids) for r in requests]
-    write_results(run_dir, summary, requests, extra, steps=getattr(outcome, "steps", None))
-    print(format_summary(summary, {k: v for k, v in extra.items() if k != STAMP_KEY}))
-    return {**summary, "schedlab": extra}
+        result["output_token_ids"] = [list(r.output_token_ids) for r in requests]
+    hidden = {STAMP_KEY, *(CUDA_ONLY_FIELDS if extra.get("device") == "cpu" else ())}
+    text = format_summary(result, {k: v for k, v in extra.items() if k not in hidden},
+                          shown=results.shown)
+    write_results(run_dir, result, requests, extra, steps=getattr(outcome, "steps", None),
+                  summary_text=text)
+    if sweep_label is None:
+        say(text)
+        say(f"results: {run_dir}{os.sep} ({', '.join(_written(run_dir))})")
+    else:
+        say(text, console=False)
+        say(sweep_line(sweep_label, result, run_dir))
+    return {**result, "schedlab": extra}
+
+
+def _written(run_dir: Path) -> list[str]:
+    from experiments.metrics import RESULT_FILES
+
+    names = [name for name in RESULT_FILES if (run_dir / name).is_file()]
+    return names + [p.name for p in run_dir.glob("*.log")]
 
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def _app(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from experiments.metrics import clear_results
 
     stop_with_sweep()
-    run_dir = HydraConfig.get().runtime.output_dir
+    log_to_run_log()
+    hydra_cfg = HydraConfig.get()
+    run_dir = hydra_cfg.runtime.output_dir
+    # a sweep prints one line per run (its summary is in summary.txt and run.log)
+    sweep_label = ((hydra_cfg.job.override_dirname or "(defaults)")
+                   if hydra_cfg.mode == RunMode.MULTIRUN else None)
     if cfg.get("skip_existing", False) and finished(run_dir, config_stamp(cfg)):
-        print(f"skipping {run_dir}: result.json of this configuration exists")
+        say(f"skipping {run_dir}: result.json of this configuration exists")
         return
     try:
         # Hydra has written this run's .hydra files already; a previous run's results go now,
         # so a failure or a kill below never leaves them beside this run's config.
         clear_results(run_dir)
-        run(cfg, run_dir)
+        run(cfg, run_dir, sweep_label=sweep_label)
     except (ValueError, OSError) as err:  # bad settings or input: one line, no traceback
-        print(f"error: {err}", file=sys.stderr)
+        say(f"error: {err}", error=True)
         sys.exit(2)
     except TypeError as err:  # a setting of the wrong type (e.g. a word where a number goes)
-        print(f"error: a setting has the wrong type: {err}", file=sys.stderr)
+        say(f"error: a setting has the wrong type: {err}", error=True)
         sys.exit(2)
 
 

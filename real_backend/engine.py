@@ -1,6 +1,7 @@
-"""The real backend's wall-clock serving loop: release requests on arrival, run each scheduler
-window on the device, hand every step's tokens to the scheduler with their delivery times (with
-overlap scheduling, the next window launched before the last one's tokens are collected)."""
+"""The real backend's wall-clock serving loop: release requests as the benchmark client sends them
+(policies.client), run each scheduler window on the device, hand every step's tokens to the
+scheduler with their delivery times (with overlap scheduling, the next window launched before
+the last one's tokens are collected)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import dataclasses
 import gc
 import os
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from time import perf_counter
@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from policies.batch import Batch
+from policies.client import PROGRESS_BAR_FORMAT, Client
 from policies.model_spec import ModelSpec
 from policies.request import Request
 from policies.scheduler import Scheduler
@@ -109,8 +110,10 @@ def fill_prompt_tokens(requests: list[Request], spec: ModelSpec, seed: int) -> N
 
 def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
              model: ModelSpec, backend_cfg: Mapping[str, Any], *,
-             progress: bool = True) -> RealResult:
-    """Serve ``requests`` (arrival_time: seconds after the start; all 0 = offline) on the device.
+             max_concurrency: int | None = None, progress: bool = True) -> RealResult:
+    """Serve ``requests`` (arrival_time: seconds after the start; all 0 = offline) on the device,
+    at most ``max_concurrency`` unfinished (a held-back request's arrival_time becomes its send
+    time, as policies.client says).
 
     ``make_scheduler`` is called twice: once with num_blocks=1 to read the scheduler's limits
     for profiling, then with the profiled number of KV blocks for the run itself.
@@ -135,7 +138,8 @@ def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
         runner = build_runner(model, cfg, probe, clock)
     ok = False
     try:
-        out = _serving_loop(requests, make_scheduler, model, cfg, runner, clock, t_setup, progress)
+        out = _serving_loop(requests, make_scheduler, model, cfg, runner, clock, t_setup, progress,
+                            max_concurrency)
         out.stats["runner_kept"] = kept is not None
         ok = True
         return out
@@ -166,7 +170,7 @@ def release_device_memory() -> None:
 
 def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
                   model: ModelSpec, cfg: BackendConfig, runner: ModelRunner, clock: Clock,
-                  t_setup: float, progress: bool) -> RealResult:
+                  t_setup: float, progress: bool, max_concurrency: int | None) -> RealResult:
     sched = make_scheduler(runner.kv_cache.num_blocks)
     if sched.config.block_size != runner.block_size:
         raise ValueError("make_scheduler gave scheduler.block_size "
@@ -174,10 +178,11 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
     fill_prompt_tokens(requests, model, cfg.seed)
     setup_s = perf_counter() - t_setup
     steps: list[dict[str, Any]] = []
-    bar = tqdm(total=len(requests), disable=not progress, unit="req", desc="serving")
+    bar = tqdm(total=len(requests), disable=not progress, desc="serving",
+               bar_format=PROGRESS_BAR_FORMAT)
     replays_before = runner.prefill_graph_replays  # the warm-up's are not the run's
     pieces_before = runner.piecewise_replays
-    _serve_frozen(requests, sched, runner, clock, steps, bar)
+    _serve_frozen(Client(requests, max_concurrency), sched, runner, clock, steps, bar)
     duration = clock()
     bar.close()
     stats = {**dataclasses.asdict(sched.stats), "setup_s": setup_s,
@@ -215,62 +220,58 @@ def serve_on(runner: ModelRunner, sched: Scheduler, requests: list[Request], see
         clock.t0 += perf_counter() - t  # the observer's time is taken off the loop's clock
 
     try:
-        _serve_frozen(requests, sched, runner, clock, steps, tqdm(disable=True),
+        _serve_frozen(Client(requests), sched, runner, clock, steps, tqdm(disable=True),
                       observed if on_window else None)
     finally:
         runner.clock = saved
     return steps
 
 
-def _serve_frozen(requests: list[Request], sched: Scheduler, runner: ModelRunner, clock: Clock,
+def _serve_frozen(client: Client, sched: Scheduler, runner: ModelRunner, clock: Clock,
                   steps: list[dict[str, Any]], bar: tqdm,
                   on_window: OnWindow | None = None) -> None:
     """``_serve`` from t = 0 with everything built so far (model, graphs, requests) frozen out of
     the collector's scans: it lives for the whole run, and a collection during a launch-bound
     step then stays short."""
-    pending = deque(sorted(requests, key=lambda r: r.arrival_time))
     gc.collect()
     gc.freeze()
     clock.start()
     try:
         serve = _serve_overlap if sched.overlap else _serve
-        serve(pending, sched, runner, clock, steps, bar, on_window)
+        serve(client, sched, runner, clock, steps, bar, on_window)
     finally:
         gc.unfreeze()
 
 
-def _serve(pending: deque[Request], sched: Scheduler, runner: ModelRunner, clock: Clock,
+def _serve(client: Client, sched: Scheduler, runner: ModelRunner, clock: Clock,
            steps: list[dict[str, Any]], bar: tqdm, on_window: OnWindow | None = None) -> None:
     """The main loop: release arrivals, schedule a window, run it, hand its tokens back."""
-    while pending or sched.has_unfinished:
-        while pending and pending[0].arrival_time <= clock():
-            sched.add_request(pending.popleft())
+    while client.num_unsent or sched.has_unfinished:
+        for req in client.send_due(clock()):
+            sched.add_request(req)
         t = clock()
         batch = sched.schedule(t)
         schedule_s = clock() - t
         if batch is None:
-            if not pending:
-                raise RuntimeError(f"scheduler formed no window with {sched.num_running} running "
-                                   f"and {sched.num_waiting} waiting requests")
-            time.sleep(max(0.0, pending[0].arrival_time - clock()))
+            _wait_for_send(client, sched, clock)
             continue
         out = runner.run_window(batch)
         if on_window is not None:
             on_window(batch, out, clock() - t - schedule_s)
         t_update = clock()
-        bar.update(len(sched.update(batch, out.step_times, out.sampled)))
+        _finished(client, bar, sched.update(batch, out.step_times, out.sampled))
         steps.append(_window_row(batch, out, t, schedule_s, clock() - t_update))
 
 
-def _serve_overlap(pending: deque[Request], sched: Scheduler, runner: ModelRunner, clock: Clock,
+def _serve_overlap(client: Client, sched: Scheduler, runner: ModelRunner, clock: Clock,
                    steps: list[dict[str, Any]], bar: tqdm,
                    on_window: OnWindow | None = None) -> None:
     """The overlap loop: schedule window n+1 and launch it, only then wait for window n's ids
     and update() it, so the CPU's work hides behind window n+1's GPU time."""
     last: tuple[Batch, LaunchedWindow, float, float, float] | None = None
-    while pending or sched.has_unfinished or last is not None:
-        while pending and pending[0].arrival_time <= clock():
-            sched.add_request(pending.popleft())
+    while client.num_unsent or sched.has_unfinished or last is not None:
+        for req in client.send_due(clock()):
+            sched.add_request(req)
         t = clock()
         batch = sched.schedule(t)
         schedule_s = clock() - t
@@ -283,14 +284,26 @@ def _serve_overlap(pending: deque[Request], sched: Scheduler, runner: ModelRunne
             if on_window is not None:
                 on_window(prev, out, wall_prev + clock() - t_finish)
             t_update = clock()
-            bar.update(len(sched.update(prev, out.step_times, out.sampled)))
+            _finished(client, bar, sched.update(prev, out.step_times, out.sampled))
             steps.append(_window_row(prev, out, t_prev, schedule_prev, clock() - t_update))
         elif launched is None:
-            if not pending:
-                raise RuntimeError(f"scheduler formed no window with {sched.num_running} running "
-                                   f"and {sched.num_waiting} waiting requests")
-            time.sleep(max(0.0, pending[0].arrival_time - clock()))
+            _wait_for_send(client, sched, clock)
         last = None if launched is None else (batch, launched, t, schedule_s, launch_wall)
+
+
+def _finished(client: Client, bar: tqdm, finished: list[Request]) -> None:
+    """The client learns of each finished request at its last token's delivery time."""
+    client.finished([r.finish_time for r in finished])
+    bar.update(len(finished))
+
+
+def _wait_for_send(client: Client, sched: Scheduler, clock: Clock) -> None:
+    """Nothing to run: sleep until the client sends its next request."""
+    t = client.next_send_time()
+    if t is None:  # nothing left to send, or every slot held by a request the scheduler lost
+        raise RuntimeError(f"scheduler formed no window with {sched.num_running} running "
+                           f"and {sched.num_waiting} waiting requests")
+    time.sleep(max(0.0, t - clock()))
 
 
 def _window_row(batch: Batch, out: WindowResult, t_start: float, schedule_s: float,

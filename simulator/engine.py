@@ -41,9 +41,10 @@ exactly a FIFO queue and needs no simpy event. Delivery can end after ``update()
 after the next window was scheduled), so ``update()`` records each step's GPU completion time,
 which is unique to the step, and at the end of the run every token_times entry and
 finish_time is mapped to its step's delivery time (a policy reading token_times during the
-run sees GPU times). Requests arrive from a simpy process at their arrival times and go
-round-robin to the virtual engines. Events are per CPU phase and GPU window (per step and
-stage when pp > 1), never per token.
+run sees GPU times). Requests arrive from a simpy process, sent as the benchmark client sends
+them (``policies.client``: at their arrival times, with ``max_concurrency`` a request waits for
+an unfinished one's last token to be delivered), and go round-robin to the virtual engines.
+Events are per CPU phase and GPU window (per step and stage when pp > 1), never per token.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ import simpy
 from tqdm import tqdm
 
 from policies.batch import Batch
+from policies.client import PROGRESS_BAR_FORMAT, Client
 from policies.model_spec import ModelSpec
 from policies.request import Request, RequestState
 from policies.scheduler import Scheduler, SchedulerStats
@@ -96,6 +98,8 @@ class _Window:
     t_start: float  # when it was scheduled
     gpu_done: list[float] = field(default_factory=list)
     out_done: list[float] = field(default_factory=list)
+    finished: list[Request] | None = None  # by update(); None before
+    delivery_known: bool = False  # its tokens' delivery times are in sim.delivery
 
 
 @dataclass(slots=True, eq=False)
@@ -108,6 +112,7 @@ class _Sim:
     overhead: OverheadSpec
     stream_per_step: bool
     pbar: tqdm
+    client: Client
     arrivals_left: list[int]
     wake: list[simpy.Event | None]
     clock: PowerClock  # the GPU's power-limited SM clock (off unless the profile sets it)
@@ -120,6 +125,7 @@ class _Sim:
     cpu_busy: float = 0.0
     num_finished: int = 0
     steps: list[dict[str, Any]] = field(default_factory=list)
+    client_wake: simpy.Event | None = None  # the arrival process waits for a finish
 
 
 def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
@@ -127,11 +133,12 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
              block_size: int = 16, gpu_memory_utilization: float = 0.9,
              max_model_len: int | None = None, num_blocks: int | None = None,
              stream_per_step: bool = False, time_scale: float = 1.0,
-             progress: bool = True) -> SimResult:
+             max_concurrency: int | None = None, progress: bool = True) -> SimResult:
     """Serve ``requests`` (fresh ones: their timings are filled in) and return the run's summary.
 
     ``make_scheduler(num_blocks)`` builds one virtual engine's scheduler; ``max_model_len``
     (default: the model's) is only used to check that the KV cache holds one such request.
+    With ``max_concurrency`` a request's arrival_time becomes the time the client sent it.
     """
     for req in requests:
         if req.state is not RequestState.WAITING or req.token_times or req.num_output_tokens:
@@ -155,15 +162,19 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
     order = sorted(requests, key=lambda r: r.arrival_time)
     env = simpy.Environment()
     wall = time.perf_counter()
-    with tqdm(total=len(requests), disable=not progress, unit="req", desc="simulating") as bar:
+    client = Client(order, max_concurrency)
+    with tqdm(total=len(requests), disable=not progress, desc="simulating",
+              bar_format=PROGRESS_BAR_FORMAT) as bar:
         sim = _Sim(env, [simpy.Resource(env, 1) for _ in range(pp)] if pp > 1 else [],
-                   schedulers, model, hw, overhead, stream_per_step, bar,
+                   schedulers, model, hw, overhead, stream_per_step, bar, client,
                    [len(order[v::pp]) for v in range(pp)], [None] * pp, PowerClock(model, hw),
                    time_scale)
-        env.process(_arrivals(sim, order))
+        env.process(_arrivals(sim))
         for v in range(pp):
             env.process(_engine_overlap(sim, v) if overlap else _engine(sim, v))
         env.run()
+    if client.num_unsent:
+        raise RuntimeError(f"{client.num_unsent} requests were never sent")
     _apply_delivery_times(requests, sim.delivery)
     wall = time.perf_counter() - wall
     stats = SchedulerStats()
@@ -253,23 +264,57 @@ def _engine_overlap(sim: _Sim, v: int) -> Generator:
         last = win
 
 
-def _arrivals(sim: _Sim, order: list[Request]) -> Generator:
-    """Release requests at their arrival times, round-robin over the virtual engines."""
-    env, pp = sim.env, len(sim.schedulers)
+def _arrivals(sim: _Sim) -> Generator:
+    """Send requests as the client does (at their arrival times; with max_concurrency, when a
+    slot frees), round-robin over the virtual engines."""
+    env, pp, client = sim.env, len(sim.schedulers), sim.client
     i = 0
-    while i < len(order):
-        t = order[i].arrival_time
-        if t > env.now:
-            yield env.timeout(t - env.now)
-        while i < len(order) and order[i].arrival_time <= t:
+    now = env.now
+    while client.num_unsent:
+        for req in client.send_due(now):
             v = i % pp
-            sim.schedulers[v].add_request(order[i])
+            sim.schedulers[v].add_request(req)
             sim.arrivals_left[v] -= 1
             wake = sim.wake[v]
             if wake is not None:
                 sim.wake[v] = None
                 wake.succeed()
             i += 1
+        t = client.next_send_time()
+        if t is None:  # every slot is held: wait for a finish
+            if not client.num_unsent:
+                return
+            sim.client_wake = env.event()
+            yield sim.client_wake
+            now = env.now
+        else:
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            now = max(env.now, t)  # the due time itself: env.now may be an ulp short of it
+
+
+def _client_finished(sim: _Sim, win: _Window) -> None:
+    """Tell the client of the window's finished requests once their last tokens are delivered
+    (update() has run and the delivery times are known, in either order)."""
+    assert win.finished is not None
+    client = sim.client
+    if client.max_concurrency is None:  # nothing waits on a finish
+        client.finished(0.0 for _ in win.finished)
+        return
+    times: dict[float, int] = {}
+    for r in win.finished:
+        t = sim.delivery[r.finish_time]
+        times[t] = times.get(t, 0) + 1
+    for t, n in times.items():
+        event = sim.env.timeout(max(0.0, t - sim.env.now))
+        event.callbacks.append(lambda _event, n=n: _slots_freed(sim, n))
+
+
+def _slots_freed(sim: _Sim, n: int) -> None:
+    sim.client.finished([sim.env.now] * n)
+    wake, sim.client_wake = sim.client_wake, None
+    if wake is not None:
+        wake.succeed()
 
 
 def _open_window(sim: _Sim, batch: Batch, gpu_free: float | None = None) -> _Window:
@@ -297,7 +342,7 @@ def _open_window(sim: _Sim, batch: Batch, gpu_free: float | None = None) -> _Win
             alive -= ending[j + 1]
     out_cost = [output_time(spec, s.num_seqs, d) for s, d in zip(shapes, delivered, strict=True)]
     cost = schedule_time(spec, len(batch.seqs), shapes[0].num_tokens, shapes[0].kv_tokens,
-                         batch.num_steps, overlap)
+                         batch.num_steps, overlap, shapes[0].num_prefill_seqs)
     # the GPU starts the window once it is scheduled (pipeline stages: a close lower bound),
     # with overlap once the window before it is done too
     start = sim.env.now + cost if not overlap else max(sim.env.now + cost, gpu_free)
@@ -360,6 +405,9 @@ def _close_window(sim: _Sim, sched: Scheduler, win: _Window) -> None:
     if finished:
         sim.num_finished += len(finished)
         sim.pbar.update(len(finished))
+    win.finished = finished
+    if win.delivery_known:
+        _client_finished(sim, win)
 
 
 def _claim_output_processing(sim: _Sim, win: _Window, first: int, last: int | None = None,
@@ -395,6 +443,9 @@ def _deliver(sim: _Sim, win: _Window) -> None:
     last = max((t for t, n in zip(times, win.delivered, strict=True) if n), default=0.0)
     if last > sim.last_delivery:
         sim.last_delivery = last
+    win.delivery_known = True
+    if win.finished is not None:
+        _client_finished(sim, win)
 
 
 def _apply_delivery_times(requests: list[Request], delivery: dict[float, float]) -> None:

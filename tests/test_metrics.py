@@ -146,8 +146,9 @@ def test_every_summary_number_recomputed_from_the_lists(seed):
     for key, value in expected.items():
         assert s[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
     keys = set(expected) | {"duration", "input_lens", "output_lens", "ttfts", "itls", "e2els",
-                            "errors"}
+                            "generated_texts", "errors"}
     assert set(s) == keys  # nothing reported that was not checked
+    assert s["generated_texts"] == [""] * len(reqs)  # no text: empty, as benchmark_serving's
     # And the lists themselves against the requests.
     for r, ttft, e2el, itls in zip(reqs, s["ttfts"], s["e2els"], s["itls"], strict=True):
         if r.finish_time is None:
