@@ -21,33 +21,26 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter  # noqa: E402
+from matplotlib.ticker import (  # noqa: E402
+    FixedLocator,
+    FuncFormatter,
+    LogLocator,
+    NullFormatter,
+    NullLocator,
+    ScalarFormatter,
+)
 
 from experiments.files import atomic_path  # noqa: E402
+from experiments.labels import (  # noqa: E402
+    HUMAN_NAMES,
+    human,
+    metric_label,
+    present,
+    rate_label,
+    with_unit,
+)
 
 DEFAULT_TABLE = "multirun/steps_sweep/aggregate.csv"
-
-# The names a reader of a paper knows, for each setting's value as the table holds it (the
-# conf/<group>/<name>.yaml names, and the GPU names the real engine records); a value missing
-# here is shown as it is.
-HUMAN_NAMES: dict[str, dict[str, str]] = {
-    "policy": {"multi_step": "multi-step", "cp1": "CP1", "cp2": "CP2",
-               "single_step": "single-step", "chunked_prefill": "chunked prefill",
-               "cp_promote": "CP-promote", "adaptive": "adaptive"},
-    "hardware": {"h100_sxm": "H100 SXM", "h200": "H200", "a100_80g": "A100 80GB", "a10g": "A10G",
-                 "cpu": "CPU", "h200_calibrated": "H200 (calibrated)",
-                 "h200_ops": "H200 (operator tables)", "NVIDIA H200": "H200",
-                 "NVIDIA H100 80GB HBM3": "H100 SXM"},
-    "model": {"llama3_8b": "Llama-3-8B", "llama3_70b": "Llama-3-70B",
-              "llama3_2_1b": "Llama-3.2-1B", "llama3_2_3b": "Llama-3.2-3B",
-              "llama2_13b": "Llama-2-13B", "llama_30b": "LLaMA-30B", "tiny": "tiny test model"},
-    "overhead": {"vllm_v0_5": "vLLM v0.5 CPU overheads", "vllm_v0_6": "vLLM v0.6 CPU overheads",
-                 "none": "no CPU overheads",
-                 "schedlab_h200": "CPU overheads fitted on the H200 engine"},
-    "workload": {"sharegpt": "ShareGPT", "synthetic": "synthetic lengths", "trace": "trace"},
-    "backend": {"sim": "simulated", "real": "real engine", "vllm": "vLLM"},
-}
-METRIC_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "end-to-end latency"}
 
 # Colours are the policy's everywhere (tab10 in this order), so figures can be read side by side.
 POLICY_COLOURS = {p: f"C{i}" for i, p in enumerate(HUMAN_NAMES["policy"])}
@@ -57,27 +50,6 @@ OVERLAP_STYLES = {False: "-", True: "--"}
 # Series of one panel are shifted sideways by this much (in octaves of k) one from the next, so
 # that equal values (cp1 and cp2 at k=1 are one policy) stay visible side by side.
 DODGE_OCTAVES = 0.05
-
-
-def _present(value: Any) -> bool:
-    return value is not None and not (isinstance(value, float) and math.isnan(value))
-
-
-def human(kind: str, value: Any) -> str:
-    """A setting's value as a reader knows it: human("hardware", "h100_sxm") == "H100 SXM"."""
-    if not _present(value):
-        return ""
-    return HUMAN_NAMES.get(kind, {}).get(str(value), str(value))
-
-
-def metric_label(column: str) -> tuple[str, str]:
-    """A metric column's name and unit: "median_ttft_ms" -> ("median TTFT", "ms")."""
-    if column == "request_throughput":
-        return "request throughput", "req/s"
-    m = re.fullmatch(r"(mean|median|std|p\d+)_(ttft|tpot|itl|e2el)_ms", column)
-    if not m:
-        return column.replace("_", " "), ""
-    return f"{m[1]} {METRIC_NAMES[m[2]]}", "ms"
 
 
 def overlap_on(value: Any) -> bool:
@@ -98,10 +70,6 @@ def save(fig: Figure, out: Path, stem: str) -> list[Path]:
     finally:
         plt.close(fig)
     return paths
-
-
-def rate_label(rate: float | None) -> str:
-    return "all at t=0" if rate is None or math.isinf(rate) else f"{rate:g} req/s"
 
 
 def _groups(df: pd.DataFrame, keys: list[str]) -> Iterator[tuple[dict, pd.DataFrame]]:
@@ -151,7 +119,7 @@ def _line_label(values: dict) -> str:
     label = human("policy", values["policy"])
     if overlap_on(values.get("overlap")):
         label += " + overlap"
-    if _present(values.get("hardware")):
+    if present(values.get("hardware")):
         label += f", {human('hardware', values['hardware'])}"
     return label
 
@@ -211,9 +179,12 @@ def _varied(sub: pd.DataFrame) -> str:
 
 def _workload_text(ctx: dict) -> str:
     text = human("workload", ctx.get("workload"))
-    if _present(ctx.get("num_prompts")):
+    if present(ctx.get("num_prompts")):
         text += f" {int(ctx['num_prompts'])} prompts"
-    return f"{text}, {rate_label(ctx.get('request_rate'))}".strip(", ")
+    text = f"{text}, {rate_label(ctx.get('request_rate'))}".strip(", ")
+    if present(ctx.get("max_concurrency")):
+        text += f", at most {int(ctx['max_concurrency'])} in flight"
+    return text
 
 
 def _context_title(what: str, ctx: dict, gpus: list[str]) -> str:
@@ -227,9 +198,11 @@ def _context_title(what: str, ctx: dict, gpus: list[str]) -> str:
     return f"{what}\n{data}" + (f"; {how}" if how else "")
 
 
-def _legend(fig: Figure, groups: list[list[tuple[Any, str]]], note: str) -> None:
-    """One legend under the figure, a column per group (policies, GPUs, overlap), its title
-    saying what the points and bars are."""
+def _legend(fig: Figure, groups: list[list[tuple[Any, str]]], note: str,
+            spare: Axes | None = None) -> None:
+    """The figure's one legend, a column per group (policies, GPUs, overlap), its title saying
+    what the points and bars are: in ``spare`` (an empty panel) if given, else under the
+    figure."""
     groups = [g for g in groups if g]
     if len(groups) == 1:  # one kind of entry: in a row, not a column
         groups = [[entry] for entry in groups[0]]
@@ -239,8 +212,12 @@ def _legend(fig: Figure, groups: list[list[tuple[Any, str]]], note: str) -> None
         for handle, label in g + [(Line2D([], [], alpha=0), "")] * (rows - len(g)):
             handles.append(handle)
             labels.append(label)
-    fig.legend(handles, labels, loc="outside lower center", ncol=len(groups), frameon=False,
-               title=note, title_fontsize=8, fontsize=9)
+    style = dict(ncol=len(groups), frameon=False, title=note, title_fontsize=8, fontsize=9)
+    if spare is None:
+        fig.legend(handles, labels, loc="outside lower center", **style)
+    else:
+        spare.axis("off")
+        spare.legend(handles, labels, loc="center", **style)
 
 
 def _y_from_zero(row: Iterable[Axes]) -> None:
@@ -295,7 +272,7 @@ def _k_figure(ctx: dict, series: list[tuple[Series, pd.DataFrame]],
             ax.grid(alpha=0.3)
             name, unit = metric_label(metric)
             if col == 0:
-                ax.set_ylabel(f"{name} ({unit})")
+                ax.set_ylabel(with_unit(name, unit))
             if row == len(metrics) - 1 or not split:
                 ax.set_xlabel("scheduler steps per window, k")
             if row == 0 and gpu is not None:
@@ -339,7 +316,7 @@ def steps_figures(df: pd.DataFrame) -> list[tuple[str, Figure]]:
     made: list[tuple[str, Figure]] = []
     df = df[df["k"].notna()]
     for ctx, sub in _groups(df, ["backend", "model", "workload", "request_rate", "overhead",
-                                 "num_prompts", "seed", "burstiness"]):
+                                 "num_prompts", "seed", "burstiness", "max_concurrency"]):
         if sub["k"].nunique() < 2:
             continue
         series = _series(sub)
@@ -366,7 +343,8 @@ def rates_figures(df: pd.DataFrame) -> list[tuple[str, Figure]]:
     made: list[tuple[str, Figure]] = []
     df = df[df["request_rate"].notna() & ~df["request_rate"].apply(
         lambda r: math.isinf(r) if isinstance(r, float) else False)]
-    for ctx, sub in _groups(df, ["backend", "model", "hardware", "workload", "overhead"]):
+    for ctx, sub in _groups(df, ["backend", "model", "hardware", "workload", "overhead",
+                                 "max_concurrency"]):
         if sub["request_rate"].nunique() < 2:
             continue
         sub = sub.assign(_overlap=sub["overlap"].map(overlap_on) if "overlap" in sub else False)
@@ -393,7 +371,7 @@ def rates_figures(df: pd.DataFrame) -> list[tuple[str, Figure]]:
                                    ls=OVERLAP_STYLES[bool(ov)]), label))
         for ax, metric in zip(axes, ("median_ttft_ms", "median_tpot_ms"), strict=True):
             name, unit = metric_label(metric)
-            ax.set(xlabel="achieved request throughput (req/s)", ylabel=f"{name} ({unit})")
+            ax.set(xlabel="achieved request throughput (req/s)", ylabel=with_unit(name, unit))
             ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
         gpu = [str(ctx["hardware"])] if "hardware" in ctx else []
@@ -429,15 +407,18 @@ def validation_figure(df: pd.DataFrame, title: str = "") -> Figure:
     metrics = list(dict.fromkeys(df["metric"]))
     cols = min(4, len(metrics))
     rows = math.ceil(len(metrics) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 3.3 * rows + 1.4), squeeze=False,
-                             layout="constrained")
+    spare = rows * cols - len(metrics)  # empty panels after the last: the legend goes there
+    fig = plt.figure(figsize=(3.3 * cols, 3.3 * rows + (0 if spare >= 2 else 1.2)),
+                     layout="constrained")
+    grid = fig.add_gridspec(rows, cols)
+    axes = [fig.add_subplot(grid[i // cols, i % cols]) for i in range(len(metrics))]
     colours = _policy_colours(set(map(str, df["policy"])))
     rate_of = df["request_rate"] if "request_rate" in df else pd.Series(math.inf, df.index)
     df = df.assign(_rate=rate_of.fillna(math.inf).astype(float))
     # offline (all at t=0) first, then the Poisson rates in order
     rates = sorted(df["_rate"].unique(), key=lambda r: (not math.isinf(r), r))
     markers = {r: MARKERS[i % len(MARKERS)] for i, r in enumerate(rates)}
-    for ax, metric in zip(axes.flat, metrics, strict=False):
+    for ax, metric in zip(axes, metrics, strict=True):
         sub = df[df["metric"] == metric]
         for (pol, rate), pts in sub.groupby(["policy", "_rate"]):
             bars = {}
@@ -457,13 +438,17 @@ def validation_figure(df: pd.DataFrame, title: str = "") -> Figure:
         ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, zorder=1)
         if log:
             ax.set(xscale="log", yscale="log")
+            subs = (1.0,) if hi / lo > 200 else (1.0, 2.0, 5.0)  # labels that fit
+            for axis in (ax.xaxis, ax.yaxis):  # 20, 50, 100, not 2 x 10^1
+                axis.set_major_locator(LogLocator(subs=subs))
+                axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                axis.set_minor_formatter(NullFormatter())
         ax.set(xlim=(lo, hi), ylim=(lo, hi))
         ax.set_aspect("equal", adjustable="box")
         name, unit = metric_label(metric)
-        ax.set(xlabel=f"measured ({unit})", ylabel=f"simulated ({unit})", title=name)
-        ax.grid(alpha=0.3, which="both" if log else "major", lw=0.5)
-    for ax in list(axes.flat)[len(metrics):]:
-        ax.axis("off")
+        ax.set(xlabel=with_unit("measured", unit), ylabel=with_unit("simulated", unit),
+               title=name)
+        ax.grid(alpha=0.3, lw=0.5)
     policies = sorted(colours, key=_policy_order)
     groups = [[(Line2D([], [], color=colours[p], marker="o", ls="none"), human("policy", p))
                for p in policies],
@@ -473,12 +458,14 @@ def validation_figure(df: pd.DataFrame, title: str = "") -> Figure:
                (Patch(color="0.88"), "within 10%")]]
     if "measured_spread" in df or "predicted_spread" in df:
         repeats = df["repeats"].dropna().astype(int) if "repeats" in df else pd.Series([], int)
-        n = "" if repeats.empty else (f" ({repeats.min()}" + (
-            f"-{repeats.max()}" if repeats.max() > repeats.min() else "") + " measured runs)")
-        note = f"bars: the range between repeated runs{n}, drawn half either way of their mean"
+        n = "" if repeats.empty else f"{repeats.min()}" + (
+            f"-{repeats.max()}" if repeats.max() > repeats.min() else "") + " "
+        note = (f"bars: the range between repeated runs (measured: {n}runs; simulated: runs over "
+                "a band of time scales),\ndrawn half either way of their mean")
     else:
         note = "one run per side, so no bars"
-    _legend(fig, groups, note)
+    _legend(fig, groups, note, fig.add_subplot(grid[rows - 1, cols - spare:]) if spare >= 2
+            else None)
     fig.suptitle(title or "Simulator versus measurement")
     return fig
 

@@ -1,0 +1,59 @@
+"""Human names of the settings' values and metric columns in figures: one mapping table."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+# The names a reader of a paper knows, for each setting's value as the table holds it (the
+# conf/<group>/<name>.yaml names, and the GPU names the real engine records); a value missing
+# here is shown as it is.
+HUMAN_NAMES: dict[str, dict[str, str]] = {
+    "policy": {"multi_step": "multi-step", "cp1": "CP1", "cp2": "CP2",
+               "single_step": "single-step", "chunked_prefill": "chunked prefill",
+               "cp_promote": "CP-promote", "adaptive": "adaptive"},
+    "hardware": {"h100_sxm": "H100 SXM", "h200": "H200", "a100_80g": "A100 80GB", "a10g": "A10G",
+                 "cpu": "CPU", "h200_calibrated": "H200 (calibrated)",
+                 "h200_ops": "H200 (operator tables)", "NVIDIA H200": "H200",
+                 "NVIDIA H100 80GB HBM3": "H100 SXM"},
+    "model": {"llama3_8b": "Llama-3-8B", "llama3_70b": "Llama-3-70B",
+              "llama3_2_1b": "Llama-3.2-1B", "llama3_2_3b": "Llama-3.2-3B",
+              "llama2_13b": "Llama-2-13B", "llama_30b": "LLaMA-30B", "tiny": "tiny test model"},
+    "overhead": {"vllm_v0_5": "vLLM v0.5 CPU overheads", "vllm_v0_6": "vLLM v0.6 CPU overheads",
+                 "none": "no CPU overheads",
+                 "schedlab_h200": "CPU overheads fitted on the H200 engine"},
+    "workload": {"sharegpt": "ShareGPT", "synthetic": "synthetic lengths", "trace": "trace"},
+    "backend": {"sim": "simulated", "real": "real engine", "vllm": "vLLM"},
+}
+METRIC_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "end-to-end latency"}
+
+
+def present(value: Any) -> bool:
+    """Whether a table cell holds a value (neither None nor NaN)."""
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def human(kind: str, value: Any) -> str:
+    """A setting's value as a reader knows it: human("hardware", "h100_sxm") == "H100 SXM"."""
+    if not present(value):
+        return ""
+    return HUMAN_NAMES.get(kind, {}).get(str(value), str(value))
+
+
+def metric_label(column: str) -> tuple[str, str]:
+    """A metric column's name and unit: "median_ttft_ms" -> ("median TTFT", "ms")."""
+    if column == "request_throughput":
+        return "request throughput", "req/s"
+    m = re.fullmatch(r"(mean|median|std|p\d+)_(ttft|tpot|itl|e2el)_ms", column)
+    if not m:
+        return column.replace("_", " "), ""
+    return f"{m[1]} {METRIC_NAMES[m[2]]}", "ms"
+
+
+def with_unit(text: str, unit: str) -> str:
+    return f"{text} ({unit})" if unit else text
+
+
+def rate_label(rate: float | None) -> str:
+    return "all at t=0" if rate is None or math.isinf(rate) else f"{rate:g} req/s"
