@@ -222,6 +222,20 @@ def test_burstgpt_filters_and_keep_failed(tmp_path, settings, lines):
         assert dict((g[1], g[2]) for g in got)[300] == 1  # a failed request asks for one token
 
 
+def test_the_log_says_what_was_dropped(tmp_path, caplog):
+    path = write(tmp_path, "b.csv", BURST)
+    with caplog.at_level("INFO", logger="experiments.workload.trace"):
+        specs_of(path, "burstgpt", model_filter="ChatGPT")
+    assert caplog.messages == [
+        f"{path}: 3 of its 5 requests pass the filters; dropped: 2 of other models or log types"]
+    caplog.clear()
+    with caplog.at_level("INFO", logger="experiments.workload.trace"):
+        specs_of(path, "burstgpt")
+    assert caplog.messages == [
+        f"{path}: 4 of its 5 requests pass the filters; dropped: 1 failed (no output tokens; "
+        f"workload.keep_failed=true keeps them)"]
+
+
 def test_azure_rows_without_output_are_failed_requests(tmp_path):
     path = write(tmp_path, "a.csv", AZURE_2023.replace(",109\n", ",0\n"))
     assert [g[1:] for g in specs_of(path, "azure")] == [(374, 44), (2048, 7)]

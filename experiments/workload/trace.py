@@ -56,10 +56,12 @@ def read_trace(path: str | os.PathLike[str], *, format: str = "csv",
         else _earliest(rows, num_prompts)
     if not kept:
         raise _nothing_left(path_s, format, row_filter, counts)
-    if counts.failed or counts.filtered:
-        log.info("%s: %d of its %d requests pass the filters (%d failed ones dropped, %d of "
-                 "other models or log types)", path_s, counts.rows - counts.failed
-                 - counts.filtered, counts.rows, counts.failed, counts.filtered)
+    dropped = [f"{n} {what}" for n, what in (
+        (counts.failed, "failed (no output tokens; workload.keep_failed=true keeps them)"),
+        (counts.filtered, "of other models or log types")) if n]
+    if dropped:
+        log.info("%s: %d of its %d requests pass the filters; dropped: %s", path_s,
+                 counts.rows - counts.failed - counts.filtered, counts.rows, ", ".join(dropped))
     times = trace_arrival_times([r.time for r in kept], [r.line for r in kept], path_s,
                                 column=fmt.time_column, unit=fmt.unit, time_scale=time_scale)
     # In place: a large trace is not held twice.
