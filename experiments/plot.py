@@ -104,22 +104,12 @@ class Style:
 
 # ---- versus k ---------------------------------------------------------------------------------
 
-def _line_key(sub: pd.DataFrame) -> list[str]:
-    """The columns that tell one series of a k figure from another."""
-    keys = ["policy"]
-    if "overlap" in sub and sub["overlap"].nunique(dropna=False) > 1:  # overlap on and off
-        keys.append("overlap")
-    if "hardware" in sub and sub["hardware"].nunique() > 1:
-        keys.append("hardware")
-    return keys
-
-
 def _line_label(values: dict) -> str:
     """A series' full name: the policy, "+ overlap" where overlap is on, then the GPU."""
     label = human("policy", values["policy"])
     if overlap_on(values.get("overlap")):
         label += " + overlap"
-    if present(values.get("hardware")):
+    if human("hardware", values.get("hardware")):  # neither None, NaN nor ""
         label += f", {human('hardware', values['hardware'])}"
     return label
 

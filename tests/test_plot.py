@@ -259,3 +259,13 @@ def test_runs_at_another_max_concurrency_are_another_figure():
     assert len(figs) == 4  # req/s and latency, each with and without the limit
     titled = [f.get_suptitle() for f in figs.values() if "at most 4 in flight" in f.get_suptitle()]
     assert len(titled) == 2
+
+
+def test_overlap_on_and_off_are_two_series_without_a_gpu_column():
+    rows = [{"backend": "sim", "model": "llama3_8b", "workload": "sharegpt",
+             "request_rate": math.inf, "policy": "multi_step", "k": k, "overlap": ov,
+             "request_throughput": 10.0 * k + (5 if ov else 0), "median_ttft_ms": 1.0,
+             "median_tpot_ms": 1.0} for k in (1, 2, 4) for ov in ("False", "True")]  # CSV text
+    (_, fig), _ = plot.steps_figures(pd.DataFrame(rows))
+    series = {s[0]: s[2] for s in series_of(fig)}
+    assert series == {"multi-step": "-", "multi-step + overlap": "--"}
