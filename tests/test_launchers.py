@@ -78,3 +78,30 @@ def test_slurm_launcher_config_reaches_sbatch(tmp_path):
         assert f"#SBATCH {line}" in sbatch, line
     # the job runs the submitting interpreter on the job files below the sweep directory
     assert f"{sys.executable} -u -m submitit.core._submit {sweep_dir}/.submitit/" in sbatch
+
+
+def test_every_experiment_takes_every_launcher():
+    """docs/sweeps.md swaps the launcher of a written-down sweep on the command line
+    (+experiment=steps_sweep hydra/launcher=slurm): an experiment that set a launcher's own
+    setting (joblib's n_jobs) in its body would refuse every other launcher."""
+    from hydra import compose, initialize_config_dir
+
+    from experiments.paths import conf_dir
+
+    experiments = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
+    assert experiments
+    launchers = {"basic": "BasicLauncher", "joblib": "JoblibLauncher",
+                 "submitit_local": "LocalLauncher", "slurm": "SlurmLauncher"}
+    refused = []
+    for name in experiments:
+        for launcher, cls in launchers.items():
+            with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+                try:
+                    cfg = compose("config", overrides=[f"+experiment={name}",
+                                                       f"hydra/launcher={launcher}"],
+                                  return_hydra_config=True)
+                except Exception as err:  # Hydra's composition errors come in several types
+                    refused.append(f"{name} + {launcher}: {' '.join(str(err).split())}")
+                    continue
+            assert cfg.hydra.launcher._target_.endswith(cls), (name, launcher)
+    assert not refused, "\n".join(refused)
