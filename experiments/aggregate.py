@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,12 @@ from hydra.experimental.callback import Callback
 from experiments.files import atomic_path
 
 SUMMARY_KEYS = ["completed", "duration", "total_input_tokens", "total_output_tokens",
-                "request_throughput", "output_throughput", "total_token_throughput"]
+                "request_throughput", "request_goodput", "output_throughput",
+                "total_token_throughput"]
 LATENCY_KEYS = [f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
                 for stat in ("mean", "median", "std", "p99")]
+# percentiles chosen beyond p99 (metrics.metric_percentiles, --metric-percentiles)
+_PERCENTILE_KEY = re.compile(r"p[0-9.]+_(ttft|tpot|itl|e2el)_ms")
 SCHEDLAB_KEYS = ["backend", "policy", "k", "overlap", "model", "hardware", "overhead", "wall_seconds",
                  "num_blocks",
                  "num_invocations", "num_preemptions", "num_wasted_steps", "gpu_busy_fraction",
@@ -36,17 +40,22 @@ def parse_rate(rate: str | float) -> float:
 def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
     """The flat table row of one result.json (ours, or a plain vLLM --save-result file)."""
     row: dict[str, Any] = {k: result.get(k) for k in SUMMARY_KEYS + LATENCY_KEYS}
+    row.update({k: v for k, v in result.items() if _PERCENTILE_KEY.fullmatch(k)})
     ext = result.get("schedlab")
     if ext is None:  # a vLLM benchmark_serving file: what it says about itself
         row.update(backend="vllm", policy=result.get("policy"), k=result.get("num_scheduler_steps"),
                    model=result.get("model_id"), request_rate=result.get("request_rate"),
+                   burstiness=result.get("burstiness"),
+                   max_concurrency=result.get("max_concurrency"),
                    num_prompts=result.get("num_prompts") or result.get("completed"))
+        if row["request_goodput"] is None:  # vLLM (v0.6.4 on) spells the key with a colon
+            row["request_goodput"] = result.get("request_goodput:")
     else:
         row.update({k: ext.get(k) for k in SCHEDLAB_KEYS})
         wl = ext.get("workload") or {}
         row.update(workload=wl.get("kind"), request_rate=wl.get("request_rate"),
-                   burstiness=wl.get("burstiness"), num_prompts=wl.get("num_prompts"),
-                   seed=wl.get("seed"))
+                   burstiness=wl.get("burstiness"), max_concurrency=wl.get("max_concurrency"),
+                   num_prompts=wl.get("num_prompts"), seed=wl.get("seed"))
     rate = row.get("request_rate")
     row["request_rate"] = parse_rate(rate) if rate is not None else None
     row["run_dir"] = str(path.parent)

@@ -82,6 +82,17 @@ def test_real_backend_cpu_command(tmp_path):
     for name in ("result.json", "requests.csv", "steps.csv"):
         assert (tmp_path / name).stat().st_size > 0
     assert pd.read_csv(tmp_path / "requests.csv").shape[0] == 16
+    import json
+
+    from experiments.run import CUDA_ONLY_FIELDS
+
+    res = json.loads((tmp_path / "result.json").read_text())
+    assert res["backend"] == "schedlab-real" and res["tokenizer_id"] == "meta-llama/Meta-Llama-3-8B"
+    texts = res["generated_texts"]  # the outputs decoded (random weights: any text)
+    assert len(texts) == 16 and all(isinstance(t, str) and t for t in texts)
+    for field in CUDA_ONLY_FIELDS:  # a CPU run's printout leaves out what only CUDA has
+        assert f"{field}:" not in p.stdout and field in res["schedlab"]
+    assert "device:" in p.stdout
 
 
 def test_any_multirun_ends_in_an_aggregated_table(tmp_path):
@@ -90,6 +101,14 @@ def test_any_multirun_ends_in_an_aggregated_table(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     df = pd.read_csv(tmp_path / "aggregate.csv")
     assert sorted(df["k"]) == [1, 2] and (df["completed"] == 30).all()
+    # one line per run on the console; each run's full summary is its summary.txt
+    assert "Serving Benchmark Result" not in p.stdout
+    lines = [line for line in p.stdout.splitlines() if " req/s, median TTFT " in line]
+    assert len(lines) == 2
+    for k, line in zip((1, 2), lines, strict=True):
+        run_dir = tmp_path / f"policy.num_steps={k},workload.num_prompts=30"
+        assert line.startswith(f"policy.num_steps={k},") and line.endswith(f"-> {run_dir}")
+        assert "Serving Benchmark Result" in (run_dir / "summary.txt").read_text()
 
 
 def test_model_too_big_for_cpu_is_a_one_line_error(tmp_path):
