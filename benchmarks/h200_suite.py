@@ -107,10 +107,13 @@ def models_part(args, out: Path, go, table: list[str]) -> None:
     """The models part (module docstring): a warm-up run outside the measured tree, then the
     three policies at each of the rates."""
     base = f"models/{args.model}"
+    policies = MODEL_POLICIES if not args.policies else [
+        (p.split(":")[0], int(p.split(":")[1]) if ":" in p else None)
+        for p in args.policies.split(",")]
     go(f"warmup/{args.model}", real("single_step", None, "inf", 3, min(100, args.prompts)))
     for rate in model_rates(args):
         if rate == "inf":
-            for policy, k in MODEL_POLICIES:
+            for policy, k in policies:
                 go(f"{base}/t0/{policy}_k{k or 1}", real(policy, k, "inf", 0, args.prompts))
             continue
         if rate == "poisson":
@@ -120,7 +123,7 @@ def models_part(args, out: Path, go, table: list[str]) -> None:
                 table.append(f"models poisson FAILED: {err}")
                 continue
             print(f"models: Poisson rate {rate} req/s", flush=True)
-        for policy, k in MODEL_POLICIES:
+        for policy, k in policies:
             go(f"{base}/poisson/{policy}_k{k or 1}_rate{rate}",
                real(policy, k, rate, 1, args.poisson_prompts or args.prompts))
 
@@ -234,7 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rates", default=None, help="poisson part: req/s list (default 20,40); "
                     "models part: inf, poisson (60%% of capacity) or req/s (default inf,poisson)")
     ap.add_argument("--fp32-prompts", type=int, default=300)
-    ap.add_argument("--policies", default=None, help="policy:k list for grid and poisson (default: all)")
+    ap.add_argument("--policies", default=None,
+                    help="policy:k list for grid, poisson and models (default: all)")
     ap.add_argument("--warm-seconds", type=float, default=20.0)
     ap.add_argument("--extra", default="", help="comma-separated overrides added to every run "
                     "(e.g. backend.piecewise_graph_max_tokens=0)")

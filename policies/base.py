@@ -28,6 +28,10 @@ class Policy:
     ``overlap``: overlap scheduling (vLLM V1's async scheduling, SGLang's overlap scheduler):
     the next window is formed while the last one is still on the GPU, so the CPU's work hides
     behind the GPU's (the contract is on ``Scheduler.schedule``).
+    ``overlap_late_schedule`` (with overlap): when no request is waiting, the next window is
+    formed just before the one in flight ends rather than as it starts, so that requests
+    arriving meanwhile join it (policies/late_schedule.py); false forms it at once (SGLang's and
+    vLLM V1's order).
     """
 
     name: ClassVar[str] = ""
@@ -35,9 +39,11 @@ class Policy:
     chunk_prefills: ClassVar[bool] = False
     # keyword-only: a policy's own settings keep their positions
     overlap: bool = field(default=False, kw_only=True)
+    overlap_late_schedule: bool = field(default=True, kw_only=True)
 
     def __post_init__(self) -> None:
         check_bool("policy.overlap", self.overlap)
+        check_bool("policy.overlap_late_schedule", self.overlap_late_schedule)
 
     @property
     def max_steps(self) -> int:

@@ -138,6 +138,14 @@ class Scheduler:
         return len(self.running)
 
     # ------------------------------------------------------------------ schedule
+    def defers_schedule(self) -> bool:
+        """Overlap with ``policy.overlap_late_schedule``: whether the backend should form the
+        next window as late as the window in flight allows (policies/late_schedule.py). Only
+        while no request waits: then what the next window could still take is what arrives
+        meanwhile, and forming it later loses nothing; with a queue, it is formed at once."""
+        return (self.overlap and self.policy.overlap_late_schedule and not self.waiting
+                and bool(self._in_flight))
+
     def schedule(self, now: float) -> Batch | None:
         """Form the next window, or None when nothing can run.
 

@@ -59,6 +59,7 @@ from tqdm import tqdm
 
 from policies.batch import Batch
 from policies.client import PROGRESS_BAR_FORMAT, Client
+from policies.late_schedule import LateSchedule
 from policies.model_spec import ModelSpec
 from policies.request import Request, RequestState
 from policies.scheduler import Scheduler, SchedulerStats
@@ -237,20 +238,28 @@ def _all_done(sim: _Sim, v: int) -> bool:
 
 def _engine_overlap(sim: _Sim, v: int) -> Generator:
     """Virtual engine ``v``'s loop with overlap scheduling: schedule and launch window n+1, then
-    process window n's outputs and update() it while window n+1 runs."""
+    process window n's outputs and update() it while window n+1 runs (formed late when the
+    scheduler defers: policies/late_schedule.py)."""
     env, sched = sim.env, sim.schedulers[v]
     last: _Window | None = None  # launched; its outputs not processed yet
     gpu_free = 0.0
+    late = LateSchedule()
     while True:
         while sim.cpu_free - env.now > _EPS:
             yield env.timeout(sim.cpu_free - env.now)
+        if last is not None and sched.defers_schedule():
+            at = late.schedule_at(last.batch, last.gpu_done[0] - last.stage_times[0])
+            if at is not None and at > env.now:
+                yield env.timeout(at - env.now)
         batch = sched.schedule(env.now) if sched.has_unfinished else None
         win = None
         if batch is not None:
             win = _open_window(sim, batch, gpu_free)
+            late.observe_form(win.schedule_cost)
             sim.cpu_free = env.now + win.schedule_cost
             gpu_free = win.gpu_done[-1]
         if last is not None:
+            late.observe_window(last.batch, sum(last.stage_times))
             for j, done in enumerate(last.gpu_done):  # each step's once it is done
                 _claim_output_processing(sim, last, j, j + 1, now=done)
             yield env.timeout(max(0.0, sim.cpu_free - env.now))

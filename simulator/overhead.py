@@ -8,12 +8,15 @@ Per scheduler invocation (once per window): schedule + input preparation + H2D c
              [ + schedule_multi_step_us
                  + schedule_multi_step_per_seq_us * num_seqs * (num_steps - 1) ]
              [ + schedule_overlap_us ]
+             [ + schedule_mixed_us + schedule_mixed_per_seq_us * num_seqs ]
 
 (num_tokens: the query tokens of the window's first step; kv_tokens: the KV-cache tokens it
 attends over, whose block tables and slot mappings the engine builds; the bracket: windows of
 more than one step, whose preparation schedlab's engine measures dearer and whose update()
 appends num_steps tokens to every sequence; the second bracket: windows formed with overlap
-scheduling, whose inputs also gather each sequence's newest token on the device). Per step:
+scheduling, whose inputs also gather each sequence's newest token on the device; the third:
+windows whose first step mixes prefill (or prefill-chunk) sequences with decodes, whose
+preparation builds both kinds of attention metadata and runs the piecewise-graph path). Per step:
 output processing
 (device-to-host copy, pythonization, detokenization, stop checks, building outputs),
 
@@ -39,7 +42,8 @@ _US = 1e-6
 _COSTS = ("schedule_base_us", "schedule_per_seq_us", "schedule_per_token_us",
           "schedule_per_kv_token_us", "output_base_us",
           "output_per_seq_us", "api_per_token_us", "schedule_multi_step_us",
-          "schedule_multi_step_per_seq_us", "schedule_overlap_us")
+          "schedule_multi_step_per_seq_us", "schedule_overlap_us", "schedule_mixed_us",
+          "schedule_mixed_per_seq_us")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +66,8 @@ class OverheadSpec:
     schedule_multi_step_us: float = 0.0  # more per window of k > 1 steps
     schedule_multi_step_per_seq_us: float = 0.0  # ... and per sequence and step beyond the first
     schedule_overlap_us: float = 0.0  # more per window formed with overlap scheduling
+    schedule_mixed_us: float = 0.0  # more per window mixing prefill and decode sequences
+    schedule_mixed_per_seq_us: float = 0.0  # ... and per sequence of such a window
 
     def __post_init__(self) -> None:
         for name in _COSTS:
@@ -91,8 +97,10 @@ def scale_overhead(spec: OverheadSpec, factor: float) -> OverheadSpec:
 
 
 def schedule_time(spec: OverheadSpec, num_seqs: int, num_tokens: int,
-                  kv_tokens: int = 0, num_steps: int = 1, overlap: bool = False) -> float:
-    """Seconds of one scheduler invocation with its input preparation (and launch)."""
+                  kv_tokens: int = 0, num_steps: int = 1, overlap: bool = False,
+                  num_prefill_seqs: int = 0) -> float:
+    """Seconds of one scheduler invocation with its input preparation (and launch);
+    ``num_prefill_seqs``: the first step's sequences that prefill (a prompt or a chunk)."""
     t = (spec.schedule_base_us + spec.schedule_per_seq_us * num_seqs
          + spec.schedule_per_token_us * num_tokens + spec.schedule_per_kv_token_us * kv_tokens)
     if num_steps > 1:
@@ -100,6 +108,8 @@ def schedule_time(spec: OverheadSpec, num_seqs: int, num_tokens: int,
               + spec.schedule_multi_step_per_seq_us * num_seqs * (num_steps - 1))
     if overlap:
         t += spec.schedule_overlap_us
+    if 0 < num_prefill_seqs < num_seqs:
+        t += spec.schedule_mixed_us + spec.schedule_mixed_per_seq_us * num_seqs
     return t * _US
 
 

@@ -165,9 +165,15 @@ def test_overhead_fit_recovers_served_costs_and_prefers_the_idle_gap():
     tokens = np.where(rng.random(200) < 0.3, n + rng.integers(16, 2000, 200), n)
     kv = n * rng.integers(100, 1500, 200)
     multi = (k > 1).astype(float)
-    cpu = 1e-6 * (200 + 5 * n + 0.2 * tokens + 0.001 * kv + 300 * multi + 2 * (k - 1) * n)
+    # a third of the k=1 windows mix prefill with decode sequences; the rest prefill all or none
+    prefill_seqs = np.where((k == 1) & (rng.random(200) < 0.3) & (n > 1), 1,
+                            np.where(rng.random(200) < 0.1, n, 0))
+    mixed = ((prefill_seqs > 0) & (prefill_seqs < n)).astype(float)
+    cpu = 1e-6 * (200 + 5 * n + 0.2 * tokens + 0.001 * kv + 300 * multi + 2 * (k - 1) * n
+                  + mixed * (400 + 7 * n))
     pyth = 1e-6 * (10 + 0.1 * n)
     rows = pd.DataFrame({"kind": "served", "k": k, "step": 0, "num_seqs": n, "num_tokens": tokens,
+                         "num_prefill_seqs": prefill_seqs,
                          "kv_tokens": kv, "prepare_s": cpu / 2, "cpu_s": cpu,
                          "pythonize_s": pyth})
     prof, err = fit_overhead(rows, "x")
@@ -175,6 +181,8 @@ def test_overhead_fit_recovers_served_costs_and_prefers_the_idle_gap():
     assert prof["schedule_per_seq_us"] == pytest.approx(5, rel=1e-3)
     assert prof["schedule_multi_step_us"] == pytest.approx(300, rel=1e-3)
     assert prof["schedule_multi_step_per_seq_us"] == pytest.approx(2, rel=1e-3)
+    assert prof["schedule_mixed_us"] == pytest.approx(400, rel=1e-3)
+    assert prof["schedule_mixed_per_seq_us"] == pytest.approx(7, rel=1e-3)
     assert prof["output_base_us"] == pytest.approx(10, rel=1e-3)
     assert err["schedule_and_prepare"] < 1e-6
     # the idle gap: the timed parts, 150 us of launch and drain, and the last step's

@@ -376,3 +376,13 @@ def test_time_scale_stretches_every_cost_and_steps_csv_has_each_window():
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="backend.time_scale"):
             run("multi_step", synthetic(2), time_scale=bad)
+
+
+def test_mixed_window_term_is_charged_only_to_windows_mixing_prefill_and_decode():
+    from simulator.overhead import OverheadSpec, schedule_time
+
+    spec = OverheadSpec(schedule_base_us=100.0, schedule_mixed_us=50.0,
+                        schedule_mixed_per_seq_us=2.0)
+    assert schedule_time(spec, 10, 10) == pytest.approx(100e-6)  # all decodes
+    assert schedule_time(spec, 10, 900, num_prefill_seqs=10) == pytest.approx(100e-6)  # prefills
+    assert schedule_time(spec, 10, 300, num_prefill_seqs=2) == pytest.approx(170e-6)  # mixed
