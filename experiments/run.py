@@ -78,9 +78,10 @@ def outcome_stats(outcome: Any) -> dict[str, Any]:
 CUDA_ONLY_FIELDS = ("cuda_graph_sizes", "prefill_graphs", "prefill_graph_replays",
                     "piecewise_graph_sizes", "piecewise_capture_s", "piecewise_graph_replays",
                     "cuda_module_loading")
-# From this many requests on, computing the metrics and writing the files takes seconds
-# (about 3 s for 100k ShareGPT requests), so a line says what the run is doing meanwhile.
-LONG_WRITE_REQUESTS = 20_000
+# From this many requests on, computing the metrics and writing the files takes a second or
+# more (about 0.1 ms a request: 12 s for 100k on a 2-core box), so a line says what the run is
+# doing meanwhile.
+LONG_WRITE_REQUESTS = 10_000
 
 # The run's lines for its run.log (Hydra's job log); the console gets them from print. Its
 # handlers are Hydra's file handlers, attached by the app for each job (log_to_run_log).

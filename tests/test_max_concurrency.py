@@ -188,3 +188,16 @@ def test_real_engine_never_has_more_than_the_limit_in_flight(policy, params):
     late = [r for r in held if r.arrival_time > due[r.request_id]]
     assert late and all(r.arrival_time in finishes for r in late)
     assert all(r.token_times[0] > r.arrival_time for r in held)
+
+
+def test_measured_runs_with_other_limits_are_not_averaged_as_repeats(tmp_path):
+    import json
+
+    from experiments.measured import measured_from_dir
+
+    for name, limit in (("a", 8), ("b", 16)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({
+            "request_rate": 10.0, "num_prompts": 5, "completed": 5, "request_throughput": 2.0,
+            "max_concurrency": limit}))
+    with pytest.raises(ValueError, match=r"different max_concurrency \(16.0 and 8.0\)"):
+        measured_from_dir(tmp_path)
