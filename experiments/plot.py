@@ -46,7 +46,12 @@ DEFAULT_TABLE = "multirun/steps_sweep/aggregate.csv"
 POLICY_COLOURS = {p: f"C{i}" for i, p in enumerate(HUMAN_NAMES["policy"])}
 EXTRA_COLOURS = ("C7", "C8", "C9", "black", "olive", "navy")  # policies not named above
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h")  # one per GPU (steps) or per k / load
+# overlap off: solid line, filled marker; on: dashed line, open marker (a point alone has no line)
 OVERLAP_STYLES = {False: "-", True: "--"}
+
+
+def _face(colour: str, overlap: bool) -> str:
+    return "white" if overlap else colour
 # Series of one panel are shifted sideways by this much (in octaves of k) one from the next, so
 # that equal values (cp1 and cp2 at k=1 are one policy) stay visible side by side.
 DODGE_OCTAVES = 0.05
@@ -58,14 +63,17 @@ def overlap_on(value: Any) -> bool:
 
 
 def save(fig: Figure, out: Path, stem: str) -> list[Path]:
-    """PNG and SVG, each written to a temporary file first so no half figure is left behind."""
+    """PNG and SVG, each written to a temporary file first so no half figure is left behind;
+    drawing one table twice gives the same files."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     try:
         for ext in ("png", "svg"):
             path = out / f"{stem}.{ext}"
-            with atomic_path(path) as tmp:
-                fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight")
+            # no date and fixed element ids: the same figure gives the same SVG file
+            with atomic_path(path) as tmp, plt.rc_context({"svg.hashsalt": "schedlab"}):
+                fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight",
+                            metadata={"Date": None} if ext == "svg" else None)
             paths.append(path)
     finally:
         plt.close(fig)
@@ -100,6 +108,7 @@ class Style:
     colour: str
     marker: str
     linestyle: str
+    face: str  # the marker's fill
 
 
 # ---- versus k ---------------------------------------------------------------------------------
@@ -141,7 +150,8 @@ def _k_styles(series: list[Series]) -> dict[Series, Style]:
     a figure look alike."""
     colours = _policy_colours({s.policy for s in series})
     markers = _gpu_markers(series)
-    return {s: Style(colours[s.policy], markers[s.hardware], OVERLAP_STYLES[s.overlap])
+    return {s: Style(colours[s.policy], markers[s.hardware], OVERLAP_STYLES[s.overlap],
+                     _face(colours[s.policy], s.overlap))
             for s in series}
 
 
@@ -256,6 +266,7 @@ def _k_figure(ctx: dict, series: list[tuple[Series, pd.DataFrame]],
                 ax.errorbar(by_k.index * shift, by_k["mean"],
                             yerr=spread if (by_k["max"] > by_k["min"]).any() else None,
                             color=st.colour, marker=st.marker, linestyle=st.linestyle, ms=5,
+                            markerfacecolor=st.face,
                             capsize=2, alpha=0.85, label=_line_label(
                                 {"policy": s.policy, "overlap": s.overlap, "hardware": s.hardware}))
             _k_axis(ax, ks)
@@ -286,7 +297,8 @@ def _k_figure(ctx: dict, series: list[tuple[Series, pd.DataFrame]],
         groups.append([(Line2D([], [], color="0.35", marker=markers[g], ls="none"),
                         human("hardware", g)) for g in gpus])
     if any(s.overlap for s, _ in series):
-        groups.append([(Line2D([], [], color="0.35", ls=OVERLAP_STYLES[o]),
+        groups.append([(Line2D([], [], color="0.35", ls=OVERLAP_STYLES[o], marker=policy_marker
+                               or "o", markerfacecolor=_face("0.35", o)),
                         "overlap on" if o else "overlap off")
                        for o in sorted({s.overlap for s, _ in series})])
     _legend(fig, groups, note)
@@ -356,9 +368,11 @@ def rates_figures(df: pd.DataFrame) -> list[tuple[str, Figure]]:
                 y = by_rate[metric].agg(["mean", "min", "max"])
                 ax.errorbar(x, y["mean"], yerr=[y["mean"] - y["min"], y["max"] - y["mean"]],
                             color=colours[str(pol)], marker=marker, ms=5, capsize=2, alpha=0.85,
-                            linestyle=OVERLAP_STYLES[bool(ov)], label=label)
+                            linestyle=OVERLAP_STYLES[bool(ov)], label=label,
+                            markerfacecolor=_face(colours[str(pol)], bool(ov)))
             entries.append((Line2D([], [], color=colours[str(pol)], marker=marker,
-                                   ls=OVERLAP_STYLES[bool(ov)]), label))
+                                   ls=OVERLAP_STYLES[bool(ov)],
+                                   markerfacecolor=_face(colours[str(pol)], bool(ov))), label))
         for ax, metric in zip(axes, ("median_ttft_ms", "median_tpot_ms"), strict=True):
             name, unit = metric_label(metric)
             ax.set(xlabel="achieved request throughput (req/s)", ylabel=with_unit(name, unit))

@@ -71,7 +71,8 @@ def series_of(fig) -> list[tuple]:
         for c in ax.containers:
             line = c.lines[0]
             out.append((c.get_label(), to_rgba(line.get_color()), line.get_linestyle(),
-                        line.get_marker(), tuple(line.get_xdata()), ax))
+                        line.get_marker(), tuple(line.get_xdata()), ax,
+                        to_rgba(line.get_markerfacecolor())))
     return out
 
 
@@ -99,6 +100,8 @@ def test_every_series_of_a_k_figure_has_its_own_look_and_is_seen():
         for label, (colour, style, _marker) in labels.items():
             by_policy.setdefault(label.split(" ")[0].rstrip(","), set()).add(colour)
             assert style == ("--" if "+ overlap" in label else "-"), label
+        for s in series:  # overlap on: open markers, so a point drawn alone still says so
+            assert s[6] == (to_rgba("white") if "+ overlap" in s[0] else s[1]), s[0]
         assert all(len(c) == 1 for c in by_policy.values()) and len(by_policy) == 3
         # equal values (cp1 and cp2 at k=1) are drawn side by side, not on top of each other
         for ax in fig.axes:
@@ -269,3 +272,11 @@ def test_overlap_on_and_off_are_two_series_without_a_gpu_column():
     (_, fig), _ = plot.steps_figures(pd.DataFrame(rows))
     series = {s[0]: s[2] for s in series_of(fig)}
     assert series == {"multi-step": "-", "multi-step + overlap": "--"}
+
+
+def test_drawing_a_table_twice_gives_the_same_files(tmp_path):
+    first = plot.plot_steps(real_table(), tmp_path / "a")
+    second = plot.plot_steps(real_table(), tmp_path / "b")
+    assert {p.suffix for p in first} == {".png", ".svg"}
+    for a, b in zip(first, second, strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name
