@@ -1,7 +1,8 @@
-"""The real backend's wall-clock serving loop: release requests as the benchmark client sends them
-(policies.client), run each scheduler window on the device, hand every step's tokens to the
-scheduler with their delivery times (with overlap scheduling, the next window launched before
-the last one's tokens are collected)."""
+"""The real backend's wall-clock serving loop: release requests as their source hands them over
+(an offline run's benchmark client, or the HTTP server's inbox: real_backend/request_source.py),
+run each scheduler window on the device, hand every step's tokens to the scheduler with their
+delivery times (with overlap scheduling, the next window launched before the last one's tokens
+are collected) and back to the source."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import dataclasses
 import gc
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableSequence
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
@@ -20,11 +21,13 @@ from tqdm import tqdm
 
 from policies.batch import Batch
 from policies.client import PROGRESS_BAR_FORMAT, Client
+from policies.late_schedule import LateSchedule
 from policies.model_spec import ModelSpec
 from policies.request import Request
 from policies.scheduler import Scheduler
 from real_backend.config import BackendConfig
 from real_backend.kv_cache import GB, block_bytes, check_weights_fit, profile_num_blocks
+from real_backend.request_source import ClientSource, RequestSource
 from real_backend.runner import LaunchedWindow, ModelRunner, WindowResult
 from real_backend.weights import load_hf_model, random_model
 
@@ -182,7 +185,8 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
                bar_format=PROGRESS_BAR_FORMAT)
     replays_before = runner.prefill_graph_replays  # the warm-up's are not the run's
     pieces_before = runner.piecewise_replays
-    _serve_frozen(Client(requests, max_concurrency), sched, runner, clock, steps, bar)
+    serve_source(ClientSource(Client(requests, max_concurrency), bar), sched, runner, clock,
+                 steps)
     duration = clock()
     bar.close()
     stats = {**dataclasses.asdict(sched.stats), "setup_s": setup_s,
@@ -220,90 +224,84 @@ def serve_on(runner: ModelRunner, sched: Scheduler, requests: list[Request], see
         clock.t0 += perf_counter() - t  # the observer's time is taken off the loop's clock
 
     try:
-        _serve_frozen(Client(requests), sched, runner, clock, steps, tqdm(disable=True),
-                      observed if on_window else None)
+        serve_source(ClientSource(Client(requests), tqdm(disable=True)), sched, runner, clock,
+                     steps, observed if on_window else None)
     finally:
         runner.clock = saved
     return steps
 
 
-def _serve_frozen(client: Client, sched: Scheduler, runner: ModelRunner, clock: Clock,
-                  steps: list[dict[str, Any]], bar: tqdm,
-                  on_window: OnWindow | None = None) -> None:
-    """``_serve`` from t = 0 with everything built so far (model, graphs, requests) frozen out of
-    the collector's scans: it lives for the whole run, and a collection during a launch-bound
-    step then stays short."""
+def serve_source(source: RequestSource, sched: Scheduler, runner: ModelRunner, clock: Clock,
+                 steps: MutableSequence[dict[str, Any]],
+                 on_window: OnWindow | None = None) -> None:
+    """Serve what ``source`` hands over until it closes and nothing is left (offline runs, the
+    calibration and the HTTP server alike), from t = 0, with everything built so far (model,
+    graphs, requests) frozen out of the collector's scans: it lives for the whole run, and a
+    collection during a launch-bound step then stays short."""
     gc.collect()
     gc.freeze()
     clock.start()
     try:
         serve = _serve_overlap if sched.overlap else _serve
-        serve(client, sched, runner, clock, steps, bar, on_window)
+        serve(source, sched, runner, clock, steps, on_window)
     finally:
         gc.unfreeze()
 
 
-def _serve(client: Client, sched: Scheduler, runner: ModelRunner, clock: Clock,
-           steps: list[dict[str, Any]], bar: tqdm, on_window: OnWindow | None = None) -> None:
+def _serve(source: RequestSource, sched: Scheduler, runner: ModelRunner, clock: Clock,
+           steps: MutableSequence[dict[str, Any]], on_window: OnWindow | None = None) -> None:
     """The main loop: release arrivals, schedule a window, run it, hand its tokens back."""
-    while client.num_unsent or sched.has_unfinished:
-        for req in client.send_due(clock()):
-            sched.add_request(req)
+    while source.open or sched.has_unfinished:
+        source.release(sched, clock())
         t = clock()
         batch = sched.schedule(t)
         schedule_s = clock() - t
         if batch is None:
-            _wait_for_send(client, sched, clock)
+            source.wait(sched, clock)
             continue
         out = runner.run_window(batch)
         if on_window is not None:
             on_window(batch, out, clock() - t - schedule_s)
         t_update = clock()
-        _finished(client, bar, sched.update(batch, out.step_times, out.sampled))
+        source.delivered(batch, sched.update(batch, out.step_times, out.sampled))
         steps.append(_window_row(batch, out, t, schedule_s, clock() - t_update))
 
 
-def _serve_overlap(client: Client, sched: Scheduler, runner: ModelRunner, clock: Clock,
-                   steps: list[dict[str, Any]], bar: tqdm,
+def _serve_overlap(source: RequestSource, sched: Scheduler, runner: ModelRunner, clock: Clock,
+                   steps: MutableSequence[dict[str, Any]],
                    on_window: OnWindow | None = None) -> None:
     """The overlap loop: schedule window n+1 and launch it, only then wait for window n's ids
-    and update() it, so the CPU's work hides behind window n+1's GPU time."""
+    and update() it, so the CPU's work hides behind window n+1's GPU time (formed late when
+    the scheduler defers: policies/late_schedule.py)."""
     last: tuple[Batch, LaunchedWindow, float, float, float] | None = None
-    while client.num_unsent or sched.has_unfinished or last is not None:
-        for req in client.send_due(clock()):
-            sched.add_request(req)
+    late, gpu_start = LateSchedule(), 0.0  # gpu_start: when the window in flight began
+    while source.open or sched.has_unfinished or last is not None:
+        if last is not None and sched.defers_schedule():
+            at = late.schedule_at(last[0], gpu_start)
+            if at is not None and at > clock():
+                time.sleep(at - clock())
+        source.release(sched, clock())
         t = clock()
         batch = sched.schedule(t)
         schedule_s = clock() - t
         launched = runner.launch_window(batch, overlap=True) if batch is not None else None
         launch_wall = clock() - t - schedule_s
+        late.observe_form(schedule_s + launch_wall)
+        gpu_start = clock()  # the window just launched starts now, or when the last one ends
         if last is not None:
             prev, handle, t_prev, schedule_prev, wall_prev = last
             t_finish = clock()
             out = runner.finish_window(handle)
+            late.observe_window(prev, sum(out.gpu_step_s))
+            gpu_start = max(gpu_start, out.step_times[-1])
             if on_window is not None:
                 on_window(prev, out, wall_prev + clock() - t_finish)
             t_update = clock()
-            _finished(client, bar, sched.update(prev, out.step_times, out.sampled))
+            source.delivered(prev, sched.update(prev, out.step_times, out.sampled))
             steps.append(_window_row(prev, out, t_prev, schedule_prev, clock() - t_update))
         elif launched is None:
-            _wait_for_send(client, sched, clock)
+            source.wait(sched, clock)
         last = None if launched is None else (batch, launched, t, schedule_s, launch_wall)
-
-
-def _finished(client: Client, bar: tqdm, finished: list[Request]) -> None:
-    """The client learns of each finished request at its last token's delivery time."""
-    client.finished([r.finish_time for r in finished])
-    bar.update(len(finished))
-
-
-def _wait_for_send(client: Client, sched: Scheduler, clock: Clock) -> None:
-    """Nothing to run: sleep until the client sends its next request."""
-    t = client.next_send_time()
-    if t is None:  # nothing left to send, or every slot held by a request the scheduler lost
-        raise RuntimeError(f"scheduler formed no window with {sched.num_running} running "
-                           f"and {sched.num_waiting} waiting requests")
-    time.sleep(max(0.0, t - clock()))
 
 
 def _window_row(batch: Batch, out: WindowResult, t_start: float, schedule_s: float,

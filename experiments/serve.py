@@ -1,0 +1,172 @@
+"""The Hydra app `python -m experiments.serve`: the real engine under one policy behind the
+OpenAI-compatible HTTP server (real_backend/serving), until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import hydra
+import uvicorn
+from omegaconf import DictConfig
+
+from experiments.run import CONF_DIR, known_settings, plain
+from policies import ModelSpec, SchedulerConfig, make_policy, make_scheduler
+from policies.base import check_int, check_settings
+
+SERVER_KEYS = ("host", "port")
+STEP_ROWS_KEPT = 10_000  # the newest windows' steps.csv rows, for a debugger; not written
+
+
+def check_server(cfg: Mapping[str, Any]) -> tuple[str, int]:
+    """The top-level keys (config.yaml's and ``server``) and the ``server`` section."""
+    check_settings("the config's top level", cfg, [*known_settings()[0], "server"])
+    server = plain(cfg["server"])
+    check_settings("server", server, SERVER_KEYS)
+    host = server.get("host")
+    if not isinstance(host, str) or not host:
+        raise ValueError(f"server.host must be a host name or address, got {host!r}")
+    port = check_int("server.port", server.get("port"), 0)
+    if port > 65535:
+        raise ValueError(f"server.port must be in [0, 65535], got {port}")
+    backend = plain(cfg["backend"])
+    if backend.get("name") != "real":
+        raise ValueError(f"experiments.serve serves the real engine: backend must be real, got "
+                         f"{backend.get('name')!r}")
+    return host, port
+
+
+class Server:
+    """The engine (weights, KV cache, scheduler) and its HTTP front end, built from a config.
+
+    The engine loop runs in a thread of its own over the Inbox; uvicorn's event loop runs the
+    front end in the main thread. Neither waits on the other (real_backend/serving/inbox.py).
+    """
+
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        import torch
+
+        from real_backend.config import BackendConfig
+        from real_backend.engine import Clock, build_runner
+        from real_backend.serving.app import ServedModel, build_app
+        from real_backend.serving.inbox import Inbox
+        from real_backend.serving.metrics import ServerMetrics
+        from real_backend.serving.tokenizer import Tokenizer
+
+        self.host, self.port = check_server(cfg)
+        model = ModelSpec.from_dict(plain(cfg["model"]))
+        policy_cfg = plain(cfg["policy"])
+        policy_name = policy_cfg.pop("name")
+        policy = make_policy(policy_name, **policy_cfg)  # fail fast on bad settings
+        sched_cfg = SchedulerConfig.from_dict(plain(cfg["scheduler"]))
+        backend = BackendConfig.from_mapping({k: v for k, v in plain(cfg["backend"]).items()
+                                              if k != "name"})
+        tokenizer = Tokenizer(model.tokenizer, model.vocab_size)
+
+        def new_scheduler(num_blocks: int):
+            return make_scheduler(policy_name, policy_cfg, sched_cfg, num_blocks,
+                                  model.max_model_len)
+
+        probe = new_scheduler(1)
+        if probe.overlap and not backend.async_output:
+            raise ValueError("policy.overlap needs backend.async_output=true: a window's ids are "
+                             "collected while the next window runs")
+        self.clock = Clock()  # delivery times and arrival times on one clock
+        self.runner = build_runner(model, backend, probe, self.clock)
+        self.sched = new_scheduler(self.runner.kv_cache.num_blocks)
+        self.metrics = ServerMetrics({
+            "model": model.name, "policy": policy_name,
+            "k": str(getattr(policy, "num_steps", 1)), "overlap": str(probe.overlap).lower(),
+            "num_blocks": str(self.runner.kv_cache.num_blocks),
+            "block_size": str(self.runner.block_size), "device": str(self.runner.device),
+            "device_name": (torch.cuda.get_device_name(self.runner.device) if self.runner.cuda
+                            else "cpu")})
+        self.inbox = Inbox(self.sched, self.metrics)
+        served = ServedModel(model.name, model.max_model_len, model.vocab_size, backend.sampling)
+        self.app = build_app(served, tokenizer, self.inbox, self.metrics)
+        self.engine_error: str | None = None
+        settings = ", ".join(f"{k}={v}" for k, v in policy.describe().items() if k != "name")
+        self.banner = (f"{model.name} under {policy_name} ({settings}) with "
+                       f"{self.runner.kv_cache.num_blocks} KV blocks on {self.runner.device}")
+
+    def _engine(self) -> None:
+        import torch
+
+        from real_backend.engine import serve_source
+
+        if self.runner.cuda:
+            torch.cuda.set_device(self.runner.device)  # per thread
+        try:
+            serve_source(self.inbox, self.sched, self.runner, self.clock,
+                         deque(maxlen=STEP_ROWS_KEPT))
+        except BaseException as err:  # the loop is gone: say why, fail every request, stop
+            self.engine_error = f"{type(err).__name__}: {err}"
+            traceback.print_exc()
+            self.inbox.fail(f"the engine stopped: {self.engine_error}")
+            self.uvicorn.should_exit = True
+
+    def run(self) -> int:
+        """Serve until SIGINT or SIGTERM; 0 after a clean shutdown, 1 if the engine failed."""
+        config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
+                                timeout_graceful_shutdown=10, lifespan="off")
+        self.uvicorn = _Uvicorn(config, on_exit=self.inbox.close)
+        engine = threading.Thread(target=self._engine, name="engine", daemon=True)
+        engine.start()
+        print(f"serving {self.banner} on http://{self.host}:{self.port}", flush=True)
+        self.uvicorn.run()
+        self.inbox.close()
+        engine.join(timeout=30)
+        if engine.is_alive():
+            print("error: the engine loop did not stop within 30 s", file=sys.stderr)
+            return 1
+        return 1 if self.engine_error else 0
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server with SIGINT and SIGTERM as a clean shutdown that exits 0: the inbox
+    closes first (requests in flight end with finish_reason "abort"), then uvicorn stops.
+    (uvicorn itself would raise the signal again once stopped, killing the process with it.)"""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_exit = on_exit
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        old = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.on_exit()
+        super().handle_exit(sig, frame)
+
+
+@hydra.main(version_base=None, config_path=CONF_DIR, config_name="serve")
+def _app(cfg: DictConfig) -> None:
+    try:
+        server = Server(cfg)
+    except (ValueError, OSError) as err:  # bad settings or input: one line, no traceback
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except TypeError as err:
+        print(f"error: a setting has the wrong type: {err}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(server.run())
+
+
+def main() -> None:
+    _app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""The server's Prometheus metrics: queue lengths, KV usage, TTFT and TPOT histograms, windows,
+preemptions and aborts, in a registry of the server's own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+
+from policies.request import Request
+from policies.scheduler import Scheduler
+
+# Seconds; vLLM's buckets for the same histograms.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0)
+
+
+class ServerMetrics:
+    """Written by the engine thread (prometheus_client's metrics are thread-safe), read by
+    the front end's GET /metrics."""
+
+    def __init__(self, info: dict[str, str]) -> None:
+        self.registry = r = CollectorRegistry()
+        Info("schedlab_engine", "what the server runs: model, policy, window steps, KV blocks",
+             registry=r).info(info)
+        self.running = Gauge("schedlab_num_requests_running", "requests running", registry=r)
+        self.waiting = Gauge("schedlab_num_requests_waiting", "requests waiting", registry=r)
+        self.kv_usage = Gauge("schedlab_kv_cache_usage_ratio", "fraction of KV blocks in use",
+                              registry=r)
+        self.free_blocks = Gauge("schedlab_kv_cache_free_blocks", "free KV blocks", registry=r)
+        self.ttft = Histogram("schedlab_time_to_first_token_seconds", "TTFT of finished requests",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram("schedlab_time_per_output_token_seconds",
+                              "TPOT of finished requests with 2 or more tokens",
+                              buckets=TPOT_BUCKETS, registry=r)
+        self.windows = Counter("schedlab_windows", "scheduler windows run", registry=r)
+        self.steps = Counter("schedlab_steps", "GPU steps run over all windows", registry=r)
+        self.preemptions = Counter("schedlab_preemptions", "recompute preemptions", registry=r)
+        self.finished = Counter("schedlab_requests_finished", "requests finished", registry=r)
+        self.aborted = Counter("schedlab_requests_aborted",
+                               "requests aborted (client gone, or shutdown)", registry=r)
+        self._preemptions_seen = 0
+
+    def sample(self, sched: Scheduler) -> None:
+        """The scheduler's queues and cache now; its counters since the last sample."""
+        bm = sched.block_manager
+        self.running.set(sched.num_running + len(sched.finishing))
+        self.waiting.set(sched.num_waiting)
+        self.free_blocks.set(bm.num_free_blocks)
+        self.kv_usage.set(1.0 - bm.num_free_blocks / bm.num_blocks)
+        n = sched.stats.num_preemptions
+        self.preemptions.inc(n - self._preemptions_seen)
+        self._preemptions_seen = n
+
+    def window(self, num_steps: int) -> None:
+        self.windows.inc()
+        self.steps.inc(num_steps)
+
+    def request_done(self, req: Request) -> None:
+        times = req.token_times
+        self.finished.inc()
+        if times:
+            self.ttft.observe(times[0] - req.arrival_time)
+        if len(times) > 1:
+            self.tpot.observe((times[-1] - times[0]) / (len(times) - 1))
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)

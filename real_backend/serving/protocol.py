@@ -1,0 +1,156 @@
+"""The OpenAI API's request bodies (completions, chat completions) as checked models, and its
+error and response shapes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from real_backend.sampling import SamplingParams
+
+
+class APIError(Exception):
+    """A request the server refuses: the HTTP status and OpenAI's error fields."""
+
+    def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error",
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.status, self.kind, self.param = message, status, kind, param
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.status}}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk (guidellm asks for it)
+
+
+class _Common(BaseModel):
+    """The fields both endpoints share. Unknown fields are refused rather than ignored, and
+    fields this engine does not implement are accepted only at their no-op values, so a
+    request is never silently served as something else."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = None  # vLLM's extension; -1: whole vocabulary
+    ignore_eos: bool = False  # vLLM's extension; benchmark clients set it
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Literal[1] = 1
+    best_of: Literal[1] | None = None
+    stop: None | Literal[""] | list[str] = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logprobs: bool | int | None = None
+    user: str | None = None
+    seed: int | None = None  # sampling draws from the server's seeded generator
+
+    def sampling_check(self, served: SamplingParams) -> None:
+        """This engine samples every request with the server's ``backend.sampling``; a request
+        asking for other settings is refused, naming the setting."""
+        for name in ("temperature", "top_p", "top_k"):
+            value = getattr(self, name)
+            if value is not None and value != getattr(served, name):
+                raise APIError(f"{name}={value}: this server samples every request with "
+                               f"backend.sampling.{name}={getattr(served, name)} (start it with "
+                               f"another backend.sampling to change it)", param=name)
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise APIError(f"{name}: not supported (0 or absent only)", param=name)
+        if self.logprobs not in (None, False):
+            raise APIError("logprobs: not supported", param="logprobs")
+        if self.stop:
+            raise APIError("stop: stop sequences are not supported", param="stop")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: Literal[False] = False
+    suffix: None = None
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt of the request (n=1, no batched prompts)."""
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            if len(p) != 1:
+                raise APIError(f"prompt: {len(p)} prompts in one request; send one",
+                               param="prompt")
+            p = p[0]
+        if not p:
+            raise APIError("prompt is empty", param="prompt")
+        return p
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant"]
+    content: str
+    name: str | None = None
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+def parse(model: type[BaseModel], body: Any) -> Any:
+    """``body`` as ``model``, or a 400 naming the first bad field."""
+    if not isinstance(body, dict):
+        raise APIError("the request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as err:
+        e = err.errors()[0]
+        where = ".".join(str(p) for p in e["loc"]) or "body"
+        raise APIError(f"{where}: {e['msg']}", param=where) from None
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_body(rid: str, model: str, chat: bool, text: str, finish: str | None,
+                    use: dict[str, int] | None, *, chunk: bool, first: bool = False
+                    ) -> dict[str, Any]:
+    """One response (``chunk=False``) or one SSE chunk of either endpoint."""
+    if chat:
+        if chunk:
+            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": finish}
+        kind = "chat.completion.chunk" if chunk else "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        kind = "text_completion"
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": model,
+            "choices": [choice], "usage": use}
+
+
+def usage_chunk(rid: str, model: str, chat: bool, use: dict[str, int]) -> dict[str, Any]:
+    """The last chunk of a stream with ``stream_options.include_usage``: no choices."""
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": model,
+            "choices": [], "usage": use}

@@ -1,0 +1,95 @@
+"""Text in and out of the served model: the Llama-3 tokenizer (quicktok), the Llama-3 chat
+template, and incremental detokenization of streamed ids."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Sequence
+from typing import Any
+
+LLAMA3_TOKENIZER = "meta-llama/Meta-Llama-3-8B"
+
+
+class Tokenizer:
+    """Encodes prompts for a model of ``vocab_size`` tokens and decodes what it samples.
+
+    Text is encoded as the Hugging Face Llama-3 tokenizer does for a completion prompt
+    (``<|begin_of_text|>`` then the text, special-token text kept as plain text), which is how
+    experiments.workload counts ShareGPT prompts, so a served prompt has the length the
+    simulator gives it. A model with a smaller vocabulary than the tokenizer's (the tiny test
+    model) sees each id folded modulo its vocabulary, as experiments.workload folds them.
+    """
+
+    def __init__(self, name: str | None, vocab_size: int) -> None:
+        from experiments.workload.sharegpt import load_tokenizer
+
+        self.enc: Any = load_tokenizer(name or LLAMA3_TOKENIZER)
+        self.vocab_size = vocab_size
+        self.name = self.enc.name
+        self.bos_id = self._special("<|begin_of_text|>")
+        self.eos_id = self._special("<|end_of_text|>")  # a completion's end
+        self.eot_id = self._special("<|eot_id|>")  # an assistant turn's end
+
+    def _special(self, text: str) -> int | None:
+        try:
+            return int(self.enc.encode_single_token(text))
+        except (KeyError, ValueError):
+            return None
+
+    def fold(self, ids: Sequence[int]) -> list[int]:
+        v = self.vocab_size
+        return [i % v for i in ids] if any(i >= v for i in ids) else list(ids)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        bos = [] if self.bos_id is None else [self.bos_id]
+        return self.fold(bos + list(self.enc.encode_ordinary(text)))
+
+    def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        """The Llama-3 Instruct chat template (tokenizer_config.json's), ending in the
+        assistant header so that the model writes the reply:
+
+            <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\\n\\n{content}<|eot_id|>
+            ... <|start_header_id|>assistant<|end_header_id|>\\n\\n
+
+        Message contents are plain text: a special token's text inside one is not a token.
+        """
+        ids = [] if self.bos_id is None else [self.bos_id]
+        enc = self.enc
+        for role, content in [*messages, ("assistant", None)]:
+            ids += [enc.encode_single_token("<|start_header_id|>"), *enc.encode_ordinary(role),
+                    enc.encode_single_token("<|end_header_id|>"), *enc.encode_ordinary("\n\n")]
+            if content is not None:
+                ids += [*enc.encode_ordinary(content.strip()),
+                        enc.encode_single_token("<|eot_id|>")]
+        return self.fold(ids)
+
+    def stop_id(self, chat: bool) -> int | None:
+        """The id that ends a reply, where the model can sample it."""
+        stop = self.eot_id if chat else self.eos_id
+        return stop if stop is not None and stop < self.vocab_size else None
+
+    def detokenizer(self, skip: int | None) -> Detokenizer:
+        return Detokenizer(self.enc, skip)
+
+
+class Detokenizer:
+    """Text of a growing list of ids, a piece at a time: the bytes of a character split over
+    two tokens come out with the second one; ``skip`` (the stop id) adds no text."""
+
+    def __init__(self, enc: Any, skip: int | None) -> None:
+        self.enc, self.skip = enc, skip
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, ids: Sequence[int], final: bool = False) -> str:
+        out = []
+        for i in ids:
+            if i == self.skip:
+                continue
+            try:
+                piece = self.enc.decode_single_token_bytes(i)
+            except KeyError:  # an id the tokenizer lacks (a model vocabulary larger than it)
+                piece = "\ufffd".encode()
+            out.append(self.utf8.decode(piece))
+        if final:
+            out.append(self.utf8.decode(b"", final=True))
+        return "".join(out)

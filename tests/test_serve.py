@@ -1,0 +1,271 @@
+"""The HTTP server (python -m experiments.serve) on the tiny CPU model, in a subprocess: SSE
+streaming with usage, non-streaming, chat, OpenAI-style 400s, a client gone mid-stream
+(its request aborted, its KV blocks freed), SIGTERM, and a short guidellm run against it."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from experiments.measured import measured_from_dir
+from real_backend.serving.tokenizer import Tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+K = 4  # multi_step's window: a stream's tokens come in bursts of K
+BLOCKS = 64  # the KV cache: 1024 tokens
+LONG = 900  # output tokens of a request that is still running when the test acts on it
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, port: int) -> None:
+        self.proc, self.url = proc, f"http://127.0.0.1:{port}"
+        self.http = httpx.Client(base_url=self.url, timeout=30)
+
+    def metrics(self) -> dict[str, float]:
+        text = self.http.get("/metrics").text
+        return {s.name: s.value for fam in text_string_to_metric_families(text)
+                for s in fam.samples}
+
+    def info(self) -> dict[str, str]:
+        text = self.http.get("/metrics").text
+        fam = next(f for f in text_string_to_metric_families(text)
+                   if f.name in ("schedlab_engine", "schedlab_engine_info"))
+        return dict(fam.samples[0].labels)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(tmp: Path, *overrides: str) -> Server:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "experiments.serve", "model=tiny", "backend.device=cpu",
+         f"backend.num_blocks={BLOCKS}", f"server.port={port}", f"hydra.run.dir={tmp}", *overrides],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = Server(proc, port)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited {proc.returncode}: {proc.stdout.read()}")
+        try:
+            if server.http.get("/health").status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("server did not come up in 60 s")
+
+
+def stop(server: Server) -> None:
+    if server.proc.poll() is None:
+        server.proc.kill()
+        server.proc.wait()
+    server.http.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    s = start(tmp_path_factory.mktemp("serve"), "policy=multi_step", f"policy.num_steps={K}")
+    yield s
+    stop(s)
+
+
+def sse(response: httpx.Response) -> list[dict | str]:
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def stream(server: Server, body: dict, path: str = "/v1/completions") -> list[dict | str]:
+    with server.http.stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        return sse(r)
+
+
+def test_stream_comes_in_k_token_bursts_with_usage(server):
+    tok = Tokenizer(None, 512)
+    prompt = "The quick brown fox jumps over the lazy dog."
+    events = stream(server, {"model": "tiny", "prompt": prompt, "max_tokens": 3 * K + 1,
+                             "ignore_eos": True, "stream_options": {"include_usage": True}})
+    assert events[-1] == "[DONE]"
+    usage = events[-2]
+    assert usage["choices"] == [] and usage["usage"] == {
+        "prompt_tokens": len(tok.encode_prompt(prompt)), "completion_tokens": 3 * K + 1,
+        "total_tokens": len(tok.encode_prompt(prompt)) + 3 * K + 1}
+    chunks = events[:-2]
+    assert all(c["object"] == "text_completion" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+    # 1 prefill token, then windows of K: at most 1 + 3 chunks, not one per token
+    assert 2 <= len(chunks) <= 4
+
+
+def test_non_streaming_from_token_ids(server):
+    r = server.http.post("/v1/completions", json={"prompt": [1, 2, 3, 4, 5], "max_tokens": 6,
+                                                  "ignore_eos": True, "temperature": 0.0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion" and isinstance(body["choices"][0]["text"], str)
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+
+
+def test_chat_uses_the_llama3_template(server):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    r = server.http.post("/v1/chat/completions", json={"model": "tiny", "messages": messages,
+                                                       "max_tokens": 5})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    expected = Tokenizer(None, 512).encode_chat([("system", "Be brief."), ("user", "Hi!")])
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert body["usage"]["prompt_tokens"] == len(expected) == 20
+    events = stream(server, {"messages": messages, "max_tokens": 5}, "/v1/chat/completions")
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "hi", "max_tokens": 5000}, "max_tokens"),  # beyond model.max_model_len 4096
+    ({"prompt": [7] * 4095, "max_tokens": 2}, "max_tokens"),
+    ({"prompt": [7] * 4096}, "prompt"),  # no room left for one output token
+    ({"prompt": [1, 512]}, "prompt"),  # outside the tiny model's vocabulary
+    ({"prompt": "hi", "model": "llama3_8b"}, "model"),
+    ({"prompt": "hi", "n": 2}, "n"),
+    ({"prompt": "hi", "temperature": 0.7}, "temperature"),  # the server samples greedily
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "hi", "stop": ["\n"]}, "stop"),
+    ({"prompt": "hi", "frobnicate": 1}, "frobnicate"),
+    ({"prompt": ["a", "b"]}, "prompt"),
+])
+def test_bad_requests_get_openai_errors(server, body, param):
+    r = server.http.post("/v1/completions", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param, err
+    assert err["message"]
+
+
+def test_not_json_and_models_and_health(server):
+    r = server.http.post("/v1/completions", content=b"{nope")
+    assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
+    models = server.http.get("/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+    assert models["data"][0]["max_model_len"] == 4096
+    assert server.http.get("/health").json() == {"status": "ok"}
+
+
+def wait_for(server: Server, cond, timeout: float = 20) -> dict[str, float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        m = server.metrics()
+        if cond(m) or time.monotonic() > deadline:
+            return m
+        time.sleep(0.1)
+
+
+def disconnect_mid_stream(server: Server) -> None:
+    """Read the first chunk of a long stream, then hang up."""
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        with client.stream("POST", "/v1/completions", json={
+                "prompt": "tell me a long story", "max_tokens": LONG, "ignore_eos": True,
+                "stream": True}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    break
+
+
+def test_client_gone_mid_stream_is_aborted_and_its_blocks_freed(server):
+    before = server.metrics()
+    disconnect_mid_stream(server)
+    m = wait_for(server, lambda m: m["schedlab_requests_aborted_total"]
+                 > before["schedlab_requests_aborted_total"] and m["schedlab_num_requests_running"] == 0)
+    assert m["schedlab_requests_aborted_total"] == before["schedlab_requests_aborted_total"] + 1
+    assert m["schedlab_num_requests_running"] == m["schedlab_num_requests_waiting"] == 0
+    assert m["schedlab_kv_cache_free_blocks"] == BLOCKS and m["schedlab_kv_cache_usage_ratio"] == 0
+    assert m["schedlab_requests_finished_total"] == before["schedlab_requests_finished_total"]
+
+
+def test_metrics_count_windows_and_latencies(server):
+    m = server.metrics()
+    info = server.info()
+    assert info["policy"] == "multi_step" and info["k"] == str(K) and info["num_blocks"] == str(BLOCKS)
+    assert m["schedlab_windows_total"] > 0 and m["schedlab_steps_total"] >= m["schedlab_windows_total"]
+    assert m["schedlab_time_to_first_token_seconds_count"] == m["schedlab_requests_finished_total"] > 0
+    assert m["schedlab_time_per_output_token_seconds_count"] > 0
+    assert "schedlab_preemptions_total" in m
+
+
+def test_guidellm_drives_the_server(server, tmp_path):
+    out = tmp_path / "client"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-m", "experiments.loadgen", "--url", server.url,
+                        "--num-prompts", "24", "--request-rate", "inf", "--out", str(out),
+                        "--fixed-output-len", "16", "--processes", "1"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["completed"] == result["num_prompts"] == 24
+    assert result["total_output_tokens"] == 24 * 16
+    assert result["request_throughput"] > 0 and result["median_ttft_ms"] > 0
+    assert (out / "guidellm.json").exists()
+    # experiments.validate --measured-dir reads it as this configuration, with its KV cache
+    (row,) = measured_from_dir(out).values()
+    assert (row["policy"], row["k"], row["request_rate"]) == ("multi_step", K, math.inf)
+    assert row["num_prompts"] == 24 and row["cache_sizes"] == [BLOCKS]
+
+
+def test_sigterm_ends_open_streams_and_exits_0(server):
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        with client.stream("POST", "/v1/completions", json={
+                "prompt": "go on", "max_tokens": LONG, "ignore_eos": True, "stream": True}) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            t0 = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            rest = [json.loads(x[6:]) if x != "data: [DONE]" else "[DONE]"
+                    for x in lines if x.startswith("data: ")]
+    assert rest[-1] == "[DONE]" and rest[-2]["choices"][0]["finish_reason"] == "abort"
+    assert server.proc.wait(timeout=15) == 0
+    assert time.monotonic() - t0 < 10
+
+
+def test_overlap_streams_per_token_and_aborts_in_flight(tmp_path):
+    s = start(tmp_path, "policy=single_step", "policy.overlap=true")
+    try:
+        events = stream(s, {"prompt": "one two three", "max_tokens": 6, "ignore_eos": True})
+        chunks = [e for e in events if e != "[DONE]" and e["choices"]]
+        assert len(chunks) == 6  # one token per chunk
+        disconnect_mid_stream(s)
+        m = wait_for(s, lambda m: m["schedlab_requests_aborted_total"] == 1
+                     and m["schedlab_num_requests_running"] == 0)
+        assert m["schedlab_requests_aborted_total"] == 1
+        assert m["schedlab_kv_cache_free_blocks"] == BLOCKS
+        r = s.http.post("/v1/completions", json={"prompt": [3, 4], "max_tokens": 4,
+                                                  "ignore_eos": True})
+        assert r.json()["usage"]["completion_tokens"] == 4  # the engine goes on serving
+        s.proc.send_signal(signal.SIGINT)
+        assert s.proc.wait(timeout=15) == 0
+    finally:
+        stop(s)
