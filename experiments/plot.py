@@ -1,4 +1,5 @@
-"""Figures from an aggregated table: req/s and latency versus k, latency versus load, sim vs real."""
+"""Figures from an aggregated table: req/s and latency versus k, latency versus load, and
+simulated versus measured."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 
@@ -30,9 +30,18 @@ from matplotlib.ticker import (  # noqa: E402
     ScalarFormatter,
 )
 
+from experiments.figure_style import (  # noqa: E402
+    MARKERS,
+    OVERLAP_STYLES,
+    Style,
+    figure_legend,
+    marker_face,
+    overlap_on,
+    policy_colours,
+    policy_order,
+)
 from experiments.files import atomic_path  # noqa: E402
 from experiments.labels import (  # noqa: E402
-    HUMAN_NAMES,
     human,
     metric_label,
     present,
@@ -42,24 +51,9 @@ from experiments.labels import (  # noqa: E402
 
 DEFAULT_TABLE = "multirun/steps_sweep/aggregate.csv"
 
-# Colours are the policy's everywhere (tab10 in this order), so figures can be read side by side.
-POLICY_COLOURS = {p: f"C{i}" for i, p in enumerate(HUMAN_NAMES["policy"])}
-EXTRA_COLOURS = ("C7", "C8", "C9", "black", "olive", "navy")  # policies not named above
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h")  # one per GPU (steps) or per k / load
-# overlap off: solid line, filled marker; on: dashed line, open marker (a point alone has no line)
-OVERLAP_STYLES = {False: "-", True: "--"}
-
-
-def _face(colour: str, overlap: bool) -> str:
-    return "white" if overlap else colour
 # Series of one panel are shifted sideways by this much (in octaves of k) one from the next, so
 # that equal values (cp1 and cp2 at k=1 are one policy) stay visible side by side.
 DODGE_OCTAVES = 0.05
-
-
-def overlap_on(value: Any) -> bool:
-    """Whether a table's overlap cell says on: a bool, numpy bool, 1 / 1.0, or CSV text."""
-    return str(value).lower() in ("true", "1", "1.0")
 
 
 def save(fig: Figure, out: Path, stem: str) -> list[Path]:
@@ -90,27 +84,6 @@ def _groups(df: pd.DataFrame, keys: list[str]) -> Iterator[tuple[dict, pd.DataFr
         yield dict(zip(keys, vals, strict=False)), sub
 
 
-def _policy_colours(policies: Iterable[str]) -> dict[str, str]:
-    """The fixed colour of each named policy; others take the extra colours in name order."""
-    colours = {p: POLICY_COLOURS[p] for p in policies if p in POLICY_COLOURS}
-    for i, p in enumerate(sorted(set(policies) - set(colours))):
-        colours[p] = EXTRA_COLOURS[i % len(EXTRA_COLOURS)]
-    return colours
-
-
-def _policy_order(policy: str) -> tuple[int, str]:
-    names = list(HUMAN_NAMES["policy"])
-    return (names.index(policy) if policy in names else len(names), policy)
-
-
-@dataclass(frozen=True)
-class Style:
-    colour: str
-    marker: str
-    linestyle: str
-    face: str  # the marker's fill
-
-
 # ---- versus k ---------------------------------------------------------------------------------
 
 def _line_label(values: dict) -> str:
@@ -137,7 +110,7 @@ def _series(sub: pd.DataFrame) -> list[tuple[Series, pd.DataFrame]]:
                      _hw=sub["hardware"].fillna("").astype(str) if "hardware" in sub else "")
     found = [(Series(str(p), bool(o), h), line)
              for (p, o, h), line in sub.groupby(["policy", "_overlap", "_hw"])]
-    return sorted(found, key=lambda s: (_policy_order(s[0].policy), s[0].overlap, s[0].hardware))
+    return sorted(found, key=lambda s: (policy_order(s[0].policy), s[0].overlap, s[0].hardware))
 
 
 def _gpu_markers(series: list[Series]) -> dict[str, str]:
@@ -148,10 +121,10 @@ def _gpu_markers(series: list[Series]) -> dict[str, str]:
 def _k_styles(series: list[Series]) -> dict[Series, Style]:
     """Colour from the policy, marker from the GPU, line style from overlap: no two series of
     a figure look alike."""
-    colours = _policy_colours({s.policy for s in series})
+    colours = policy_colours({s.policy for s in series})
     markers = _gpu_markers(series)
     return {s: Style(colours[s.policy], markers[s.hardware], OVERLAP_STYLES[s.overlap],
-                     _face(colours[s.policy], s.overlap))
+                     marker_face(colours[s.policy], s.overlap))
             for s in series}
 
 
@@ -196,28 +169,6 @@ def _context_title(what: str, ctx: dict, gpus: list[str]) -> str:
         how = f"{how} on {human('hardware', gpus[0])}".strip()
     how = ", ".join(p for p in (how, human("overhead", ctx.get("overhead"))) if p)
     return f"{what}\n{data}" + (f"; {how}" if how else "")
-
-
-def _legend(fig: Figure, groups: list[list[tuple[Any, str]]], note: str,
-            spare: Axes | None = None) -> None:
-    """The figure's one legend, a column per group (policies, GPUs, overlap), its title saying
-    what the points and bars are: in ``spare`` (an empty panel) if given, else under the
-    figure."""
-    groups = [g for g in groups if g]
-    if len(groups) == 1:  # one kind of entry: in a row, not a column
-        groups = [[entry] for entry in groups[0]]
-    rows = max(len(g) for g in groups)
-    handles, labels = [], []
-    for g in groups:
-        for handle, label in g + [(Line2D([], [], alpha=0), "")] * (rows - len(g)):
-            handles.append(handle)
-            labels.append(label)
-    style = dict(ncol=len(groups), frameon=False, title=note, title_fontsize=8, fontsize=9)
-    if spare is None:
-        fig.legend(handles, labels, loc="outside lower center", **style)
-    else:
-        spare.axis("off")
-        spare.legend(handles, labels, loc="center", **style)
 
 
 def _y_from_zero(row: Iterable[Axes]) -> None:
@@ -285,9 +236,10 @@ def _k_figure(ctx: dict, series: list[tuple[Series, pd.DataFrame]],
     shift = round((_dodge(most)[-1] - 1) * 100)
     note = repeats_note(counts, _varied(pd.concat([line for _, line in series])))
     if shift:
-        note += f"\npoints shifted sideways by up to {shift}% of k so that equal values stay visible"
-    policies = sorted({s.policy for s, _ in series}, key=_policy_order)
-    colours = _policy_colours(policies)
+        note += (f"\npoints shifted sideways by up to {shift}% of k so that equal values stay "
+                 "visible")
+    policies = sorted({s.policy for s, _ in series}, key=policy_order)
+    colours = policy_colours(policies)
     markers = _gpu_markers([s for s, _ in series])
     # with one GPU its marker is every series', so a policy drawn at one k reads in the legend
     policy_marker = markers[gpus[0]] if len(gpus) == 1 else None
@@ -298,10 +250,10 @@ def _k_figure(ctx: dict, series: list[tuple[Series, pd.DataFrame]],
                         human("hardware", g)) for g in gpus])
     if any(s.overlap for s, _ in series):
         groups.append([(Line2D([], [], color="0.35", ls=OVERLAP_STYLES[o], marker=policy_marker
-                               or "o", markerfacecolor=_face("0.35", o)),
+                               or "o", markerfacecolor=marker_face("0.35", o)),
                         "overlap on" if o else "overlap off")
                        for o in sorted({s.overlap for s, _ in series})])
-    _legend(fig, groups, note)
+    figure_legend(fig, groups, note)
     return fig
 
 
@@ -350,13 +302,13 @@ def rates_figures(df: pd.DataFrame) -> list[tuple[str, Figure]]:
         if sub["request_rate"].nunique() < 2:
             continue
         sub = sub.assign(_overlap=sub["overlap"].map(overlap_on) if "overlap" in sub else False)
-        colours = _policy_colours(set(map(str, sub["policy"])))
+        colours = policy_colours(set(map(str, sub["policy"])))
         ks = sorted(sub["k"].dropna().unique())
         fig, axes = plt.subplots(1, 2, figsize=(11, 5.2), layout="constrained")
         counts: list[int] = []
         entries = []
         lines = sorted(sub.groupby(["policy", "k", "_overlap"], dropna=False),
-                       key=lambda g: (_policy_order(str(g[0][0])), str(g[0][1]), g[0][2]))
+                       key=lambda g: (policy_order(str(g[0][0])), str(g[0][1]), g[0][2]))
         for (pol, k, ov), line in lines:
             marker = MARKERS[ks.index(k) % len(MARKERS)] if k == k else "o"
             label = human("policy", pol) + (f" k={k:g}" if k == k else "")
@@ -364,15 +316,15 @@ def rates_figures(df: pd.DataFrame) -> list[tuple[str, Figure]]:
             by_rate = line.groupby("request_rate")
             counts += by_rate.size().tolist()
             x = by_rate["request_throughput"].mean()
+            colour = colours[str(pol)]
+            st = Style(colour, marker, OVERLAP_STYLES[bool(ov)], marker_face(colour, bool(ov)))
             for ax, metric in zip(axes, ("median_ttft_ms", "median_tpot_ms"), strict=True):
                 y = by_rate[metric].agg(["mean", "min", "max"])
                 ax.errorbar(x, y["mean"], yerr=[y["mean"] - y["min"], y["max"] - y["mean"]],
-                            color=colours[str(pol)], marker=marker, ms=5, capsize=2, alpha=0.85,
-                            linestyle=OVERLAP_STYLES[bool(ov)], label=label,
-                            markerfacecolor=_face(colours[str(pol)], bool(ov)))
-            entries.append((Line2D([], [], color=colours[str(pol)], marker=marker,
-                                   ls=OVERLAP_STYLES[bool(ov)],
-                                   markerfacecolor=_face(colours[str(pol)], bool(ov))), label))
+                            color=st.colour, marker=st.marker, linestyle=st.linestyle,
+                            markerfacecolor=st.face, ms=5, capsize=2, alpha=0.85, label=label)
+            entries.append((Line2D([], [], color=st.colour, marker=st.marker, ls=st.linestyle,
+                                   markerfacecolor=st.face), label))
         for ax, metric in zip(axes, ("median_ttft_ms", "median_tpot_ms"), strict=True):
             name, unit = metric_label(metric)
             ax.set(xlabel="achieved request throughput (req/s)", ylabel=with_unit(name, unit))
@@ -416,7 +368,7 @@ def validation_figure(df: pd.DataFrame, title: str = "") -> Figure:
                      layout="constrained")
     grid = fig.add_gridspec(rows, cols)
     axes = [fig.add_subplot(grid[i // cols, i % cols]) for i in range(len(metrics))]
-    colours = _policy_colours(set(map(str, df["policy"])))
+    colours = policy_colours(set(map(str, df["policy"])))
     rate_of = df["request_rate"] if "request_rate" in df else pd.Series(math.inf, df.index)
     df = df.assign(_rate=rate_of.fillna(math.inf).astype(float))
     # offline (all at t=0) first, then the Poisson rates in order
@@ -453,7 +405,7 @@ def validation_figure(df: pd.DataFrame, title: str = "") -> Figure:
         ax.set(xlabel=with_unit("measured", unit), ylabel=with_unit("simulated", unit),
                title=name)
         ax.grid(alpha=0.3, lw=0.5)
-    policies = sorted(colours, key=_policy_order)
+    policies = sorted(colours, key=policy_order)
     groups = [[(Line2D([], [], color=colours[p], marker="o", ls="none"), human("policy", p))
                for p in policies],
               [(Line2D([], [], color="0.35", marker=markers[r], ls="none"), rate_label(r))
@@ -468,7 +420,7 @@ def validation_figure(df: pd.DataFrame, title: str = "") -> Figure:
                 "a band of time scales),\ndrawn half either way of their mean")
     else:
         note = "one run per side, so no bars"
-    _legend(fig, groups, note, fig.add_subplot(grid[rows - 1, cols - spare:]) if spare >= 2
+    figure_legend(fig, groups, note, fig.add_subplot(grid[rows - 1, cols - spare:]) if spare >= 2
             else None)
     fig.suptitle(title or "Simulator versus measurement")
     return fig
