@@ -290,6 +290,11 @@ def plot_steps(df: pd.DataFrame, out: Path) -> list[Path]:
 
 # ---- versus load ------------------------------------------------------------------------------
 
+def _k_or_0(k: float) -> float:
+    """k as a sort key: a policy without k (NaN) first."""
+    return 0.0 if k != k else float(k)
+
+
 def rates_figures(df: pd.DataFrame) -> list[tuple[str, Figure]]:
     """Throughput-latency curves: median TTFT and TPOT versus the achieved throughput, a point
     per offered request rate (its repeats as their mean, bars their range), a series per
@@ -308,7 +313,7 @@ def rates_figures(df: pd.DataFrame) -> list[tuple[str, Figure]]:
         counts: list[int] = []
         entries = []
         lines = sorted(sub.groupby(["policy", "k", "_overlap"], dropna=False),
-                       key=lambda g: (policy_order(str(g[0][0])), str(g[0][1]), g[0][2]))
+                       key=lambda g: (policy_order(str(g[0][0])), _k_or_0(g[0][1]), g[0][2]))
         for (pol, k, ov), line in lines:
             marker = MARKERS[ks.index(k) % len(MARKERS)] if k == k else "o"
             label = human("policy", pol) + (f" k={k:g}" if k == k else "")

@@ -280,3 +280,12 @@ def test_drawing_a_table_twice_gives_the_same_files(tmp_path):
     assert {p.suffix for p in first} == {".png", ".svg"}
     for a, b in zip(first, second, strict=True):
         assert a.read_bytes() == b.read_bytes(), a.name
+
+
+def test_rates_legend_lists_k_in_numeric_order():
+    rows = [{"backend": "sim", "model": "llama3_8b", "hardware": "h200", "workload": "sharegpt",
+             "policy": "multi_step", "k": k, "request_rate": r, "request_throughput": r,
+             "median_ttft_ms": 1.0, "median_tpot_ms": 1.0} for k in (1, 16, 2) for r in (10.0, 20.0)]
+    (_, fig), = plot.rates_figures(pd.DataFrame(rows))
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "multi-step k=1", "multi-step k=2", "multi-step k=16"]
