@@ -56,6 +56,11 @@ class StepOutputs:
         if not self.async_output:
             self.drain()
 
+    @property
+    def pending(self) -> bool:
+        """Whether a step's ids are not pythonized yet."""
+        return bool(self._pending)
+
     def poll(self) -> None:
         while self._pending and self._pending[0][2].query():
             step, host, _ = self._pending.popleft()

@@ -308,10 +308,10 @@ class ModelRunner:
         t0 = perf_counter()
         plan = self._plan(batch, overlap)
         prepare_s = perf_counter() - t0
-        outputs = self.outputs
+        outputs, older = self.outputs, None
         if overlap:
             self._overlap_outputs.reverse()
-            outputs = self._overlap_outputs[0]
+            outputs, older = self._overlap_outputs
         outputs.start(batch.num_steps, max(len(plan.step_rows[0]), 1))
         timers = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(batch.num_steps)] if self.cuda else []
@@ -330,7 +330,11 @@ class ModelRunner:
             if j == 0:
                 launch_s = perf_counter() - t_launch
             outputs.push(j, sampled)
-            outputs.poll()
+            # a step pythonized before the window in flight is drained would get an earlier
+            # delivery time than that window's tokens (a launch-bound mixed step can be done
+            # by now); its ids wait for finish_window instead
+            if older is None or not older.pending:
+                outputs.poll()
         return LaunchedWindow(batch, plan, outputs, timers, prepare_s, launch_s)
 
     def finish_window(self, w: LaunchedWindow) -> WindowResult:

@@ -147,3 +147,14 @@ def test_gpu_overlap_with_graphs_equals_plain(policy, params, budget) -> None:
                 dtype="float32")
     assert res.stats["cuda_graph_sizes"] and res.token_ids == plain.token_ids
     assert all(r["gpu_s"] > 0 for r in res.steps)
+
+
+def test_overlap_late_schedule_with_arrivals_keeps_greedy_ids(reference) -> None:
+    """Requests arriving while windows run: the late schedule (the engine sleeping until just
+    before the window in flight ends, then forming the next) changes no request's ids."""
+    requests = make_requests()
+    for i, req in enumerate(requests):
+        req.arrival_time = 0.02 * i
+    got = serve(requests, "single_step", {"overlap_late_schedule": True}, None,
+                overlap=True).token_ids
+    assert got == reference
