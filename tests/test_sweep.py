@@ -20,8 +20,8 @@ def run(*args: str) -> subprocess.CompletedProcess:
 def test_steps_sweep_aggregates_skips_and_plots(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", "experiments.run", "-m", "+experiment=steps_sweep", f"hydra.sweep.dir={sweep}",
-            "policy=multi_step,cp2", "policy.num_steps=1,4", "hardware=h200",
-            "workload.num_prompts=60", "hydra.launcher.n_jobs=1"]
+            "policy=multi_step,cp2", "policy.num_steps=1,4", "policy.overlap=false",
+            "hardware=h200", "workload.num_prompts=60", "hydra.launcher.n_jobs=1"]
     p = run(*args)
     assert p.returncode == 0, p.stderr[-2000:]
     df = pd.read_csv(sweep / "aggregate.csv")
@@ -205,24 +205,9 @@ def test_simulated_repeats_average_runs_over_time_scales(tmp_path):
     assert all(math.isfinite(v) for v in got["spread"].values())
 
 
-def test_overlap_runs_are_series_of_their_own(tmp_path):
-    """A sweep over policy.overlap draws overlap on and off as two series (not averaged into
-    one), labelled '+ overlap', and the aggregate row says which run had it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from experiments import plot
-
-    rows = [{"backend": "sim", "model": "llama3_8b", "hardware": "h200", "workload": "sharegpt",
-             "request_rate": float("inf"), "policy": "multi_step", "k": k, "overlap": ov,
-             "request_throughput": 10.0 * k + (5 if ov else 0), "median_ttft_ms": 1.0,
-             "median_tpot_ms": 1.0} for k in (1, 2, 4) for ov in (False, True)]
-    df = pd.DataFrame(rows)
-    assert plot._line_key(df) == ["policy", "overlap"]
-    made = plot.plot_steps(df, tmp_path)
-    assert made
-    fig_labels = {plot._line_label({"policy": "multi_step", "overlap": ov}) for ov in (0, 1)}
-    assert fig_labels == {"multi_step", "multi_step + overlap"}
+def test_overlap_run_says_so_in_the_aggregate(tmp_path):
+    """A run with policy.overlap=true is marked as such in its aggregate row, so figures draw
+    overlap on and off as two series (tests/test_plot.py checks the drawing)."""
     out = subprocess.run([sys.executable, "-m", "experiments.run", "policy=single_step",
                           "policy.overlap=true", "workload=synthetic", "workload.num_prompts=4",
                           "model=tiny", "hardware=cpu", "overhead=none", "progress=false",
