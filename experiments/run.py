@@ -19,6 +19,7 @@ from experiments.run_dir import CONTROL_KEYS, STAMP_KEY, config_stamp, finished
 from experiments.sweep_workers import stop_with_sweep
 from policies import ModelSpec, SchedulerConfig, make_policy, make_scheduler
 from policies.base import check_int, check_number, check_settings
+from policies.parallel import ParallelConfig
 from policies.request import Request
 
 CONF_DIR = str(conf_dir())  # one home: experiments/paths.py
@@ -159,6 +160,8 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         check_sim_settings(cfg, backend)
     results = result_settings(plain(cfg.get("metrics") or {}), plain(cfg.get("goodput") or {}))
     model = ModelSpec.from_dict(plain(cfg["model"]))
+    parallel = ParallelConfig.from_mapping(plain(cfg.get("parallel") or {}))
+    parallel.check_model(model)
     policy_cfg = plain(cfg["policy"])
     policy_name = policy_cfg.pop("name")
     policy = make_policy(policy_name, **policy_cfg)  # fail fast on bad settings
@@ -184,7 +187,8 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         from simulator.hardware import HardwareSpec
         from simulator.overhead import OverheadSpec
 
-        outcome = simulate(requests, new_scheduler, model, HardwareSpec.from_dict(plain(cfg["hardware"])),
+        hardware = HardwareSpec.from_dict(plain(cfg["hardware"]), parallel)
+        outcome = simulate(requests, new_scheduler, model, hardware,
                            OverheadSpec.from_dict(plain(cfg["overhead"])),
                            block_size=sched_cfg.block_size,
                            gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
@@ -196,7 +200,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
 
         settings = {k: v for k, v in backend.items() if k != "name"}
         outcome = run_real(requests, new_scheduler, model, settings, max_concurrency=limit,
-                           progress=progress)
+                           progress=progress, parallel=parallel)
     else:
         raise ValueError(f"backend.name must be sim or real, got {backend['name']!r}")
     wall = time.perf_counter() - wall0
@@ -221,6 +225,8 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         "k": getattr(policy, "num_steps", 1),
         "overlap": bool(getattr(policy, "overlap", False)),
         "model": model.name,
+        "tensor_parallel_size": parallel.tensor_parallel_size,
+        "pipeline_parallel_size": parallel.pipeline_parallel_size,
         "hardware": (plain(cfg["hardware"]).get("name") if backend["name"] == "sim"
                      else getattr(outcome, "stats", {}).get("device_name", backend.get("device"))),
         "overhead": plain(cfg["overhead"]).get("name") if backend["name"] == "sim" else None,

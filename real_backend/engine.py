@@ -23,6 +23,7 @@ from policies.batch import Batch
 from policies.client import PROGRESS_BAR_FORMAT, Client
 from policies.late_schedule import LateSchedule
 from policies.model_spec import ModelSpec
+from policies.parallel import ParallelConfig
 from policies.request import Request
 from policies.scheduler import Scheduler
 from real_backend.config import BackendConfig
@@ -113,7 +114,8 @@ def fill_prompt_tokens(requests: list[Request], spec: ModelSpec, seed: int) -> N
 
 def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
              model: ModelSpec, backend_cfg: Mapping[str, Any], *,
-             max_concurrency: int | None = None, progress: bool = True) -> RealResult:
+             max_concurrency: int | None = None, progress: bool = True,
+             parallel: ParallelConfig | None = None) -> RealResult:
     """Serve ``requests`` (arrival_time: seconds after the start; all 0 = offline) on the device,
     at most ``max_concurrency`` unfinished (a held-back request's arrival_time becomes its send
     time, as policies.client says).
@@ -122,6 +124,12 @@ def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
     for profiling, then with the profiled number of KV blocks for the run itself.
     """
     cfg = BackendConfig.from_mapping(backend_cfg)
+    parallel = parallel or ParallelConfig()
+    if parallel.pipeline_parallel_size > 1:
+        raise ValueError(f"parallel.pipeline_parallel_size={parallel.pipeline_parallel_size}: "
+                         "the real engine has no pipeline parallelism (1 only)")
+    if parallel.tensor_parallel_size > 1:
+        raise ValueError("parallel.tensor_parallel_size > 1 is not supported yet")
     clock = Clock()
     t_setup = perf_counter()
     probe = make_scheduler(1)

@@ -16,7 +16,7 @@ the coefficients by least squares (the two rooflines by choosing each step's bin
                                   and at least (L + 1 + L n_e) t_launch (n_e: eager attention
                                   kernels between pieces)
            + t_advance_step            (steps 2..k of a multi-step window)
-           + 2 L (t_ar + 2 (tp-1)/tp * T h d / (N * eta_ar))          TP all-reduces (tp > 1)
+           + (2L+1) (t_ar + 2 (tp-1)/tp * T h d / (N * eta_ar))       TP all-reduces (tp > 1)
            + t_ar + (tp-1)/tp * N_s V d / (N * eta_ar)                logits gather (tp > 1)
 
 with C_max the longest decoding context, S its key splits and B_seq the rate one sequence's
@@ -36,6 +36,11 @@ L layers, h hidden size, V vocabulary, d bytes per element, and per step:
              context at later steps); b_kv: KV bytes of one token on one GPU
     F_lm   = 2 N_s h V / tp,  B_lm = h V d / tp      (N_s: sequences that sample)
     N_k    = kernels_per_layer * L
+
+With tp > 1 every layer all-reduces its attention output (o_proj) and its MLP output
+(down_proj), and the vocabulary-parallel embedding one more (2L + 1 ring all-reduces of the
+T x h activations: 2 (tp-1)/tp of the bytes cross each link); the vocabulary-parallel LM
+head's logits are gathered (real_backend/parallel.py; docs/parallel.md).
 
 A pipeline stage (``pp`` > 1) costs t_step / pp plus the send of the hidden states and the
 residual to the next stage (t_p2p + 2 T h d / N). Activations are not counted as HBM
@@ -231,7 +236,7 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
     if tp > 1:
         link = hw.link_bytes_per_s * hw.allreduce_efficiency
         lat = hw.allreduce_latency_us * _US
-        t += 2 * L * (lat + 2.0 * (tp - 1) / tp * T * h * d / link)
+        t += (2 * L + 1) * (lat + 2.0 * (tp - 1) / tp * T * h * d / link)
         if n_s:
             t += lat + (tp - 1) / tp * n_s * V * d / link
     return t, min(busy, t)

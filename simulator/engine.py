@@ -159,7 +159,8 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
     schedulers = [make_scheduler(num_blocks) for _ in range(pp)]
     overlap = schedulers[0].overlap
     if overlap and pp > 1:
-        raise ValueError(f"policy.overlap with hardware.pp = {pp} is not modelled (pp = 1 only)")
+        raise ValueError(f"policy.overlap with parallel.pipeline_parallel_size = {pp} is not "
+                         "modelled (1 only)")
     order = sorted(requests, key=lambda r: r.arrival_time)
     env = simpy.Environment()
     wall = time.perf_counter()

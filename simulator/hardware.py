@@ -7,14 +7,18 @@ from typing import Any
 
 from policies.base import check_settings
 from policies.model_spec import ModelSpec
+from policies.parallel import ParallelConfig, kv_heads_per_rank
 
+# the fields set from the ``parallel`` section -> their setting there
+_PARALLEL_SETTINGS = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size"}
 _EFFICIENCIES = ("matmul_efficiency", "mem_bw_efficiency", "attn_prefill_efficiency",
                  "attn_decode_efficiency", "allreduce_efficiency")
 
 
 @dataclass(frozen=True, slots=True)
 class HardwareSpec:
-    """One GPU type and how many of them serve the model (``tp`` x ``pp``).
+    """One GPU type and how many of them serve the model (``tp`` x ``pp``: the ``parallel``
+    section's sizes, never a profile's: ``from_dict`` takes them apart from the profile).
 
     The datasheet fields say what the chip can do; the efficiencies (fractions of those peaks)
     and the fixed times (microseconds) are the coefficients of ``simulator.cost_model``. A
@@ -26,8 +30,8 @@ class HardwareSpec:
     hbm_gib: float  # device memory as the driver reports it (nvidia-smi's total)
     hbm_tbps: float  # memory bandwidth, TB/s
     nvlink_gbps: float  # GPU-to-GPU bandwidth per direction, GB/s (PCIe where there is no NVLink)
-    tp: int = 1  # tensor-parallel GPUs
-    pp: int = 1  # pipeline stages
+    tp: int = 1  # tensor-parallel GPUs (parallel.tensor_parallel_size)
+    pp: int = 1  # pipeline stages (parallel.pipeline_parallel_size)
     matmul_efficiency: float = 0.7
     mem_bw_efficiency: float = 0.8
     attn_prefill_efficiency: float = 0.45
@@ -109,9 +113,22 @@ class HardwareSpec:
                 raise ValueError(f"hardware.{name} must be >= 0, got {getattr(self, name)}")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> HardwareSpec:
-        check_settings("hardware", d, (f.name for f in fields(cls)))
-        return cls(**d)
+    def from_dict(cls, d: dict[str, Any], parallel: ParallelConfig | None = None) -> HardwareSpec:
+        """A GPU profile (conf/hardware/*.yaml) serving the model on ``parallel``'s GPUs."""
+        for old, new in _PARALLEL_SETTINGS.items():
+            if old in d:  # a profile describes one GPU; how many serve is the run's choice
+                raise ValueError(f"hardware.{old} is no longer a hardware setting: set "
+                                 f"parallel.{new} instead")
+        check_settings("hardware", d, (f.name for f in fields(cls) if f.name not in
+                                       _PARALLEL_SETTINGS))
+        parallel = parallel or ParallelConfig()
+        return cls(**d, tp=parallel.tensor_parallel_size, pp=parallel.pipeline_parallel_size)
+
+    @property
+    def profile(self) -> dict[str, Any]:
+        """The settings a profile file holds (every field but the GPU count)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in _PARALLEL_SETTINGS}
 
     @property
     def num_gpus(self) -> int:
@@ -132,20 +149,12 @@ class HardwareSpec:
 
 def check_parallelism(model: ModelSpec, hw: HardwareSpec) -> None:
     """Raise a one-line error when ``tp``/``pp`` cannot split ``model`` (vLLM's rules)."""
-    if model.num_heads % hw.tp:
-        raise ValueError(f"hardware.tp={hw.tp} must divide model.num_heads={model.num_heads} "
-                         f"of {model.name}")
-    if model.num_kv_heads % hw.tp and hw.tp % model.num_kv_heads:
-        raise ValueError(f"hardware.tp={hw.tp} must divide model.num_kv_heads="
-                         f"{model.num_kv_heads} of {model.name}, or be a multiple of it")
-    if hw.pp > model.num_layers:
-        raise ValueError(f"hardware.pp={hw.pp} exceeds model.num_layers={model.num_layers} "
-                         f"of {model.name}")
+    ParallelConfig(hw.tp, hw.pp).check_model(model)
 
 
 def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
     """KV heads each TP rank holds: split when there are enough, replicated otherwise."""
-    return max(1, model.num_kv_heads // tp)
+    return kv_heads_per_rank(model, tp)
 
 
 def layers_per_stage(model: ModelSpec, pp: int) -> int:

@@ -30,6 +30,10 @@ def kv_bytes_per_token_per_gpu(model: ModelSpec, hw: HardwareSpec) -> int:
             * model.head_dim * model.dtype_bytes)
 
 
+def _split(hw: HardwareSpec) -> str:
+    return f"parallel.tensor_parallel_size={hw.tp}, pipeline_parallel_size={hw.pp}"
+
+
 def num_gpu_blocks(model: ModelSpec, hw: HardwareSpec, *, block_size: int = 16,
                    gpu_memory_utilization: float = 0.9) -> int:
     """KV blocks one GPU holds, as vLLM sizes its cache after profiling.
@@ -49,7 +53,7 @@ def num_gpu_blocks(model: ModelSpec, hw: HardwareSpec, *, block_size: int = 16,
     blocks = int(free // (block_size * kv_bytes_per_token_per_gpu(model, hw))) if free > 0 else 0
     if blocks <= 0:
         raise ValueError(
-            f"model {model.name} does not fit on hardware {hw.name} (tp={hw.tp}, pp={hw.pp}) at "
+            f"model {model.name} does not fit on hardware {hw.name} ({_split(hw)}) at "
             f"gpu_memory_utilization={gpu_memory_utilization}: weights take "
             f"{weights / _GIB:.1f} GiB and activations {hw.activation_reserve_gib:.1f} GiB of "
             f"the {budget / _GIB:.1f} GiB allowed per GPU, leaving nothing for the KV cache")
@@ -68,7 +72,7 @@ def blocks_per_engine(model: ModelSpec, hw: HardwareSpec, *, block_size: int = 1
                             gpu_memory_utilization=gpu_memory_utilization) // hw.pp
     if blocks * block_size < max_len:
         raise ValueError(
-            f"model {model.name} on hardware {hw.name} (tp={hw.tp}, pp={hw.pp}) at "
+            f"model {model.name} on hardware {hw.name} ({_split(hw)}) at "
             f"gpu_memory_utilization={gpu_memory_utilization} has KV room for "
             f"{blocks * block_size} tokens per engine, less than one max_model_len={max_len} "
             "request; raise gpu_memory_utilization, add GPUs or lower max_model_len")

@@ -504,7 +504,7 @@ def op_step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
         h, V, d = model.hidden_size, model.vocab_size, model.dtype_bytes
         link = hw.link_bytes_per_s * hw.allreduce_efficiency
         lat = hw.allreduce_latency_us * _US
-        t += 2 * L * (lat + 2.0 * (tp - 1) / tp * tokens * h * d / link)
+        t += (2 * L + 1) * (lat + 2.0 * (tp - 1) / tp * tokens * h * d / link)
         if shape.num_sampled:
             t += lat + (tp - 1) / tp * shape.num_sampled * V * d / link
     return t, min(k.compute * hw.op_kernel_factor * _US, t)

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from policies import Batch, ModelSpec, Request, ScheduledSeq
+from policies.parallel import ParallelConfig
 from policies.step_sizes import (
     decode_graph_size,
     decode_graph_sizes,
@@ -77,8 +78,10 @@ def test_every_overhead_profile_loads(path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"tp": 0}, "hardware.tp must be an integer >= 1, got 0"),
-    ({"pp": 1.5}, "hardware.pp must be an integer >= 1, got 1.5"),
+    ({"tp": 2}, "hardware.tp is no longer a hardware setting: set "
+                "parallel.tensor_parallel_size instead"),
+    ({"pp": 1}, "hardware.pp is no longer a hardware setting: set "
+                "parallel.pipeline_parallel_size instead"),
     ({"matmul_efficiency": 1.5}, "hardware.matmul_efficiency must be in (0, 1], got 1.5"),
     ({"hbm_tbps": 0}, "hardware.hbm_tbps must be > 0, got 0"),
     ({"kernel_launch_us": -1}, "hardware.kernel_launch_us must be >= 0, got -1"),
@@ -87,6 +90,19 @@ def test_every_overhead_profile_loads(path):
 def test_bad_hardware_settings_are_one_line_errors(change, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         HardwareSpec.from_dict({**load("hardware", "h100_sxm"), **change})
+
+
+def test_the_parallel_section_sets_the_gpu_count_and_is_checked():
+    hw = HardwareSpec.from_dict(load("hardware", "h100_sxm"), ParallelConfig(2, 3))
+    assert (hw.tp, hw.pp, hw.num_gpus) == (2, 3, 6)
+    assert "tp" not in hw.profile and hw.profile["name"] == "h100_sxm"
+    for bad, message in (({"tensor_parallel_size": 0}, "parallel.tensor_parallel_size must be an "
+                          "integer >= 1, got 0"),
+                         ({"pipeline_parallel_size": 1.5}, "parallel.pipeline_parallel_size must "
+                          "be an integer >= 1, got 1.5"),
+                         ({"tp": 2}, "parallel has no setting 'tp'")):
+        with pytest.raises(ValueError, match=message):
+            ParallelConfig.from_mapping(bad)
 
 
 def test_bad_overhead_settings_are_one_line_errors():
@@ -365,7 +381,9 @@ def test_more_memory_more_blocks_and_tp_more_than_doubles_them():
 
 def test_a_model_that_does_not_fit_is_a_clear_error():
     with pytest.raises(ValueError, match=r"model llama3_70b does not fit on hardware h100_sxm "
-                                         r"\(tp=1, pp=1\) at gpu_memory_utilization=0.9"):
+                                         r"\(parallel.tensor_parallel_size=1, "
+                                         r"pipeline_parallel_size=1\) at "
+                                         r"gpu_memory_utilization=0.9"):
         num_gpu_blocks(model("llama3_70b"), hardware())
     assert num_gpu_blocks(model("llama3_70b"), hardware(tp=4)) > 0
 
@@ -379,8 +397,9 @@ def test_a_cache_smaller_than_one_max_length_request_is_a_clear_error():
                              max_model_len=2048) > 0
 
 
-@pytest.mark.parametrize("tp, message", [(3, "hardware.tp=3 must divide model.num_heads=32"),
-                                         (6, "hardware.tp=6 must divide model.num_heads=32")])
+@pytest.mark.parametrize("tp, message", [
+    (3, "parallel.tensor_parallel_size=3 must divide model.num_heads=32"),
+    (6, "parallel.tensor_parallel_size=6 must divide model.num_heads=32")])
 def test_impossible_parallelism_is_a_clear_error(tp, message):
     with pytest.raises(ValueError, match=message):
         num_gpu_blocks(model(), hardware(tp=tp))

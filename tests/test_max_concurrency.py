@@ -12,6 +12,7 @@ import yaml
 
 from policies import ModelSpec, Request, SchedulerConfig, make_scheduler
 from policies.client import Client
+from policies.parallel import ParallelConfig
 from simulator import OverheadSpec, simulate
 from simulator.hardware import HardwareSpec
 
@@ -150,7 +151,8 @@ def test_sim_limit_with_async_output_pipeline_and_stream_per_step():
                  MODEL, H100, v06, max_concurrency=5, progress=False, **kw)
         assert max_in_flight(requests) == 5
     requests = workload(60)
-    h200_pp2 = HardwareSpec.from_dict({**load("hardware", "h200"), "pp": 2})
+    h200_pp2 = HardwareSpec.from_dict(load("hardware", "h200"),
+                                      ParallelConfig(pipeline_parallel_size=2))
     simulate(requests, lambda n: make_scheduler("single_step", {}, SchedulerConfig(), n,
                                                 MODEL.max_model_len),
              MODEL, h200_pp2, V05, max_concurrency=3, progress=False)

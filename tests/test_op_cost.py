@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from policies import ModelSpec
+from policies.parallel import ParallelConfig
 from simulator.cost_model import StepShape, step_cost, step_time
 from simulator.hardware import HardwareSpec
 from simulator.op_cost import (
@@ -35,11 +36,13 @@ def model(name: str) -> ModelSpec:
     return ModelSpec.from_dict(yaml.safe_load((CONF / "model" / f"{name}.yaml").read_text()))
 
 
-def ops_hw(**kw) -> HardwareSpec:
-    """h200_ops at unit served-vs-isolated factors (the tables' own times) unless ``kw`` says."""
+def ops_hw(tp: int = 1, **kw) -> HardwareSpec:
+    """h200_ops at unit served-vs-isolated factors (the tables' own times) unless ``kw`` says,
+    on ``tp`` tensor-parallel GPUs."""
     return HardwareSpec.from_dict({**yaml.safe_load((CONF / "hardware" / "h200_ops.yaml")
                                                     .read_text()), "op_kernel_factor": 1.0,
-                                   "op_compute_factor": 1.0, **kw})
+                                   "op_compute_factor": 1.0, **kw},
+                                  ParallelConfig(tensor_parallel_size=tp))
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +227,7 @@ def test_tp_adds_the_all_reduces():
     assert two < one  # half the weights each
     hw2 = ops_hw(tp=2)
     link = hw2.link_bytes_per_s * hw2.allreduce_efficiency
-    ar = 2 * spec.num_layers * (hw2.allreduce_latency_us * 1e-6
+    ar = (2 * spec.num_layers + 1) * (hw2.allreduce_latency_us * 1e-6
                                 + 256 * spec.hidden_size * 2 / link)
     assert two > ar
 

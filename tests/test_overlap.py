@@ -444,7 +444,8 @@ def test_sim_overlap_off_is_unchanged_and_overlap_is_refused_with_pipeline_stage
     b = simulate_policy("multi_step", synthetic(50), HAND, overlap=False, num_steps=4)
     assert a.duration == b.duration
     pp2 = dataclasses.replace(H100, pp=2)
-    with pytest.raises(ValueError, match="policy.overlap with hardware.pp = 2 is not modelled"):
+    with pytest.raises(ValueError, match="policy.overlap with parallel.pipeline_parallel_size = 2 is "
+                                         "not modelled"):
         simulate_policy("single_step", synthetic(4), HAND, overlap=True, hw=pp2)
 
 
