@@ -433,7 +433,7 @@ def validate(args: argparse.Namespace, argv: list[str]) -> pd.DataFrame:
 
     try:
         write_table(df, out, command)
-        plot_validation(df, out, title=f"Simulator vs measurement: {args.model}, {args.hardware}")
+        plot_validation(df, out, model=args.model, hardware=args.hardware)
     except OSError as err:
         raise InputError(f"--out {out}: cannot write {err.filename or 'the table'}: "
                          f"{err.strerror or err}") from None
