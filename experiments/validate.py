@@ -166,6 +166,20 @@ def markdown(df: pd.DataFrame, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def measured_limit(meas: dict[str, Any]) -> int | None:
+    """The --max-concurrency a measured configuration ran with (vLLM's ``max_concurrency``,
+    ours ``schedlab.workload.max_concurrency``), or None where requests were not held back."""
+    value = meas.get("max_concurrency")
+    if known(value) is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"--measured-dir: {', '.join(meas['files'])}: max_concurrency must be "
+                         f"an integer >= 1 or null, got {value!r}")
+    return value
+
+
 def time_scales(repeats: int, spread: float) -> list[float]:
     """The simulated repeats' time scales: ``repeats`` evenly over 1 +- ``spread``."""
     if repeats < 1 or not 0.0 <= spread < 0.5:
@@ -416,6 +430,9 @@ def validate(args: argparse.Namespace, argv: list[str]) -> pd.DataFrame:
                 base = config_overrides(policy, k, rate, args,
                                         args.num_prompts if n is None else n,
                                         0 if seed is None else seed)
+                limit = measured_limit(meas)
+                if limit is not None:  # sent as the measurement sent them
+                    base.append(f"workload.max_concurrency={limit}")
             pred = predict(base + sim_side, runs / "sim" / tag, profiles, meas["cache_sizes"],
                            scales, sources)
             for r in relative_errors(pred, meas):

@@ -1,0 +1,51 @@
+"""experiments.validate against measured files: the simulated side runs the workload that was
+measured (its --max-concurrency included), and the figure names the model and GPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments import validate
+
+FAST = ["--model", "tiny", "--workload", "synthetic", "--hardware", "cpu", "--overhead", "none",
+        "--policies", "single_step", "--rates", "inf", "--sim-repeats", "1"]
+RESULT = {"request_throughput": 3.0, "median_ttft_ms": 20.0, "request_rate": "inf",
+          "num_prompts": 5}
+
+
+def _validate(tmp_path: Path, **fields) -> dict:
+    """validate.main on one vLLM result file with ``fields``; the simulated run's result."""
+    meas = tmp_path / "meas"
+    meas.mkdir(parents=True)
+    (meas / "a.json").write_text(json.dumps({**RESULT, **fields}))
+    validate.main(FAST + ["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
+                          "--measured-dir", str(meas)])
+    (sim,) = (tmp_path / "runs" / "sim").glob("*/result.json")
+    return json.loads(sim.read_text())
+
+
+def test_simulated_side_sends_requests_as_the_measurement_did(tmp_path):
+    limited = _validate(tmp_path / "a", max_concurrency=2)
+    assert limited["schedlab"]["workload"]["max_concurrency"] == 2
+    unlimited = _validate(tmp_path / "b", max_concurrency=None)  # vLLM's file without the flag
+    assert unlimited["schedlab"]["workload"]["max_concurrency"] is None
+    # two requests at a time: the later ones wait, so the limit changes the prediction
+    assert limited["median_e2el_ms"] != unlimited["median_e2el_ms"]
+
+
+@pytest.mark.parametrize("value", [0, 2.5, "two", True])
+def test_bad_measured_max_concurrency_is_one_line_naming_the_file(tmp_path, capsys, value):
+    with pytest.raises(SystemExit) as exc:
+        _validate(tmp_path, max_concurrency=value)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert "max_concurrency" in err[0] and str(tmp_path / "meas" / "a.json") in err[0]
+
+
+def test_scatter_title_names_model_and_gpu(tmp_path):
+    _validate(tmp_path)
+    svg = (tmp_path / "out" / "validation_scatter.svg").read_text()
+    assert "tiny test model, CPU" in svg
