@@ -67,7 +67,14 @@ from simulator.clock import PowerClock
 from simulator.cost_model import StepShape, window_shapes
 from simulator.hardware import HardwareSpec
 from simulator.memory import blocks_per_engine
-from simulator.overhead import OverheadSpec, api_time, output_time, scale_overhead, schedule_time
+from simulator.overhead import (
+    OverheadSpec,
+    api_time,
+    scale_overhead,
+    schedule_time,
+    sse_chunks,
+    window_output_times,
+)
 
 _EPS = 1e-9  # seconds: busy-until times this close to now count as now (float round-off)
 
@@ -95,6 +102,7 @@ class _Window:
     stage_times: list[float]  # per step, on each pipeline stage
     out_cost: list[float]  # per step, engine-thread output processing
     delivered: list[int]  # per step, tokens the client receives
+    chunks: list[int]  # per step, SSE chunks the API server streams
     first: StepShape  # step 1's shape
     t_start: float  # when it was scheduled
     gpu_done: list[float] = field(default_factory=list)
@@ -350,14 +358,15 @@ def _open_window(sim: _Sim, batch: Batch, gpu_free: float | None = None) -> _Win
         for j in range(k):
             delivered[j] = alive
             alive -= ending[j + 1]
-    out_cost = [output_time(spec, s.num_seqs, d) for s, d in zip(shapes, delivered, strict=True)]
+    chunks = sse_chunks(spec, delivered, sim.stream_per_step)
+    out_cost = window_output_times(spec, [s.num_seqs for s in shapes], delivered, chunks)
     cost = schedule_time(spec, len(batch.seqs), shapes[0].num_tokens, shapes[0].kv_tokens,
                          batch.num_steps, overlap, shapes[0].num_prefill_seqs)
     # the GPU starts the window once it is scheduled (pipeline stages: a close lower bound),
     # with overlap once the window before it is done too
     start = sim.env.now + cost if not overlap else max(sim.env.now + cost, gpu_free)
     gpu = sim.clock.window_times(shapes, start, sim.time_scale)
-    win = _Window(batch, cost, gpu, out_cost, delivered, shapes[0], sim.env.now)
+    win = _Window(batch, cost, gpu, out_cost, delivered, chunks, shapes[0], sim.env.now)
     if overlap:
         for dt in gpu:
             start += dt
@@ -439,13 +448,16 @@ def _deliver(sim: _Sim, win: _Window) -> None:
     """Stream the window's tokens (through the API-server process if separate); note their times."""
     spec, k = sim.overhead, win.batch.num_steps
     times = list(win.out_done) if sim.stream_per_step else [win.out_done[-1]] * k
-    if not spec.api_server_on_critical_path and spec.api_per_token_us > 0:
+    if not spec.api_server_on_critical_path and (spec.api_per_token_us > 0
+                                                 or spec.api_per_chunk_us > 0):
         if sim.stream_per_step:
             for j in range(k):
-                sim.api_free = max(sim.api_free, times[j]) + api_time(spec, win.delivered[j])
+                sim.api_free = (max(sim.api_free, times[j])
+                                + api_time(spec, win.delivered[j], win.chunks[j]))
                 times[j] = sim.api_free
         else:
-            sim.api_free = max(sim.api_free, times[-1]) + api_time(spec, sum(win.delivered))
+            sim.api_free = (max(sim.api_free, times[-1])
+                            + api_time(spec, sum(win.delivered), sum(win.chunks)))
             times = [sim.api_free] * k
     delivery = sim.delivery
     for g, t in zip(win.gpu_done, times, strict=True):

@@ -16,15 +16,29 @@ more than one step, whose preparation schedlab's engine measures dearer and whos
 appends num_steps tokens to every sequence; the second bracket: windows formed with overlap
 scheduling, whose inputs also gather each sequence's newest token on the device; the third:
 windows whose first step mixes prefill (or prefill-chunk) sequences with decodes, whose
-preparation builds both kinds of attention metadata and runs the piecewise-graph path). Per step:
-output processing
-(device-to-host copy, pythonization, detokenization, stop checks, building outputs),
+preparation builds both kinds of attention metadata and runs the piecewise-graph path).
 
-    t_output = output_base_us + output_per_seq_us * num_seqs  [+ api_per_token_us * delivered]
+Output processing: the device-to-host copy and pythonization of the sampled ids, then the
+engine's walk over the sequence groups (appending tokens, detokenization, stop checks,
+building each request's output), then the API server's streaming (HTTP/SSE). With d tokens
+delivered to c SSE chunks (one chunk per request that got a token) by n sequences,
 
-The API server (HTTP/SSE streaming) costs ``api_per_token_us`` per delivered token. When
-``api_server_on_critical_path`` it shares the engine thread (vLLM <= 0.5: one asyncio process)
-and the bracketed term is engine CPU time; otherwise it is a separate serial process (vLLM 0.6's
+    per step j:          output_pythonize_per_seq_us * n_j
+                       + output_per_token_us * d_j
+    per processing call: output_base_us + output_per_seq_us * n
+                       [+ api_per_chunk_us * c + api_per_token_us * d]
+
+``output_per_window`` says how often the processing call runs. False (schedlab's engine): once
+per step, so every step's tokens make chunks of one token (c = d). True (vLLM V0 multi-step:
+``MultiStepOutputProcessor.process_outputs`` runs once per window per sequence group over all
+k steps' tokens, and one ``RequestOutput`` per request per window reaches the API server, which
+streams it as one SSE chunk): once per window, at its last step, with n the window's
+sequences and c the requests it delivers tokens to (with the simulator's ``stream_per_step``,
+the what-if of streaming each step, c = d_j at every step). With k = 1 both read the same, so
+a single-step run costs the same under either setting.
+
+The bracketed API-server terms land on the engine thread when ``api_server_on_critical_path``
+(vLLM <= 0.5: one asyncio process); otherwise on a separate serial process (vLLM 0.6's
 multiprocessing front end) that delays delivery without stalling the engine.
 ``async_output_processing``: a step's output processing overlaps the next GPU step. With
 overlap scheduling (``policy.overlap``) a window's output processing always waits for the next
@@ -43,7 +57,8 @@ _COSTS = ("schedule_base_us", "schedule_per_seq_us", "schedule_per_token_us",
           "schedule_per_kv_token_us", "output_base_us",
           "output_per_seq_us", "api_per_token_us", "schedule_multi_step_us",
           "schedule_multi_step_per_seq_us", "schedule_overlap_us", "schedule_mixed_us",
-          "schedule_mixed_per_seq_us")
+          "schedule_mixed_per_seq_us", "output_pythonize_per_seq_us", "output_per_token_us",
+          "api_per_chunk_us")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +83,11 @@ class OverheadSpec:
     schedule_overlap_us: float = 0.0  # more per window formed with overlap scheduling
     schedule_mixed_us: float = 0.0  # more per window mixing prefill and decode sequences
     schedule_mixed_per_seq_us: float = 0.0  # ... and per sequence of such a window
+    # the output path's terms (module docstring); false: one processing call per step
+    output_per_window: bool = False
+    output_pythonize_per_seq_us: float = 0.0  # per sequence and step: sampled ids to Python
+    output_per_token_us: float = 0.0  # per delivered token: append, detokenize, stop checks
+    api_per_chunk_us: float = 0.0  # per SSE chunk: one response object, JSON, one HTTP write
 
     def __post_init__(self) -> None:
         for name in _COSTS:
@@ -77,7 +97,7 @@ class OverheadSpec:
             if value < 0:
                 raise ValueError(f"overhead.{name} must be >= 0, got {value}")
         for name in ("async_output_processing", "defer_last_output",
-                     "api_server_on_critical_path"):
+                     "api_server_on_critical_path", "output_per_window"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"overhead.{name} must be true or false, "
                                  f"got {getattr(self, name)!r}")
@@ -114,18 +134,46 @@ def schedule_time(spec: OverheadSpec, num_seqs: int, num_tokens: int,
 
 
 def output_time(spec: OverheadSpec, num_seqs: int, num_delivered: int) -> float:
-    """Engine-thread seconds of one step's output processing (the API server's share too when
-    it runs on the engine thread). A step nobody takes part in costs nothing."""
-    if num_seqs == 0:
-        return 0.0
-    t = spec.output_base_us + spec.output_per_seq_us * num_seqs
-    if spec.api_server_on_critical_path:
-        t += spec.api_per_token_us * num_delivered
-    return t * _US
+    """Engine-thread seconds of one single-step window's output processing (the API server's
+    share too when it runs on the engine thread): one call, one chunk per delivered token.
+    A step nobody takes part in costs nothing."""
+    return window_output_times(spec, [num_seqs], [num_delivered], [num_delivered])[0]
 
 
-def api_time(spec: OverheadSpec, num_delivered: int) -> float:
-    """Seconds the separate API-server process spends streaming ``num_delivered`` tokens."""
+def sse_chunks(spec: OverheadSpec, delivered: list[int], stream_per_step: bool) -> list[int]:
+    """SSE chunks each step of a window hands the API server, from the tokens it delivers
+    (``delivered`` never grows along a window: a sequence that stops stays stopped)."""
+    if spec.output_per_window and not stream_per_step:  # one per request, at the window's end
+        return [0] * (len(delivered) - 1) + [delivered[0]]
+    return list(delivered)  # one token per request and step
+
+
+def window_output_times(spec: OverheadSpec, seqs: list[int], delivered: list[int],
+                        chunks: list[int]) -> list[float]:
+    """Engine-thread seconds of each step's output processing in one window, per step:
+    ``seqs`` taking part, tokens ``delivered`` to the client, SSE ``chunks`` (sse_chunks).
+    Per window (``output_per_window``) the processing call is charged to the last step."""
+    api = spec.api_server_on_critical_path
+    per_window = spec.output_per_window
+    # the call's own terms, in microseconds (summed before scaling: integer coefficients
+    # give the same seconds whichever way the call is split)
+    call_us = [0.0] * len(seqs)
+    for j, (n, d, c) in enumerate(zip(seqs, delivered, chunks, strict=True)):
+        if n == 0:  # a step nobody takes part in runs nothing
+            continue
+        t = 0.0 if per_window else spec.output_base_us + spec.output_per_seq_us * n
+        t += spec.output_pythonize_per_seq_us * n + spec.output_per_token_us * d
+        if api:
+            t += spec.api_per_chunk_us * c + spec.api_per_token_us * d
+        call_us[j] = t
+    if per_window and seqs[0]:  # the window's sequences all take part in step 1
+        call_us[-1] += spec.output_base_us + spec.output_per_seq_us * seqs[0]
+    return [t * _US for t in call_us]
+
+
+def api_time(spec: OverheadSpec, num_delivered: int, num_chunks: int) -> float:
+    """Seconds the separate API-server process spends streaming ``num_delivered`` tokens in
+    ``num_chunks`` SSE chunks."""
     if spec.api_server_on_critical_path:
         return 0.0
-    return spec.api_per_token_us * num_delivered * _US
+    return (spec.api_per_chunk_us * num_chunks + spec.api_per_token_us * num_delivered) * _US
