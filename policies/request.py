@@ -40,6 +40,9 @@ class Request:
     # Overlap scheduling: output tokens that windows still in flight will sample for it (vLLM
     # V1's output placeholders); the scheduler counts them as generated until update() knows.
     num_output_placeholders: int = 0
+    # A Mooncake trace's block hashes (equal leading ids: a shared prompt prefix, one id per
+    # block of the trace's block size), for prefix caching; None where the workload has none.
+    hash_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_token_ids is not None:

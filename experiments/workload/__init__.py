@@ -124,7 +124,8 @@ def build_workload(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
             prompt_lens, output_lens = sample.prompt_lens, sample.output_lens
         arrivals = arrival_times(num_prompts, rate, burstiness, seed).tolist()
     check_run_fits(len(prompt_lens), sum(prompt_lens), sum(output_lens),
-                   with_token_ids=with_ids)
+                   with_token_ids=with_ids,
+                   hash_ids=0 if hash_ids is None else sum(len(h) for h in hash_ids if h))
 
     if max_model_len is not None:
         for i, (plen, olen) in enumerate(zip(prompt_lens, output_lens, strict=True)):

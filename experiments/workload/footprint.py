@@ -16,6 +16,9 @@ BYTES_PER_PROMPT_TOKEN_ID = 56
 BYTES_PER_OUTPUT_TOKEN_ID = 48
 # A trace row while the file is read and sorted (a 4-tuple, its float and ints, a list slot).
 BYTES_PER_TRACE_ROW = 256
+# A Mooncake block hash, from reading the trace to the run's end: an int object and a tuple
+# slot (the RequestSpec's tuple is the Request's, not a copy).
+BYTES_PER_HASH_ID = 40
 
 GIB = 1 << 30
 
@@ -37,9 +40,11 @@ def available_memory() -> int | None:
 
 
 def run_bytes(num_requests: int, prompt_tokens: int, output_tokens: int, *,
-              with_token_ids: bool) -> int:
-    """Estimated bytes the requests of one run take from building the workload to its results."""
-    need = num_requests * BYTES_PER_REQUEST + output_tokens * BYTES_PER_OUTPUT_TOKEN
+              with_token_ids: bool, hash_ids: int = 0) -> int:
+    """Estimated bytes the requests of one run take from building the workload to its results
+    (``hash_ids``: the trace's block hashes over all requests)."""
+    need = (num_requests * BYTES_PER_REQUEST + output_tokens * BYTES_PER_OUTPUT_TOKEN
+            + hash_ids * BYTES_PER_HASH_ID)
     if with_token_ids:
         need += (prompt_tokens * BYTES_PER_PROMPT_TOKEN_ID
                  + output_tokens * BYTES_PER_OUTPUT_TOKEN_ID)
@@ -47,7 +52,7 @@ def run_bytes(num_requests: int, prompt_tokens: int, output_tokens: int, *,
 
 
 def check_run_fits(num_requests: int, prompt_tokens: int | None, output_tokens: int | None, *,
-                   with_token_ids: bool) -> None:
+                   with_token_ids: bool, hash_ids: int = 0) -> None:
     """Refuse, naming workload.num_prompts and the memory available, a run whose requests would
     not fit in memory: it would swap or be killed rather than finish.
 
@@ -60,9 +65,10 @@ def check_run_fits(num_requests: int, prompt_tokens: int | None, output_tokens: 
     at_least = prompt_tokens is None or output_tokens is None
     need = run_bytes(num_requests, num_requests if prompt_tokens is None else prompt_tokens,
                      num_requests if output_tokens is None else output_tokens,
-                     with_token_ids=with_token_ids)
+                     with_token_ids=with_token_ids, hash_ids=hash_ids)
     if need > available:
-        tokens = "" if at_least else f" and {output_tokens} output tokens"
+        tokens = "" if at_least else (f", {output_tokens} output tokens and {hash_ids} block "
+                                      "hashes" if hash_ids else f" and {output_tokens} output tokens")
         ids = " with prompt token ids" if with_token_ids else ""
         size = f"{'at least' if at_least else 'about'} {need / GIB:.1f} GiB{ids}"
         raise ValueError(

@@ -16,8 +16,7 @@ class RequestSpec:
     output_len: int
     prompt_token_ids: tuple[int, ...] | None = None
     # A Mooncake trace's block hashes: equal ids at the start of two prompts mark a shared
-    # prefix (one id per block of the trace's block size). Kept for prefix-caching work; the
-    # scheduler's Request does not carry them yet.
+    # prefix (one id per block of the trace's block size), passed on to the Request.
     hash_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -47,4 +46,4 @@ def to_request(spec: RequestSpec, request_id: int, with_token_ids: bool) -> Requ
         token_ids = list(spec.prompt_token_ids)
     return Request(request_id=request_id, arrival_time=spec.arrival_time,
                    prompt_len=spec.prompt_len, max_tokens=spec.output_len,
-                   prompt_token_ids=token_ids)
+                   prompt_token_ids=token_ids, hash_ids=spec.hash_ids)

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from experiments.workload.arrivals import trace_arrival_times
-from experiments.workload.footprint import BYTES_PER_TRACE_ROW, max_trace_rows
+from experiments.workload.footprint import BYTES_PER_HASH_ID, BYTES_PER_TRACE_ROW, max_trace_rows
 from experiments.workload.settings import get_float, get_path
 from experiments.workload.trace_formats import FORMATS, RowCounts, RowFilter, TraceRow
 
@@ -20,8 +20,6 @@ TRACE_KEYS = frozenset({"trace_path", "format", "time_scale", "model_filter", "l
 # Settings that only some formats have: set for another format, they would be ignored.
 _FORMAT_SETTINGS = {"model_filter": ("burstgpt",), "log_type": ("burstgpt",),
                     "keep_failed": ("azure", "burstgpt")}
-# A Mooncake block hash held while the trace is read: an int object and a tuple slot.
-BYTES_PER_HASH_ID = 40
 
 NO_FILTER = RowFilter()
 
