@@ -334,8 +334,9 @@ def fit_clock(data: pd.DataFrame, timeline: pd.DataFrame, clock: pd.DataFrame,
 # ---------------------------------------------------------------------------- CPU costs
 def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[str, float]]:
     """Per invocation, a + b*num_seqs + c*num_tokens + d*kv_tokens, plus m + n*num_seqs*(k - 1) in
-    windows of k > 1 steps, plus x + y*num_seqs in windows mixing prefill and decode sequences;
-    per step, e + f*num_seqs.
+    windows of k > 1 steps, plus x + y*num_seqs in windows mixing prefill and decode sequences,
+    plus z*num_layers in windows with prefills (rows that record ``num_layers``); per step,
+    e + f*num_seqs.
 
     With served rows (``Profiler.served``): the window term is the CPU gap a served window
     costs (schedule + input preparation + update), the step term its pythonization. Older data
@@ -351,9 +352,11 @@ def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[st
         # windows mixing prefill and decode sequences (rows without the column: none)
         pf = rows.get("num_prefill_seqs", pd.Series(0, index=rows.index)).fillna(0).to_numpy()
         mixed = ((pf > 0) & (pf < n)).astype(float)
+        # windows with prefills launch per layer (rows without the model's layer count: none)
+        layers = rows.get("num_layers", pd.Series(0, index=rows.index)).fillna(0).to_numpy()
         return np.column_stack([np.ones(len(rows)), n, rows["num_tokens"],
                                 rows["kv_tokens"], (k > 1).astype(float), n * (k - 1),
-                                mixed, mixed * n])
+                                mixed, mixed * n, layers * (pf > 0)])
 
     if from_served:
         # the GPU's idle time between served windows (schedule, preparation, the launch the
@@ -394,6 +397,7 @@ def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[st
             "schedule_multi_step_per_seq_us": round(float(coef[5]) * 1e6, 4),
             "schedule_mixed_us": round(float(coef[6]) * 1e6, 3),
             "schedule_mixed_per_seq_us": round(float(coef[7]) * 1e6, 4),
+            "schedule_prefill_per_layer_us": round(float(coef[8]) * 1e6, 4),
             "output_base_us": round(float(coef_o[0]) * 1e6, 3),
             "output_per_seq_us": round(float(coef_o[1]) * 1e6, 4),
             "api_per_token_us": 0.0,  # schedlab's engine has no API server

@@ -48,12 +48,14 @@ from experiments.measured import measured_from_dir
 from experiments.validate import (
     InputError,
     _Parser,
+    load_conf,
     load_profile,
     predict,
     run_one,
     time_scales,
     writable_dir,
 )
+from policies import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = [("single_step", None), ("multi_step", 8), ("cp1", 8)]
@@ -90,9 +92,12 @@ DEFAULT_SPEC = [
     # max_model_len 131072: the runs capped a step at 8192 tokens
     _model_dir("llama3_2_1b", 79, ["scheduler.max_num_batched_tokens=8192"]),
     _model_dir("llama3_2_3b", 44),
-    ModelRuns("llama3_8b", ["docs/validation/measured/grid", "docs/validation/measured/poisson"],
-              20, {tag: f"docs/validation/measured/steps/{tag}.steps.csv"
-                   for tag in ("single_step_k1", "multi_step_k8", "cp1_k8")}),
+    # t=0: the 8B validation grid's runs (two repeats each); Poisson: 28 req/s, ~60% of capacity
+    ModelRuns("llama3_8b", ["docs/validation/measured/grid",
+                            "docs/validation/measured/models/llama3_8b/poisson"],
+              28, {tag: f"docs/validation/measured/steps/{tag}.steps.csv"
+                   for tag in ("single_step_k1", "multi_step_k8", "cp1_k8")},
+              ["docs/validation/measured/models/llama3_8b/poisson/*/steps.csv.gz"]),
     _model_dir("llama2_13b", 14),
 ]
 
@@ -121,6 +126,10 @@ def _rooted(r: ModelRuns, base: Path) -> ModelRuns:
 
 def _tag(policy: str, k: int | None) -> str:
     return f"{policy}_k{k or 1}"
+
+
+def _model_spec(name: str) -> ModelSpec:
+    return ModelSpec.from_dict(load_conf("model", name))
 
 
 def _read_steps(path: Path) -> pd.DataFrame:
@@ -163,7 +172,8 @@ def served_windows(runs: ModelRuns) -> pd.DataFrame:
         timed = cpu + s["launch_s"] + s["pythonize_s"]
         gap = gap.where(gap <= IDLE_FACTOR * timed + IDLE_MARGIN_S)  # idle: waited for arrivals
         frames.append(s.assign(kind="served", cpu_s=cpu, gap_s=gap.clip(lower=0.0),
-                               model=runs.model, file=str(f)))
+                               model=runs.model, file=str(f),
+                               num_layers=_model_spec(runs.model).num_layers))
     return pd.concat(frames, ignore_index=True)
 
 

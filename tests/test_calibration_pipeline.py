@@ -170,10 +170,10 @@ def test_overhead_fit_recovers_served_costs_and_prefers_the_idle_gap():
                             np.where(rng.random(200) < 0.1, n, 0))
     mixed = ((prefill_seqs > 0) & (prefill_seqs < n)).astype(float)
     cpu = 1e-6 * (200 + 5 * n + 0.2 * tokens + 0.001 * kv + 300 * multi + 2 * (k - 1) * n
-                  + mixed * (400 + 7 * n))
+                  + mixed * (400 + 7 * n) + 32 * 6 * (prefill_seqs > 0))
     pyth = 1e-6 * (10 + 0.1 * n)
     rows = pd.DataFrame({"kind": "served", "k": k, "step": 0, "num_seqs": n, "num_tokens": tokens,
-                         "num_prefill_seqs": prefill_seqs,
+                         "num_prefill_seqs": prefill_seqs, "num_layers": 32,
                          "kv_tokens": kv, "prepare_s": cpu / 2, "cpu_s": cpu,
                          "pythonize_s": pyth})
     prof, err = fit_overhead(rows, "x")
@@ -183,6 +183,7 @@ def test_overhead_fit_recovers_served_costs_and_prefers_the_idle_gap():
     assert prof["schedule_multi_step_per_seq_us"] == pytest.approx(2, rel=1e-3)
     assert prof["schedule_mixed_us"] == pytest.approx(400, rel=1e-3)
     assert prof["schedule_mixed_per_seq_us"] == pytest.approx(7, rel=1e-3)
+    assert prof["schedule_prefill_per_layer_us"] == pytest.approx(6, rel=1e-3)
     assert prof["output_base_us"] == pytest.approx(10, rel=1e-3)
     assert err["schedule_and_prepare"] < 1e-6
     # the idle gap: the timed parts, 150 us of launch and drain, and the last step's

@@ -382,7 +382,9 @@ def test_mixed_window_term_is_charged_only_to_windows_mixing_prefill_and_decode(
     from simulator.overhead import OverheadSpec, schedule_time
 
     spec = OverheadSpec(schedule_base_us=100.0, schedule_mixed_us=50.0,
-                        schedule_mixed_per_seq_us=2.0)
-    assert schedule_time(spec, 10, 10) == pytest.approx(100e-6)  # all decodes
-    assert schedule_time(spec, 10, 900, num_prefill_seqs=10) == pytest.approx(100e-6)  # prefills
-    assert schedule_time(spec, 10, 300, num_prefill_seqs=2) == pytest.approx(170e-6)  # mixed
+                        schedule_mixed_per_seq_us=2.0, schedule_prefill_per_layer_us=1.0)
+    assert schedule_time(spec, 10, 10, num_layers=16) == pytest.approx(100e-6)  # all decodes
+    assert schedule_time(spec, 10, 900, num_prefill_seqs=10,
+                         num_layers=16) == pytest.approx(116e-6)  # prefills: per layer
+    assert schedule_time(spec, 10, 300, num_prefill_seqs=2,
+                         num_layers=16) == pytest.approx(186e-6)  # mixed
