@@ -39,7 +39,9 @@ from experiments.fit import (
     fit_clock,
     fit_gpu,
     fit_overhead,
+    fit_overlap,
     fixed_terms,
+    overlap_pairs,
     term_errors,
 )
 from experiments.measure import (
@@ -96,6 +98,13 @@ def _companion(data_csv: Path, part: str) -> Path:
     return data_csv.with_name(f"{data_csv.stem}.{part}.csv")
 
 
+def _two_paths(value: str) -> tuple[Path, Path]:
+    parts = value.split(",")
+    if len(parts) != 2 or not all(Path(p).is_file() for p in parts):
+        raise ValueError(f"--overlap-runs must be two steps.csv files, PLAIN,OVERLAP; got {value!r}")
+    return Path(parts[0]), Path(parts[1])
+
+
 def write_yaml(path: Path, data: dict[str, Any], header: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
@@ -124,6 +133,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--data", default=None, help="refit saved measurements (CSV), no profiling")
     ap.add_argument("--save-data", default=None, help="CSV for the measurements (default: conf "
                     "dir's calibration/<name>.csv)")
+    ap.add_argument("--overlap-runs", default=None, metavar="PLAIN,OVERLAP",
+                    help="steps.csv of two served runs of one policy at t=0, without and with "
+                    "overlap: their windows' CPU costs are saved beside the data "
+                    "(X.overlap.csv) and set schedule_overlap_us")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sustain", type=float, default=None, help="seconds each window runs back "
                     "to back before it is timed (default 0.4 on cuda, 0 on cpu)")
@@ -184,6 +197,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             timeline, clock = prof.timeline, prof.clock
         hw, clock_err = fit_clock(data, timeline, clock, spec, hw, elasticity)
         overhead, oerr = fit_overhead(data, args.overhead_name)
+        pairs_csv = _companion(save, "overlap")
+        if args.overlap_runs:
+            plain, over = (pd.read_csv(p) for p in _two_paths(args.overlap_runs))
+            with atomic_path(pairs_csv) as tmp:
+                overlap_pairs(plain, over).to_csv(tmp, index=False)
+        pairs = pd.read_csv(pairs_csv) if pairs_csv.exists() else pd.DataFrame()
+        overhead["schedule_overlap_us"] = fit_overlap(pairs)
         spread = (bootstrap(data, timeline, clock, spec, base, hw,
                             elasticity if args.clock_elasticity is None else args.clock_elasticity,
                             fixed, args.bootstrap) if args.bootstrap else None)
@@ -237,6 +257,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   "schedule_*: Scheduler.schedule()+update() plus the runner's input preparation,\n"
                   "per window; output_*: pythonization per step (async: overlaps the next step)\n"
                   "plus update()'s per-step share.\n")
+               + f"schedule_overlap_us: the median extra CPU time of a window formed with overlap\n"
+               f"over the same window without it, over {len(pairs)} windows ({pairs_csv.name})\n"
                + "\n".join(f"  {k}: median |err| {v:.1%}" for k, v in oerr.items())
                + (f"\nUncertainty: the conf dir's {shown}" if spread is not None else ""))
     write_yaml(Path(args.conf_dir) / "overhead" / f"{args.overhead_name}.yaml", overhead, oheader)

@@ -409,6 +409,34 @@ def fit_overhead(data: pd.DataFrame, name: str) -> tuple[dict[str, Any], dict[st
     return prof, err
 
 
+# the CPU time to form and launch a window, in a served run's steps.csv
+FORM_COLUMNS = ("schedule_s", "prepare_s", "launch_s")
+WINDOW_COLUMNS = ("k", "num_seqs", "num_tokens", "kv_tokens")
+
+
+def overlap_pairs(plain: pd.DataFrame, overlap: pd.DataFrame) -> pd.DataFrame:
+    """The same served windows formed without and with overlap scheduling (two runs at t=0 of
+    one policy form identical windows): each window's CPU time to form and launch it, both ways.
+    """
+    cols = list(WINDOW_COLUMNS)
+    if len(plain) != len(overlap) or not (plain[cols].to_numpy()
+                                          == overlap[cols].to_numpy()).all():
+        raise ValueError("the overlap runs formed other windows than the runs without overlap; "
+                         "pair two runs of one policy at t=0")
+    return pd.DataFrame({**{c: plain[c].to_numpy() for c in cols},
+                         "plain_s": plain[list(FORM_COLUMNS)].sum(axis=1).to_numpy(),
+                         "overlap_s": overlap[list(FORM_COLUMNS)].sum(axis=1).to_numpy()})
+
+
+def fit_overlap(pairs: pd.DataFrame) -> float:
+    """``schedule_overlap_us``: the median extra CPU time of forming and launching a window with
+    overlap (its inputs gather each sequence's newest token on the device, and its launch queues
+    behind the window in flight) over the same window without it."""
+    if pairs.empty:
+        return 0.0
+    return round(max(float((pairs["overlap_s"] - pairs["plain_s"]).median()), 0.0) * 1e6, 3)
+
+
 def _nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     from scipy.optimize import nnls
 
