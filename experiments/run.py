@@ -7,6 +7,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,34 @@ def say(text: str, *, console: bool = True, error: bool = False) -> None:
     if console:
         print(text, file=sys.stderr if error else sys.stdout, flush=True)
     _RUN_LOG.log(logging.ERROR if error else logging.INFO, text)
+
+
+def one_line_warning(message: Warning | str, category: type[Warning], filename: str,
+                     lineno: int, line: str | None = None) -> str:
+    """A warning as a user of the run reads it: its category and message, without Python's
+    file, line number and source-line echo (warnings.formatwarning's signature)."""
+    return f"{category.__name__}: {message}\n"
+
+
+class RunExit(SystemExit):
+    """A failed run's end: exit code 2 and its one-line message."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+
+class RunFailed(Exception):
+    """A failed run inside a submitit job. There a SystemExit ends the job with no result, which
+    the launcher reports as a traceback; an exception is kept in the job's result instead, and
+    unpickled in the sweep process as the RunExit it stands for (main() prints its line)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self) -> tuple[type[RunExit], tuple[str]]:
+        return RunExit, (self.message,)
 
 
 def text_tokenizer_id(workload: Mapping[str, Any], model: ModelSpec) -> str:
@@ -273,6 +302,7 @@ def _app(cfg: DictConfig) -> None:
 
     stop_with_sweep()
     log_to_run_log()
+    warnings.formatwarning = one_line_warning
     hydra_cfg = HydraConfig.get()
     run_dir = hydra_cfg.runtime.output_dir
     # a sweep prints one line per run (its summary is in summary.txt and run.log)
@@ -286,11 +316,13 @@ def _app(cfg: DictConfig) -> None:
         # so a failure or a kill below never leaves them beside this run's config.
         clear_results(run_dir)
         run(cfg, run_dir, sweep_label=sweep_label)
-    except (ValueError, OSError) as err:  # bad settings or input: one line, no traceback
-        say(f"error: {err}", error=True)
-        sys.exit(2)
-    except TypeError as err:  # a setting of the wrong type (e.g. a word where a number goes)
-        say(f"error: a setting has the wrong type: {err}", error=True)
+    except (ValueError, OSError, TypeError) as err:  # bad settings or input: one line
+        # TypeError: a setting of the wrong type (e.g. a word where a number goes)
+        what = "a setting has the wrong type: " if isinstance(err, TypeError) else ""
+        line = f"error: {what}{err}"
+        say(line, error=True)
+        if "submitit" in str(hydra_cfg.launcher.get("_target_", "")):
+            raise RunFailed(line) from None
         sys.exit(2)
 
 
@@ -298,6 +330,9 @@ def main() -> None:
     """``python -m experiments.run`` / ``schedlab-run``: the Hydra app; Ctrl-C is one line."""
     try:
         _app()
+    except RunExit as err:  # a run of a submitit sweep failed (RunFailed)
+        print(err.message, file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:
         # The run's result files are written as one unit, so none of them is left.
         print("interrupted: no result written", file=sys.stderr)

