@@ -28,6 +28,7 @@ from policies.request import Request
 from policies.scheduler import Scheduler
 from real_backend.config import BackendConfig
 from real_backend.kv_cache import GB, block_bytes, check_weights_fit, profile_num_blocks
+from real_backend.parallel import BuildRunner, RunnerShape, TPGroup, Workers, rank_config
 from real_backend.request_source import ClientSource, RequestSource
 from real_backend.runner import LaunchedWindow, ModelRunner, WindowResult
 from real_backend.weights import load_hf_model, random_model
@@ -63,42 +64,70 @@ def build_runner(spec: ModelSpec, cfg: BackendConfig, probe: Scheduler,
     """Weights, then a KV cache sized by memory profiling (or backend.num_blocks), then CUDA
     graphs; ``probe`` is a scheduler whose limits (block size, seats, token budget, k) the
     cache, the profile and the graphs must serve."""
+    return build_rank_runner(spec, cfg, runner_shape(probe), clock=clock)
+
+
+def runner_shape(probe: Scheduler) -> RunnerShape:
+    # Room for a window's lookahead slots in the block-table buffers: at least 16 steps, so
+    # that runners of every k up to 16 have one shape (and can be kept between their runs).
+    return RunnerShape(probe.config.block_size, probe.config.max_num_seqs,
+                       max(probe.policy.max_steps, 16), probe.max_num_batched_tokens)
+
+
+def build_rank_runner(spec: ModelSpec, cfg: BackendConfig, shape: RunnerShape,
+                      tp: TPGroup | None = None,
+                      clock: Callable[[], float] = perf_counter) -> ModelRunner:
+    """``build_runner`` for the scheduler limits ``shape``; with ``tp``, this rank's share
+    (every rank builds at once: the ranks agree on setup errors and on the KV blocks)."""
     device, dtype = cfg.torch_device, cfg.torch_dtype
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    check_weights_fit(spec, device, dtype, cfg.gpu_memory_utilization)
-    if cfg.weights:
-        model = load_hf_model(spec, cfg.weights, device, dtype)
-    else:
-        model = random_model(spec, device, dtype, cfg.seed)
-    block_size = probe.config.block_size
-    max_seqs = probe.config.max_num_seqs
-    runner = ModelRunner(model, cfg, block_size, max_seqs, _lookahead(probe), clock)
+    local = tp.local_spec(spec) if tp else spec
+    model, error = None, None
+    try:
+        check_weights_fit(local, device, dtype, cfg.gpu_memory_utilization)
+        if cfg.weights:
+            model = load_hf_model(spec, cfg.weights, device, dtype, tp)
+        else:
+            model = random_model(spec, device, dtype, cfg.seed, tp)
+    except ValueError as err:
+        if tp is None:
+            raise
+        error = str(err)
+    if tp is not None:
+        tp.agree(error)
+    runner = ModelRunner(model, cfg, shape.block_size, shape.max_num_seqs, shape.max_lookahead,
+                         clock)
     num_blocks = cfg.num_blocks
     if device.type == "cuda":
         # Also the warm-up: every Triton kernel is compiled before the clock starts.
-        fits = profile_num_blocks(spec, device, dtype, cfg.gpu_memory_utilization, block_size,
-                                  lambda: runner.profile_run(probe.max_num_batched_tokens, max_seqs))
+        fits, error = 0, None
+        try:
+            fits = profile_num_blocks(
+                local, device, dtype, cfg.gpu_memory_utilization, shape.block_size,
+                lambda: runner.profile_run(shape.max_num_batched_tokens, shape.max_num_seqs))
+        except ValueError as err:
+            if tp is None:
+                raise
+            error = str(err)
+        if tp is not None:  # every rank holds every block (for its heads): the least that fit
+            tp.agree(error)
+            fits = tp.min_int(fits)
         if num_blocks is not None and num_blocks > fits:
-            need = num_blocks * block_bytes(spec, block_size, dtype) / GB
+            need = num_blocks * block_bytes(local, shape.block_size, dtype) / GB
             raise ValueError(f"backend.num_blocks {num_blocks} needs {need:.1f} GB of KV cache but "
                              f"only {fits} blocks fit in gpu_memory_utilization "
                              f"{cfg.gpu_memory_utilization} on {device}")
         num_blocks = num_blocks or fits
     if num_blocks is None:  # cpu: a fixed budget, as vLLM's CPU backend does
-        num_blocks = max(1, int(cfg.cpu_kv_cache_gib * 2**30 // block_bytes(spec, block_size, dtype)))
+        num_blocks = max(1, int(cfg.cpu_kv_cache_gib * 2**30
+                                // block_bytes(local, shape.block_size, dtype)))
     runner.allocate_kv_cache(num_blocks)
     runner.capture_graphs()
     if device.type == "cuda":
-        runner.warm_up(probe.max_num_batched_tokens, max_seqs)
+        runner.warm_up(shape.max_num_batched_tokens, shape.max_num_seqs)
     runner.generator.manual_seed(cfg.seed)  # sampling starts from the seed, warm-up or not
     return runner
-
-
-def _lookahead(probe: Scheduler) -> int:
-    """Room for a window's lookahead slots in the block-table buffers: at least 16 steps, so
-    that runners of every k up to 16 have one shape (and can be kept between their runs)."""
-    return max(probe.policy.max_steps, 16)
 
 
 def fill_prompt_tokens(requests: list[Request], spec: ModelSpec, seed: int) -> None:
@@ -118,25 +147,24 @@ def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
              parallel: ParallelConfig | None = None) -> RealResult:
     """Serve ``requests`` (arrival_time: seconds after the start; all 0 = offline) on the device,
     at most ``max_concurrency`` unfinished (a held-back request's arrival_time becomes its send
-    time, as policies.client says).
+    time, as policies.client says); with ``parallel.tensor_parallel_size`` > 1 on that many
+    ranks, this process rank 0 (real_backend/parallel.py).
 
     ``make_scheduler`` is called twice: once with num_blocks=1 to read the scheduler's limits
     for profiling, then with the profiled number of KV blocks for the run itself.
     """
     cfg = BackendConfig.from_mapping(backend_cfg)
-    parallel = parallel or ParallelConfig()
-    if parallel.pipeline_parallel_size > 1:
-        raise ValueError(f"parallel.pipeline_parallel_size={parallel.pipeline_parallel_size}: "
-                         "the real engine has no pipeline parallelism (1 only)")
-    if parallel.tensor_parallel_size > 1:
-        raise ValueError("parallel.tensor_parallel_size > 1 is not supported yet")
+    size = _tensor_parallel_size(parallel or ParallelConfig(), model, cfg)
     clock = Clock()
     t_setup = perf_counter()
     probe = make_scheduler(1)
     if probe.overlap and not cfg.async_output:
         raise ValueError("policy.overlap needs backend.async_output=true: a window's ids are "
                          "collected while the next window runs")
-    key = repr((model, cfg, probe.config, probe.max_num_batched_tokens, _lookahead(probe)))
+    if size > 1:
+        return _run_tensor_parallel(size, requests, make_scheduler, model, cfg, probe, clock,
+                                    t_setup, progress, max_concurrency)
+    key = repr((model, cfg, probe.config, probe.max_num_batched_tokens, runner_shape(probe)))
     kept = _KEPT.pop(key, None) if cfg.keep_runner else None
     _KEPT.clear()
     if kept:  # this run's clock and a fresh sampler; the rest is rewritten before it is read
@@ -159,6 +187,40 @@ def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
             _KEPT[key] = runner
         del runner
         release_device_memory()
+
+
+def _tensor_parallel_size(parallel: ParallelConfig, model: ModelSpec, cfg: BackendConfig) -> int:
+    """The ranks a run takes, once the settings are known to allow them."""
+    if parallel.pipeline_parallel_size > 1:
+        raise ValueError(f"parallel.pipeline_parallel_size={parallel.pipeline_parallel_size}: "
+                         "the real engine has no pipeline parallelism (1 only)")
+    parallel.check_model(model)
+    size = parallel.tensor_parallel_size
+    if size > 1 and cfg.keep_runner:
+        raise ValueError("backend.keep_runner keeps one process's runner; with "
+                         f"parallel.tensor_parallel_size {size} set it to false")
+    return size
+
+
+def _run_tensor_parallel(size: int, requests: list[Request],
+                         make_scheduler: Callable[[int], Scheduler], model: ModelSpec,
+                         cfg: BackendConfig, probe: Scheduler, clock: Clock, t_setup: float,
+                         progress: bool, max_concurrency: int | None) -> RealResult:
+    """The run on ``size`` ranks: the workers are started, build their shares beside this
+    process's, run every window it schedules, and stop with the run."""
+    shape = runner_shape(probe)
+    release_device_memory()
+    with Workers(size, cfg) as workers:
+        workers.group.send(BuildRunner(model, cfg, shape))
+        runner = build_rank_runner(model, rank_config(cfg, 0), shape, workers.group, clock)
+        runner.publish = workers.publish
+        out = _serving_loop(requests, make_scheduler, model, cfg, runner, clock, t_setup,
+                            progress, max_concurrency)
+        workers.group.send(None)  # the run's end
+    del runner
+    release_device_memory()
+    out.stats.update(runner_kept=False, tensor_parallel_size=size)
+    return out
 
 
 def release_kept_runner() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +15,9 @@ from real_backend.attention import AttentionMetadata, paged_attention
 from real_backend.kernels import TORCH_KERNELS, Kernels
 from real_backend.kv_cache import KVCache
 from real_backend.ops import dense_causal_attention
+
+if TYPE_CHECKING:
+    from real_backend.parallel import TPGroup
 
 
 @dataclass(slots=True)
@@ -28,12 +32,16 @@ class LayerWeights:
 
 @dataclass(slots=True)
 class Llama:
+    """The weights of one rank: all of them, or with ``tp`` its tensor-parallel share, whose
+    ``spec`` counts this rank's heads and MLP columns (real_backend/parallel.py)."""
+
     spec: ModelSpec
-    embed: torch.Tensor  # [vocab, hidden]
+    embed: torch.Tensor  # [vocab, hidden]; with tp, this rank's vocabulary rows
     layers: list[LayerWeights]
     norm: torch.Tensor  # [hidden]
     lm_head: torch.Tensor  # [vocab, hidden]; the embedding itself when tied
     rope: torch.Tensor  # [max_model_len, head_dim] fp32: cos of each frequency, then sin
+    tp: TPGroup | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -102,8 +110,25 @@ def layer_output(model: Llama, i: int, x: torch.Tensor, attn: torch.Tensor,
     """Layer i after its attention (``attn`` [T, q_size]): (x, delta), the residual stream with
     the attention output added and the MLP's output, which the next norm adds."""
     w = model.layers[i]
-    h, x = kernels.add_rms_norm(x, F.linear(attn, w.o), w.post_norm, model.spec.rms_norm_eps)
-    return x, F.linear(kernels.silu_and_mul(F.linear(h, w.gate_up)), w.down)
+    o = _row_parallel(model, F.linear(attn, w.o))
+    h, x = kernels.add_rms_norm(x, o, w.post_norm, model.spec.rms_norm_eps)
+    return x, _row_parallel(model, F.linear(kernels.silu_and_mul(F.linear(h, w.gate_up)), w.down))
+
+
+def _row_parallel(model: Llama, partial: torch.Tensor) -> torch.Tensor:
+    """A row-parallel projection's output: each rank's partial sum, summed over the ranks."""
+    return partial if model.tp is None else model.tp.all_reduce(partial)
+
+
+def embed(model: Llama, input_ids: torch.Tensor) -> torch.Tensor:
+    """[T, hidden] embeddings; with tp each rank fills the rows of the ids in its vocabulary
+    shard (zeros elsewhere) and an all-reduce puts them together."""
+    if model.tp is None:
+        return F.embedding(input_ids, model.embed)
+    local = input_ids - model.tp.vocab_rows(model.spec)[0]
+    outside = (local < 0) | (local >= model.embed.shape[0])
+    x = F.embedding(local.masked_fill(outside, 0), model.embed)
+    return model.tp.all_reduce(x.masked_fill(outside.unsqueeze(-1), 0.0))
 
 
 def final_norm(model: Llama, x: torch.Tensor, delta: torch.Tensor,
@@ -119,7 +144,7 @@ def _decoder(model: Llama, input_ids: torch.Tensor, positions: torch.Tensor,
     inside the fused qkv projection, so a layer is ten kernels on the Triton path.
     """
     n, q_size = input_ids.shape[0], model.spec.q_size
-    x = F.embedding(input_ids, model.embed)
+    x = embed(model, input_ids)
     delta = None  # the last layer's MLP output, added into x by the next norm
     for i in range(len(model.layers)):
         q, k, v, x = layer_input(model, i, x, delta, positions, kernels)
@@ -158,7 +183,7 @@ def decoder_piece(model: Llama, bufs: PieceBuffers, i: int, tokens: int, kernels
     what a piecewise CUDA graph captures."""
     num_layers = len(model.layers)
     if i == 0:
-        x, delta = F.embedding(bufs.input_ids[:tokens], model.embed), None
+        x, delta = embed(model, bufs.input_ids[:tokens]), None
     else:
         x, delta = layer_output(model, i - 1, bufs.x[:tokens], bufs.attn[:tokens], kernels)
     if i == num_layers:
@@ -199,7 +224,11 @@ def forward(model: Llama, input_ids: torch.Tensor, positions: torch.Tensor,
 
 
 def compute_logits(model: Llama, hidden: torch.Tensor) -> torch.Tensor:
-    return F.linear(hidden, model.lm_head).float()
+    """fp32 logits [N, vocab]; with tp each rank's vocabulary columns, gathered on every rank."""
+    logits = F.linear(hidden, model.lm_head)
+    if model.tp is not None:
+        logits = model.tp.gather_vocab(logits, model.spec.vocab_size)
+    return logits.float()
 
 
 def forward_dense(model: Llama, token_ids: torch.Tensor) -> torch.Tensor:

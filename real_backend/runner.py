@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import chain
 from time import perf_counter
 
 import numpy as np
@@ -44,6 +43,7 @@ from real_backend.model import (
 )
 from real_backend.ops import PAD_SLOT_ID
 from real_backend.sampling import TokenMap, sample
+from real_backend.window_inputs import DecodeInputs, FlatInputs, HostPlan, PlanSizes, plan_window
 
 
 @dataclass(slots=True)
@@ -93,24 +93,6 @@ class PrefillBuffers:
 
 
 @dataclass(slots=True)
-class FlatInputs:
-    """Host arrays of a step-1 batch with multi-token rows (prefill chunks first, then decodes)."""
-
-    tokens: np.ndarray
-    positions: np.ndarray
-    slots: np.ndarray
-    query_start: np.ndarray  # [P + 1] over the prefill rows
-    prefill_seq_lens: np.ndarray  # [P]
-    prefill_tables: np.ndarray  # [P, width]
-    decode_seq_lens: np.ndarray  # [D]
-    decode_tables: np.ndarray  # [D, width]
-    logits_indices: np.ndarray  # the last token of every sequence that samples
-    num_prefill_tokens: int
-    max_query_len: int
-    fetch: tuple[np.ndarray, np.ndarray] | None = None  # (token index, map row): see _host_tokens
-
-
-@dataclass(slots=True)
 class StepInputs:
     """A step-1 batch with multi-token rows (prefill chunks first, then single tokens)."""
 
@@ -122,6 +104,9 @@ class StepInputs:
 
 @dataclass(slots=True)
 class WindowPlan:
+    """A window's device inputs, built from its ``HostPlan`` (window_inputs.py)."""
+
+    num_steps: int
     step_rows: list[list[int]]  # step j's sample rows as indices into batch.seqs
     first: StepInputs | None  # None: step 1 is pure decode or a prefill graph (first_graph)
     first_graph: tuple[int, int] | None = None  # step 1 replays this prefill graph
@@ -130,7 +115,6 @@ class WindowPlan:
     decode_loads: dict[int, Callable[[], None]] = field(default_factory=dict)  # step -> load
     gathers: dict[int, torch.Tensor] = field(default_factory=dict)  # step -> rows of last samples
     keep: list[torch.Tensor] = field(default_factory=list)  # pinned sources of queued copies
-    map_rows: list[int] | None = None  # overlap: each sequence's token-map row
     map_writes: list[torch.Tensor] = field(default_factory=list)  # step -> map rows of its samples
 
 
@@ -144,25 +128,6 @@ class LaunchedWindow:
     timers: list[tuple[torch.cuda.Event, torch.cuda.Event]]
     prepare_s: float
     launch_s: float
-
-
-def _slots(req: Request, start: int, end: int, block_size: int) -> np.ndarray:
-    pos = np.arange(start, end)
-    table = np.asarray(req.block_table, dtype=np.int64)
-    return table[pos // block_size] * block_size + pos % block_size
-
-
-def _table_rows(seqs: list[ScheduledSeq], width: int) -> np.ndarray:
-    """Block tables as one zero-padded [len(seqs), width] array, filled in a single scatter."""
-    tables = [s.request.block_table for s in seqs]
-    lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
-    total = int(lens.sum())
-    flat = np.fromiter(chain.from_iterable(tables), dtype=np.int32, count=total)
-    rows = np.repeat(np.arange(len(tables)), lens)
-    cols = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
-    out = np.zeros((len(tables), width), dtype=np.int32)
-    out[rows, cols] = flat
-    return out
 
 
 class ModelRunner:
@@ -182,6 +147,8 @@ class ModelRunner:
         # With overlap two windows' outputs are pending at once: they alternate between these.
         self._overlap_outputs = [self.outputs, StepOutputs(self.device, clock, True)]
         self.token_map = TokenMap(2 * max_num_seqs, self.device)  # running + finishing requests
+        # tensor parallelism, rank 0 while serving: hands each window to the worker ranks
+        self.publish: Callable[[HostPlan], None] | None = None
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         # Wasted multi-step slots run up to max_lookahead positions past max_model_len.
         width = -(-(model.spec.max_model_len + max_lookahead) // block_size)
@@ -306,7 +273,10 @@ class ModelRunner:
         on return. With ``overlap`` the window before it may still be in flight: a token it
         samples is read from the token map, and its outputs stay pending beside this one's."""
         t0 = perf_counter()
-        plan = self._plan(batch, overlap)
+        host = self._host_plan(batch, overlap)
+        if self.publish is not None:  # tensor parallelism: every worker rank runs it too
+            self.publish(host)
+        plan = self._device_plan(host)
         prepare_s = perf_counter() - t0
         outputs, older = self.outputs, None
         if overlap:
@@ -315,9 +285,36 @@ class ModelRunner:
         outputs.start(batch.num_steps, max(len(plan.step_rows[0]), 1))
         timers = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(batch.num_steps)] if self.cuda else []
+        launch_s = self._launch_steps(plan, outputs, older, timers)
+        return LaunchedWindow(batch, plan, outputs, timers, prepare_s, launch_s)
+
+    @torch.inference_mode()
+    def launch_plan(self, host: HostPlan) -> Callable[[], None]:
+        """A worker rank: queue the k steps of a window rank 0 broadcast (no ids come back: every
+        rank samples the same ones). The returned wait() blocks until they ran, after which
+        their inputs' pinned host copies may go."""
+        plan = self._device_plan(host)
+        self._launch_steps(plan)
+        if not self.cuda:
+            return plan.keep.clear
+        done = torch.cuda.Event()
+        done.record()
+
+        def wait() -> None:
+            done.synchronize()
+            plan.keep.clear()
+
+        return wait
+
+    def _launch_steps(self, plan: WindowPlan, outputs: StepOutputs | None = None,
+                      older: StepOutputs | None = None,
+                      timers: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
+                      ) -> float:
+        """Queue the window's steps, each sampled and (``outputs``) its ids copied to the host;
+        the CPU time of queueing step 1."""
         sampled = None
         launch_s = 0.0
-        for j in range(batch.num_steps):
+        for j in range(plan.num_steps):
             if timers:
                 timers[j][0].record()
             t_launch = perf_counter()
@@ -329,13 +326,15 @@ class ModelRunner:
                 timers[j][1].record()
             if j == 0:
                 launch_s = perf_counter() - t_launch
+            if outputs is None:
+                continue
             outputs.push(j, sampled)
             # a step pythonized before the window in flight is drained would get an earlier
             # delivery time than that window's tokens (a launch-bound mixed step can be done
             # by now); its ids wait for finish_window instead
             if older is None or not older.pending:
                 outputs.poll()
-        return LaunchedWindow(batch, plan, outputs, timers, prepare_s, launch_s)
+        return launch_s
 
     def finish_window(self, w: LaunchedWindow) -> WindowResult:
         """Wait for the window's ids (each step's copy) and hand them over per sequence."""
@@ -408,92 +407,50 @@ class ModelRunner:
         keep.append(t)  # a non_blocking copy reads it later; it must outlive the copy
         return t.to(self.device, non_blocking=True)
 
-    def _plan(self, batch: Batch, overlap: bool = False) -> WindowPlan:
-        seqs = batch.seqs
-        multi = [i for i, s in enumerate(seqs) if s.num_query_tokens > 1]
-        single = [i for i, s in enumerate(seqs) if s.num_query_tokens == 1]
-        order = multi + single
-        if multi:
-            sample_rows = [i for i in order if seqs[i].samples]
-        else:
-            sample_rows = order  # a graph computes every row; non-sampling ones are ignored
-        step_rows = [sample_rows] + [[i for i in sample_rows if seqs[i].num_steps > j]
-                                     for j in range(1, batch.num_steps)]
-        plan = WindowPlan(step_rows, None)
-        if overlap:  # every step's samples go to the token map, where the next window reads them
-            plan.map_rows = rows = self.token_map.rows([s.request for s in seqs])
-            for j, step in enumerate(step_rows):
-                if j and step == step_rows[j - 1]:
-                    plan.map_writes.append(plan.map_writes[-1])
-                else:
-                    plan.map_writes.append(self._to_device(
-                        np.array([rows[i] for i in step], dtype=np.int64), plan.keep))
-        if multi:
-            flat = self._flat_inputs(seqs, multi, single, plan.map_rows)
-            key = (prefill_graph_key(len(flat.tokens), len(multi), self.cfg.prefill_graph_max_tokens)
-                   if not single and self.prefill_graphs.graphs else None)
-            if key is not None:
-                plan.first_graph = key
-                plan.first_load = self._prefill_load(flat, key, plan)
+    def _host_plan(self, batch: Batch, overlap: bool) -> HostPlan:
+        pre = self.prefill_graphs.graphs and self.cfg.prefill_graph_max_tokens
+        pieces = self.piecewise.graphs and self.cfg.piecewise_graph_max_tokens
+        sizes = PlanSizes(
+            self.block_size,
+            lambda n: (self.graphs.padded_size(n) if self.graphs.graphs else None) or n,
+            (lambda t, s: prefill_graph_key(t, s, pre)) if pre else None,
+            (lambda t: piecewise_graph_size(t, pieces)) if pieces else None)
+        return plan_window(batch, sizes, self.token_map.rows if overlap else None)
+
+    def _device_plan(self, host: HostPlan) -> WindowPlan:
+        """Device tensors (queued host-to-device copies) and load closures of a window."""
+        plan = WindowPlan(host.num_steps, host.step_rows, None, host.first_graph,
+                          host.first_pieces)
+        plan.map_writes = [self._to_device(a, plan.keep) for a in host.map_writes]
+        if host.flat is not None:
+            if host.first_graph is not None:
+                plan.first_load = self._prefill_load(host.flat, host.first_graph, plan)
             else:
-                plan.first = self._step_inputs(flat, plan)
-                if self.piecewise.graphs:
-                    plan.first_pieces = piecewise_graph_size(len(flat.tokens),
-                                                             self.cfg.piecewise_graph_max_tokens)
-        else:
-            plan.decode_loads[0] = self._decode_load(seqs, order, 0, plan)
-        loaded = order if not multi else None
-        for j in range(1, batch.num_steps):
-            rows = step_rows[j]
-            if rows != step_rows[j - 1]:
-                pos = {i: r for r, i in enumerate(step_rows[j - 1])}
-                plan.gathers[j] = self._to_device(
-                    np.array([pos[i] for i in rows], dtype=np.int64), plan.keep)
-            if rows != loaded:
-                plan.decode_loads[j] = self._decode_load(seqs, rows, j, plan)
-                loaded = rows
+                plan.first = self._step_inputs(host.flat, plan)
+        for j, d in host.decode.items():
+            plan.decode_loads[j] = self._decode_load(d, plan)
+        for j, rows in host.gathers.items():
+            plan.gathers[j] = self._to_device(rows, plan.keep)
         return plan
 
-    def _decode_load(self, seqs: list[ScheduledSeq], rows: list[int], step: int,
-                     plan: WindowPlan) -> Callable[[], None]:
-        """Host-built decode state for ``rows`` at ``step``, copied into the buffers when run.
-
-        Step 0 gets complete inputs (the newest token, its position and slot, seq_lens counting
-        it). A later step gets seq_lens = tokens cached so far and block tables; advance_step
-        derives the rest from the previous step's samples.
-        """
-        n = len(rows)
-        padded = (self.graphs.padded_size(n) if self.graphs.graphs else None) or n
-        rs = [seqs[i] for i in rows]
-        width = max((len(s.request.block_table) for s in rs), default=1)
-        tables = self._to_device(_table_rows(rs, width), plan.keep)
-        seq_lens = np.zeros(padded, dtype=np.int32)
-        seq_lens[:n] = [s.num_cached_tokens + s.num_query_tokens + step - 1 for s in rs]
-        fetch = None
-        if step == 0:
-            seq_lens[:n] += 1
-            tokens = np.zeros(padded, dtype=np.int64)
-            ids, fetch = self._host_tokens(rs, [plan.map_rows[i] for i in rows]
-                                           if plan.map_rows else None)
-            tokens[:n] = ids
-            if fetch is not None:
-                fetch = tuple(self._to_device(a, plan.keep) for a in fetch)
-            positions = np.zeros(padded, dtype=np.int64)
-            positions[:n] = [s.num_cached_tokens for s in rs]
-            slots = np.full(padded, PAD_SLOT_ID, dtype=np.int64)
-            bs = self.block_size
-            slots[:n] = [s.request.block_table[s.num_cached_tokens // bs] * bs
-                         + s.num_cached_tokens % bs for s in rs]
+    def _decode_load(self, d: DecodeInputs, plan: WindowPlan) -> Callable[[], None]:
+        """Copies ``d`` into the decode buffers when run (window_inputs.DecodeInputs)."""
+        n, padded, width = d.n, d.padded, d.tables.shape[1]
+        tables = self._to_device(d.tables, plan.keep)
+        seq_lens = self._to_device(d.seq_lens, plan.keep)
+        first = d.step == 0
+        if first:
             tokens, positions, slots = (self._to_device(a, plan.keep)
-                                        for a in (tokens, positions, slots))
-        seq_lens_dev = self._to_device(seq_lens, plan.keep)
+                                        for a in (d.tokens, d.positions, d.slots))
+            fetch = (None if d.fetch is None
+                     else tuple(self._to_device(a, plan.keep) for a in d.fetch))
 
         def load() -> None:
             b = self.buffers
             b.num_rows, b.padded_rows = n, padded
-            b.seq_lens[:padded].copy_(seq_lens_dev, non_blocking=True)
+            b.seq_lens[:padded].copy_(seq_lens, non_blocking=True)
             b.block_tables[:n, :width].copy_(tables, non_blocking=True)
-            if step == 0:
+            if first:
                 b.input_ids[:padded].copy_(tokens, non_blocking=True)
                 if fetch is not None:  # tokens of a window in flight, on the device
                     b.input_ids.index_copy_(0, fetch[0], self.token_map.read(fetch[1]))
@@ -501,63 +458,6 @@ class ModelRunner:
                 b.slot_mapping[:padded].copy_(slots, non_blocking=True)
 
         return load
-
-    def _flat_inputs(self, seqs: list[ScheduledSeq], multi: list[int], single: list[int],
-                     map_rows: list[int] | None = None) -> FlatInputs:
-        bs = self.block_size
-        pre = [seqs[i] for i in multi]
-        dec = [seqs[i] for i in single]
-        every = pre + dec
-        # prefill chunks' tokens are all known (a request is re-admitted only once its tokens
-        # are); a decode's may be in flight
-        ids, fetch = self._host_tokens(dec, [map_rows[i] for i in single] if map_rows else None)
-        tokens = np.concatenate([np.asarray(s.request.token_ids(
-            s.num_cached_tokens, s.num_cached_tokens + s.num_query_tokens), dtype=np.int64)
-            for s in pre] + [np.asarray(ids, dtype=np.int64)])
-        positions = np.concatenate([np.arange(s.num_cached_tokens,
-                                              s.num_cached_tokens + s.num_query_tokens)
-                                    for s in every])
-        slots = np.concatenate([_slots(s.request, s.num_cached_tokens,
-                                       s.num_cached_tokens + s.num_query_tokens, bs)
-                                for s in every])
-        q_lens = np.array([s.num_query_tokens for s in every], dtype=np.int64)
-        ends = np.cumsum(q_lens)
-        logits_indices = np.array([ends[r] - 1 for r, s in enumerate(every) if s.samples],
-                                  dtype=np.int64)
-        query_start = np.zeros(len(pre) + 1, dtype=np.int32)
-        query_start[1:] = ends[:len(pre)]
-        width = max(len(s.request.block_table) for s in every)
-        return FlatInputs(
-            tokens, positions, slots, query_start,
-            np.array([s.num_cached_tokens + s.num_query_tokens for s in pre], dtype=np.int32),
-            _table_rows(pre, width),
-            np.array([s.num_cached_tokens + 1 for s in dec], dtype=np.int32),
-            _table_rows(dec, width), logits_indices, int(ends[len(pre) - 1]),
-            int(q_lens[:len(pre)].max()),
-            None if fetch is None else (fetch[0] + int(ends[len(pre) - 1]), fetch[1]))
-
-    @staticmethod
-    def _host_tokens(rs: list[ScheduledSeq], map_rows: list[int] | None
-                     ) -> tuple[list[int], tuple[np.ndarray, np.ndarray] | None]:
-        """The single input token of each decoding sequence as far as the host knows it, and
-        (index into ``rs``, token-map row) of those sampled by a window still in flight (their
-        host id is 0 until the device gathers them): overlap scheduling's placeholders."""
-        ids, index, rows = [], [], []
-        for r, s in enumerate(rs):
-            req, pos = s.request, s.num_cached_tokens
-            if pos < req.prompt_len + len(req.output_token_ids):
-                ids.append(req.token_ids(pos, pos + 1)[0])
-            elif map_rows is None:
-                raise RuntimeError(f"request {req.request_id}: the token at position {pos} is "
-                                   "not known yet (a window formed with overlap needs "
-                                   "launch_window(batch, overlap=True))")
-            else:
-                ids.append(0)
-                index.append(r)
-                rows.append(map_rows[r])
-        if not index:
-            return ids, None
-        return ids, (np.array(index, dtype=np.int64), np.array(rows, dtype=np.int64))
 
     def _step_inputs(self, f: FlatInputs, plan: WindowPlan) -> StepInputs:
         """Fresh device tensors for an eager step 1."""

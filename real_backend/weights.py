@@ -1,17 +1,22 @@
-"""Model weights: seeded random init, and loading/saving Hugging Face Llama checkpoints."""
+"""Model weights: seeded random init, and loading/saving Hugging Face Llama checkpoints (whole, or
+one tensor-parallel rank's share)."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from policies.model_spec import ModelSpec
 from real_backend.model import LayerWeights, Llama, rope_table
+
+if TYPE_CHECKING:
+    from real_backend.parallel import TPGroup
 
 # config.json key -> ModelSpec field, checked on load so a checkpoint never silently mismatches.
 _HF_CONFIG = {
@@ -21,66 +26,90 @@ _HF_CONFIG = {
 }
 
 
-def _empty_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> Llama:
+def _empty_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype,
+                 tp: TPGroup | None = None) -> Llama:
+    """Zeroed weights of the whole model, or with ``tp`` of one rank's share (zeros: a
+    vocabulary shard's padding rows must hold finite values)."""
     def t(*shape: int) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype, device=device)
+        return torch.zeros(shape, dtype=dtype, device=device)
 
-    h, inter = spec.hidden_size, spec.intermediate_size
-    layers = [LayerWeights(t(h), t(spec.q_size + 2 * spec.kv_size, h), t(h, spec.q_size), t(h),
+    local = tp.local_spec(spec) if tp else spec
+    h, inter = spec.hidden_size, local.intermediate_size
+    layers = [LayerWeights(t(h), t(local.q_size + 2 * local.kv_size, h), t(h, local.q_size), t(h),
                            t(2 * inter, h), t(h, inter)) for _ in range(spec.num_layers)]
-    embed = t(spec.vocab_size, h)
-    lm_head = embed if spec.tie_word_embeddings else t(spec.vocab_size, h)
-    return Llama(spec, embed, layers, t(h), lm_head, rope_table(spec, device))
+    vocab = tp.vocab_rows(spec)[1] if tp else spec.vocab_size
+    embed = t(vocab, h)
+    lm_head = embed if spec.tie_word_embeddings else t(vocab, h)
+    return Llama(local, embed, layers, t(h), lm_head, rope_table(spec, device), tp)
 
 
 def random_model(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype,
-                 seed: int = 0) -> Llama:
+                 seed: int = 0, tp: TPGroup | None = None) -> Llama:
     """Gaussian weights scaled so activations keep unit scale through any depth (bf16-safe):
-    projections into the residual stream shrink with 1/sqrt(2 * num_layers)."""
+    projections into the residual stream shrink with 1/sqrt(2 * num_layers). With ``tp``, this
+    rank's share of the very same model (each checkpoint tensor drawn whole, then cut)."""
     device = torch.device(device)
-    model = _empty_model(spec, device, dtype)
+    model = _empty_model(spec, device, dtype, tp)
     gen = torch.Generator(device=device).manual_seed(seed)
     depth = math.sqrt(2 * spec.num_layers)
-
-    def fill(w: torch.Tensor, std: float) -> None:
-        w.normal_(0.0, std, generator=gen)
-
-    fill(model.embed, 1.0)
-    for w in model.layers:
-        w.input_norm.fill_(1.0)
-        w.post_norm.fill_(1.0)
-        fill(w.qkv, spec.hidden_size ** -0.5)
-        fill(w.o, spec.q_size ** -0.5 / depth)
-        fill(w.gate_up, spec.hidden_size ** -0.5)
-        fill(w.down, spec.intermediate_size ** -0.5 / depth)
-    model.norm.fill_(1.0)
-    if not spec.tie_word_embeddings:
-        fill(model.lm_head, spec.hidden_size ** -0.5)
+    stds = {"embed_tokens": 1.0, "q_proj": spec.hidden_size ** -0.5,
+            "k_proj": spec.hidden_size ** -0.5, "v_proj": spec.hidden_size ** -0.5,
+            "o_proj": spec.q_size ** -0.5 / depth, "gate_proj": spec.hidden_size ** -0.5,
+            "up_proj": spec.hidden_size ** -0.5, "down_proj": spec.intermediate_size ** -0.5 / depth,
+            "lm_head": spec.hidden_size ** -0.5}
+    for name, place in _placements(spec, model).items():
+        kind = name.split(".")[-2]
+        if kind.endswith("norm"):
+            place.dst.fill_(1.0)
+            continue
+        full = torch.empty(place.shape, dtype=dtype, device=device)
+        place.put(full.normal_(0.0, stds[kind], generator=gen))
     return model
 
 
-def _hf_names(spec: ModelSpec, model: Llama) -> dict[str, tuple[torch.Tensor, int, int]]:
-    """HF tensor name -> (our tensor, first row, row count): fused tensors take row slices."""
-    q, kv, inter = spec.q_size, spec.kv_size, spec.intermediate_size
-    names: dict[str, tuple[torch.Tensor, int, int]] = {
-        "model.embed_tokens.weight": (model.embed, 0, spec.vocab_size),
-        "model.norm.weight": (model.norm, 0, spec.hidden_size),
-    }
-    if not spec.tie_word_embeddings:
-        names["lm_head.weight"] = (model.lm_head, 0, spec.vocab_size)
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a checkpoint tensor (of the whole model's ``shape``) goes: its slice from
+    ``start`` along ``dim`` (this rank's share; all of it without tp) is copied into ``dst``."""
+
+    dst: torch.Tensor
+    shape: tuple[int, ...]
+    dim: int = 0
+    start: int = 0
+
+    def put(self, src: torch.Tensor) -> None:
+        self.dst.copy_(src.narrow(self.dim, self.start, self.dst.shape[self.dim]))
+
+
+def _placements(spec: ModelSpec, model: Llama) -> dict[str, Placement]:
+    """HF tensor name -> its placement in ``model`` (this rank's share with ``model.tp``):
+    fused tensors take row slices; column-parallel weights (q/k/v, gate/up) this rank's rows,
+    row-parallel ones (o, down) its columns, the vocabulary matrices its vocabulary rows."""
+    tp, local = model.tp, model.spec
+    h, q, kv, inter = spec.hidden_size, spec.q_size, spec.kv_size, spec.intermediate_size
+    ql, kvl, il = local.q_size, local.kv_size, local.intermediate_size
+    rank = tp.rank if tp else 0
+    q0, i0 = rank * ql, rank * il
+    kv0 = tp.kv_head_start(spec) * spec.head_dim if tp else 0
+    v0, vocab = (tp.vocab_rows(spec)[0], tp.vocab_rows(spec)[2]) if tp else (0, spec.vocab_size)
+    names = {"model.embed_tokens.weight": Placement(model.embed[:vocab], (spec.vocab_size, h),
+                                                    0, v0),
+             "model.norm.weight": Placement(model.norm, (h,))}
     for i, w in enumerate(model.layers):
         p = f"model.layers.{i}."
         names.update({
-            p + "input_layernorm.weight": (w.input_norm, 0, spec.hidden_size),
-            p + "post_attention_layernorm.weight": (w.post_norm, 0, spec.hidden_size),
-            p + "self_attn.q_proj.weight": (w.qkv, 0, q),
-            p + "self_attn.k_proj.weight": (w.qkv, q, kv),
-            p + "self_attn.v_proj.weight": (w.qkv, q + kv, kv),
-            p + "self_attn.o_proj.weight": (w.o, 0, spec.hidden_size),
-            p + "mlp.gate_proj.weight": (w.gate_up, 0, inter),
-            p + "mlp.up_proj.weight": (w.gate_up, inter, inter),
-            p + "mlp.down_proj.weight": (w.down, 0, spec.hidden_size),
+            p + "input_layernorm.weight": Placement(w.input_norm, (h,)),
+            p + "self_attn.q_proj.weight": Placement(w.qkv[:ql], (q, h), 0, q0),
+            p + "self_attn.k_proj.weight": Placement(w.qkv[ql:ql + kvl], (kv, h), 0, kv0),
+            p + "self_attn.v_proj.weight": Placement(w.qkv[ql + kvl:], (kv, h), 0, kv0),
+            p + "self_attn.o_proj.weight": Placement(w.o, (h, q), 1, q0),
+            p + "post_attention_layernorm.weight": Placement(w.post_norm, (h,)),
+            p + "mlp.gate_proj.weight": Placement(w.gate_up[:il], (inter, h), 0, i0),
+            p + "mlp.up_proj.weight": Placement(w.gate_up[il:], (inter, h), 0, i0),
+            p + "mlp.down_proj.weight": Placement(w.down, (h, inter), 1, i0),
         })
+    if not spec.tie_word_embeddings:
+        names["lm_head.weight"] = Placement(model.lm_head[:vocab], (spec.vocab_size, h), 0, v0)
     return names
 
 
@@ -208,23 +237,38 @@ def _weight_files(path: Path) -> tuple[list[Path], dict[str, str], Path]:
                      "model.safetensors.index.json")
 
 
-def _tensors(file: Path, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of one safetensors file; a damaged file is a one-line error naming it."""
+def _tensors(file: Path, device: torch.device) -> Iterator[tuple[str, Any]]:
+    """Every tensor of one safetensors file as a lazy slice (``_read`` reads a rank's part);
+    a damaged file is a one-line error naming it."""
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(file), framework="pt", device=str(device)) as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                yield name, f.get_slice(name)
     except (SafetensorError, OSError) as err:
         raise ValueError(f"backend.weights: {file} is not a readable safetensors file "
                          f"({err})") from None
 
 
+def _read(file: Path, name: str, tensor: Any, place: Placement) -> torch.Tensor:
+    """The part of a checkpoint tensor ``place`` takes (its rank's share: only those bytes
+    are read)."""
+    from safetensors import SafetensorError
+
+    index = [slice(None)] * len(place.shape)
+    index[place.dim] = slice(place.start, place.start + place.dst.shape[place.dim])
+    try:
+        return tensor[tuple(index)]
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"backend.weights: {file} has an unreadable {name} ({err})") from None
+
+
 def load_hf_model(spec: ModelSpec, path: str | Path, device: torch.device | str,
-                  dtype: torch.dtype) -> Llama:
+                  dtype: torch.dtype, tp: TPGroup | None = None) -> Llama:
     """Load a local Hugging Face Llama directory: config.json plus model.safetensors or shards
-    listed in model.safetensors.index.json; q/k/v and gate/up are fused on the way in.
+    listed in model.safetensors.index.json; q/k/v and gate/up are fused on the way in. With
+    ``tp``, this rank's share of every tensor (the checkpoint is the whole model's).
 
     Refused, each with a one-line ValueError naming the file: a config.json that disagrees with
     ``spec``, a damaged file, a file outside the directory, and a tensor that is missing, extra,
@@ -232,11 +276,11 @@ def load_hf_model(spec: ModelSpec, path: str | Path, device: torch.device | str,
     path, device = Path(path), torch.device(device)
     _check_config(spec, path)
     files, weight_map, listing = _weight_files(path)
-    model = _empty_model(spec, device, dtype)
-    targets = _hf_names(spec, model)
+    model = _empty_model(spec, device, dtype, tp)
+    targets = _placements(spec, model)
     found: dict[str, Path] = {}
     for file in files:
-        for name, src in _tensors(file, device):
+        for name, tensor in _tensors(file, device):
             if name.endswith(_RECOMPUTED) or (name == "lm_head.weight"
                                               and spec.tie_word_embeddings):
                 continue  # tied: transformers, too, ties lm_head to the embedding and drops it
@@ -247,15 +291,16 @@ def load_hf_model(spec: ModelSpec, path: str | Path, device: torch.device | str,
             if name not in targets:
                 raise ValueError(f"backend.weights: {file} has tensor {name}, which model "
                                  f"{spec.name} has no place for")
-            dst, row, rows = targets[name]
-            expect = (rows,) + tuple(dst.shape[1:])
-            if tuple(src.shape) != expect:
+            place = targets[name]
+            shape = tuple(tensor.get_shape())
+            if shape != place.shape:
                 raise ValueError(f"backend.weights: {file} has {name} of shape "
-                                 f"{tuple(src.shape)}, model {spec.name} needs {expect}")
+                                 f"{shape}, model {spec.name} needs {place.shape}")
+            src = _read(file, name, tensor, place)
             if not src.is_floating_point():
                 raise ValueError(f"backend.weights: {file} has {name} of dtype {src.dtype}, "
                                  "a model weight must be floating point")
-            dst[row:row + rows].copy_(src)
+            place.dst.copy_(src)
     missing = sorted(set(targets) - set(found))
     if missing:
         where = (f"{listing.name} puts it in {weight_map[missing[0]]}"
@@ -266,9 +311,12 @@ def load_hf_model(spec: ModelSpec, path: str | Path, device: torch.device | str,
 
 
 def save_hf_model(model: Llama, path: str | Path, num_shards: int = 1) -> None:
-    """Write ``model`` as a Hugging Face Llama directory (config.json, safetensors shards, index)."""
+    """Write ``model`` (a whole one, not a rank's share) as a Hugging Face Llama directory
+    (config.json, safetensors shards, index)."""
     from safetensors.torch import save_file
 
+    if model.tp is not None:
+        raise ValueError("save_hf_model writes a whole model, not a tensor-parallel rank's share")
     spec, path = model.spec, Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = {hf: getattr(spec, ours) for hf, ours in _HF_CONFIG.items()}
@@ -278,12 +326,11 @@ def save_hf_model(model: Llama, path: str | Path, num_shards: int = 1) -> None:
                tie_word_embeddings=spec.tie_word_embeddings,
                torch_dtype=str(model.dtype).removeprefix("torch."))
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
-    names = list(_hf_names(spec, model).items())
+    names = list(_placements(spec, model).items())
     weight_map: dict[str, str] = {}
     for shard in range(num_shards):
         fname = f"model-{shard + 1:05d}-of-{num_shards:05d}.safetensors"
-        part = {name: src[row:row + rows].contiguous().cpu()
-                for name, (src, row, rows) in names[shard::num_shards]}
+        part = {name: place.dst.contiguous().cpu() for name, place in names[shard::num_shards]}
         save_file(part, str(path / fname), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(part, fname))
     index = {"metadata": {}, "weight_map": weight_map}

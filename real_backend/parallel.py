@@ -1,0 +1,246 @@
+"""Tensor parallelism in the real engine: each rank's share of the model (Megatron-style), the
+collectives of a forward step, and the worker ranks: one process per GPU beside the serving
+process (rank 0), each running the windows rank 0 schedules and broadcasts.
+
+Sharding (``TPGroup``): q/k/v and gate/up are split by output rows (column-parallel), o_proj
+and down_proj by input columns (row-parallel) and their outputs all-reduced; the embedding
+and the LM head are split by vocabulary rows: an embedding lookup is all-reduced (each rank
+fills the rows of its ids), the logits gathered. KV heads are split with their query heads,
+or replicated when there are fewer KV heads than ranks. Every rank keeps the whole residual
+stream and gets the whole logits, so every rank samples the same ids from the same seeded
+generator and runs advance_step on them itself: no sampled id crosses between ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from policies.model_spec import ModelSpec
+from policies.parallel import kv_heads_per_rank
+
+if TYPE_CHECKING:
+    from real_backend.config import BackendConfig
+    from real_backend.runner import ModelRunner
+    from real_backend.window_inputs import HostPlan
+
+
+# all_gather_into_tensor's newer name (torch >= 2.10; the old one warns there)
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+@dataclass(slots=True)
+class TPGroup:
+    """One rank's place among ``size`` tensor-parallel ranks and the groups it talks over:
+    ``group`` for activations (NCCL on GPUs, gloo on the CPU), ``cpu_group`` (gloo) for the
+    window descriptions rank 0 broadcasts. Without groups (tests of the sharding) no
+    collective may run."""
+
+    rank: int
+    size: int
+    group: Any = None  # torch.distributed.ProcessGroup
+    cpu_group: Any = None
+
+    # ------------------------------------------------------------------ the shard
+    def local_spec(self, spec: ModelSpec) -> ModelSpec:
+        """The shape of this rank's share: its query and KV heads and MLP columns (the
+        vocabulary stays whole: the logits are gathered)."""
+        return dataclasses.replace(spec, num_heads=spec.num_heads // self.size,
+                                   num_kv_heads=kv_heads_per_rank(spec, self.size),
+                                   intermediate_size=spec.intermediate_size // self.size)
+
+    def kv_head_start(self, spec: ModelSpec) -> int:
+        """The first KV head this rank holds: the one its first query head reads."""
+        return self.rank * spec.num_kv_heads // self.size
+
+    def vocab_rows(self, spec: ModelSpec) -> tuple[int, int, int]:
+        """(first id, rows held, rows filled) of this rank's vocabulary shard: every rank holds
+        ceil(V / size) rows, the last one's tail zero when V does not divide."""
+        per = -(-spec.vocab_size // self.size)
+        start = self.rank * per
+        return start, per, max(0, min(per, spec.vocab_size - start))
+
+    # ------------------------------------------------------------------ collectives
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def gather_vocab(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """[N, V] from each rank's [N, V / size] columns (the LM head's shards)."""
+        n, per = logits.shape
+        out = logits.new_empty(self.size * n, per)
+        _all_gather(out, logits.contiguous(), group=self.group)
+        return out.view(self.size, n, per).permute(1, 0, 2).reshape(n, self.size * per)[:, :vocab_size]
+
+    def min_int(self, value: int) -> int:
+        """The smallest of every rank's ``value`` (e.g. the KV blocks each rank's memory fits)."""
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.cpu_group)
+        return int(t.item())
+
+    def agree(self, error: str | None) -> None:
+        """Every rank says whether its setup failed; all raise the first failure's one line,
+        so that no rank waits for the others in a collective that never comes."""
+        errors: list[str | None] = [None] * self.size
+        dist.all_gather_object(errors, error, group=self.cpu_group)
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise ValueError(first)
+
+    def send(self, message: object) -> None:
+        """Rank 0: broadcast ``message`` (a window, a job, the end of a run) to the workers."""
+        dist.broadcast_object_list([message], src=0, group=self.cpu_group)
+
+    def recv(self) -> object:
+        box: list[object] = [None]
+        dist.broadcast_object_list(box, src=0, group=self.cpu_group)
+        return box[0]
+
+
+# ---------------------------------------------------------------------- the worker ranks
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerShape:
+    """The scheduler limits a runner's cache, buffers, profile and graphs are sized for."""
+
+    block_size: int
+    max_num_seqs: int
+    max_lookahead: int
+    max_num_batched_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class BuildRunner:
+    """Rank 0 to the workers: build your runner for the next run (then serve its windows)."""
+
+    spec: ModelSpec
+    cfg: BackendConfig
+    shape: RunnerShape
+
+
+EXIT = "exit"  # rank 0 to the workers: no more runs
+
+
+def rank_config(cfg: BackendConfig, rank: int) -> BackendConfig:
+    """Rank r's settings: GPU r on a CUDA host."""
+    if cfg.torch_device.type != "cuda":
+        return cfg
+    return dataclasses.replace(cfg, device=f"cuda:{rank}")
+
+
+def check_devices(cfg: BackendConfig, size: int) -> None:
+    """One line when ``size`` ranks cannot each get a device of ``cfg``."""
+    dev = torch.device(cfg.device)
+    if dev.type != "cuda":
+        return
+    if dev.index is not None:
+        raise ValueError(f"backend.device {cfg.device}: with parallel.tensor_parallel_size "
+                         f"{size} set backend.device=cuda (rank r runs on cuda:r)")
+    if torch.cuda.device_count() < size:
+        raise ValueError(f"parallel.tensor_parallel_size {size} needs {size} GPUs, this host "
+                         f"has {torch.cuda.device_count()}")
+
+
+def _init_group(rank: int, size: int, init_method: str, device_type: str) -> TPGroup:
+    if device_type == "cuda":
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=size,
+                                device_id=torch.device("cuda", rank))
+        return TPGroup(rank, size, dist.group.WORLD, dist.new_group(backend="gloo"))
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=size)
+    return TPGroup(rank, size, dist.group.WORLD, dist.group.WORLD)
+
+
+def _worker_main(rank: int, size: int, init_method: str, device_type: str) -> None:
+    """A worker rank's process: build a runner for each run rank 0 announces and serve it."""
+    from real_backend.engine import build_rank_runner
+
+    if device_type == "cpu":
+        torch.set_num_threads(1)  # the ranks share the host's cores
+    group = _init_group(rank, size, init_method, device_type)
+    try:
+        while isinstance(job := group.recv(), BuildRunner):
+            try:
+                runner = build_rank_runner(job.spec, rank_config(job.cfg, rank), job.shape, group)
+            except ValueError:
+                continue  # rank 0 raises the same one line and ends the run
+            if serve_windows(runner, group) == EXIT:
+                break
+            del runner
+    finally:
+        dist.destroy_process_group()
+
+
+def serve_windows(runner: ModelRunner, group: TPGroup) -> object:
+    """A worker rank's loop: run every window rank 0 broadcasts, up to two in flight (their
+    inputs' host copies stay alive until then), until a message that is not a window (the end
+    of the run, or EXIT), which it returns."""
+    from real_backend.window_inputs import HostPlan
+
+    in_flight: deque[Callable[[], None]] = deque()
+    while isinstance(plan := group.recv(), HostPlan):
+        in_flight.append(runner.launch_plan(plan))
+        if len(in_flight) > 2:
+            in_flight.popleft()()
+    while in_flight:
+        in_flight.popleft()()
+    return plan
+
+
+class Workers:
+    """Rank 0's side: the worker processes (ranks 1..size-1) and this process's group.
+
+    ``with Workers(size, cfg) as workers``: on a clean exit the workers are told to stop and
+    joined; after a failure (a rank may be stuck in a collective) they are terminated.
+    """
+
+    def __init__(self, size: int, cfg: BackendConfig) -> None:
+        check_devices(cfg, size)
+        self.size = size
+        self.device_type = cfg.torch_device.type
+        self._dir = tempfile.mkdtemp(prefix="schedlab-tp-")
+        init_method = f"file://{self._dir}/rendezvous"
+        ctx = mp.get_context("spawn")  # a CUDA context cannot cross a fork
+        self.procs = [ctx.Process(target=_worker_main, daemon=True,
+                                  args=(r, size, init_method, self.device_type))
+                      for r in range(1, size)]
+        for p in self.procs:
+            p.start()
+        try:
+            self.group = _init_group(0, size, init_method, self.device_type)
+        except BaseException:
+            self._stop(clean=False)
+            raise
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self._stop(clean=exc_type is None)
+
+    def publish(self, plan: HostPlan) -> None:
+        self.group.send(plan)
+
+    def _stop(self, clean: bool) -> None:
+        if clean:
+            self.group.send(EXIT)
+        for p in self.procs:
+            p.join(timeout=30 if clean else 0)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        shutil.rmtree(self._dir, ignore_errors=True)
