@@ -11,6 +11,7 @@ import gc
 import os
 import time
 from collections.abc import Callable, Mapping, MutableSequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
@@ -144,11 +145,13 @@ def fill_prompt_tokens(requests: list[Request], spec: ModelSpec, seed: int) -> N
 def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
              model: ModelSpec, backend_cfg: Mapping[str, Any], *,
              max_concurrency: int | None = None, progress: bool = True,
-             parallel: ParallelConfig | None = None) -> RealResult:
+             parallel: ParallelConfig | None = None, workers: Workers | None = None
+             ) -> RealResult:
     """Serve ``requests`` (arrival_time: seconds after the start; all 0 = offline) on the device,
     at most ``max_concurrency`` unfinished (a held-back request's arrival_time becomes its send
     time, as policies.client says); with ``parallel.tensor_parallel_size`` > 1 on that many
-    ranks, this process rank 0 (real_backend/parallel.py).
+    ranks, this process rank 0 (real_backend/parallel.py): on ``workers`` when given (runs
+    that share them skip starting processes), else on workers started for this run.
 
     ``make_scheduler`` is called twice: once with num_blocks=1 to read the scheduler's limits
     for profiling, then with the profiled number of KV blocks for the run itself.
@@ -163,7 +166,7 @@ def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
                          "collected while the next window runs")
     if size > 1:
         return _run_tensor_parallel(size, requests, make_scheduler, model, cfg, probe, clock,
-                                    t_setup, progress, max_concurrency)
+                                    t_setup, progress, max_concurrency, workers)
     key = repr((model, cfg, probe.config, probe.max_num_batched_tokens, runner_shape(probe)))
     kept = _KEPT.pop(key, None) if cfg.keep_runner else None
     _KEPT.clear()
@@ -205,18 +208,29 @@ def _tensor_parallel_size(parallel: ParallelConfig, model: ModelSpec, cfg: Backe
 def _run_tensor_parallel(size: int, requests: list[Request],
                          make_scheduler: Callable[[int], Scheduler], model: ModelSpec,
                          cfg: BackendConfig, probe: Scheduler, clock: Clock, t_setup: float,
-                         progress: bool, max_concurrency: int | None) -> RealResult:
-    """The run on ``size`` ranks: the workers are started, build their shares beside this
-    process's, run every window it schedules, and stop with the run."""
+                         progress: bool, max_concurrency: int | None,
+                         workers: Workers | None) -> RealResult:
+    """The run on ``size`` ranks: the workers (started here unless given) build their shares
+    beside this process's and run every window it schedules until the run's end."""
     shape = runner_shape(probe)
+    if workers is not None and workers.closed:
+        raise ValueError("the workers given are closed (a run on them failed)")
+    if workers is not None and (workers.size, workers.device_type) != (size, cfg.torch_device.type):
+        raise ValueError(f"the workers given are {workers.size} {workers.device_type} ranks, "
+                         f"the run needs {size} {cfg.torch_device.type} ranks")
     release_device_memory()
-    with Workers(size, cfg) as workers:
-        workers.group.send(BuildRunner(model, cfg, shape))
-        runner = build_rank_runner(model, rank_config(cfg, 0), shape, workers.group, clock)
-        runner.publish = workers.publish
-        out = _serving_loop(requests, make_scheduler, model, cfg, runner, clock, t_setup,
-                            progress, max_concurrency)
-        workers.group.send(None)  # the run's end
+    try:
+        with nullcontext(workers) if workers else Workers(size, cfg) as ranks:
+            ranks.group.send(BuildRunner(model, cfg, shape))
+            runner = build_rank_runner(model, rank_config(cfg, 0), shape, ranks.group, clock)
+            runner.publish = ranks.publish
+            out = _serving_loop(requests, make_scheduler, model, cfg, runner, clock, t_setup,
+                                progress, max_concurrency)
+            ranks.group.send(None)  # the run's end
+    except BaseException:
+        if workers is not None:  # a rank may be stuck in a collective: they go too
+            workers.close(clean=False)
+        raise
     del runner
     release_device_memory()
     out.stats.update(runner_kept=False, tensor_parallel_size=size)

@@ -203,11 +203,15 @@ class Workers:
     """Rank 0's side: the worker processes (ranks 1..size-1) and this process's group.
 
     ``with Workers(size, cfg) as workers``: on a clean exit the workers are told to stop and
-    joined; after a failure (a rank may be stuck in a collective) they are terminated.
+    joined; after a failure (a rank may be stuck in a collective) they are terminated. Runs
+    given them (``run_real(..., workers=...)``) share them; a failed run closes them.
     """
 
     def __init__(self, size: int, cfg: BackendConfig) -> None:
         check_devices(cfg, size)
+        if dist.is_initialized():  # a process belongs to one group of ranks
+            raise ValueError("tensor-parallel ranks are running in this process already: close "
+                             "those workers first")
         self.size = size
         self.device_type = cfg.torch_device.type
         self._dir = tempfile.mkdtemp(prefix="schedlab-tp-")
@@ -218,22 +222,27 @@ class Workers:
                       for r in range(1, size)]
         for p in self.procs:
             p.start()
+        self.closed = False
         try:
             self.group = _init_group(0, size, init_method, self.device_type)
         except BaseException:
-            self._stop(clean=False)
+            self.close(clean=False)
             raise
 
     def __enter__(self) -> Workers:
         return self
 
     def __exit__(self, exc_type: object, *_: object) -> None:
-        self._stop(clean=exc_type is None)
+        self.close(clean=exc_type is None)
 
     def publish(self, plan: HostPlan) -> None:
         self.group.send(plan)
 
-    def _stop(self, clean: bool) -> None:
+    def close(self, clean: bool = True) -> None:
+        """Stop the workers: told to (``clean``), or terminated (after a failure)."""
+        if self.closed:
+            return
+        self.closed = True
         if clean:
             self.group.send(EXIT)
         for p in self.procs:
