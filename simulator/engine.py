@@ -361,7 +361,8 @@ def _open_window(sim: _Sim, batch: Batch, gpu_free: float | None = None) -> _Win
     chunks = sse_chunks(spec, delivered, sim.stream_per_step)
     out_cost = window_output_times(spec, [s.num_seqs for s in shapes], delivered, chunks)
     cost = schedule_time(spec, len(batch.seqs), shapes[0].num_tokens, shapes[0].kv_tokens,
-                         batch.num_steps, overlap, shapes[0].num_prefill_seqs)
+                         batch.num_steps, overlap, shapes[0].num_prefill_seqs,
+                         sim.model.num_layers)
     # the GPU starts the window once it is scheduled (pipeline stages: a close lower bound),
     # with overlap once the window before it is done too
     start = sim.env.now + cost if not overlap else max(sim.env.now + cost, gpu_free)

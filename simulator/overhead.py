@@ -9,6 +9,7 @@ Per scheduler invocation (once per window): schedule + input preparation + H2D c
                  + schedule_multi_step_per_seq_us * num_seqs * (num_steps - 1) ]
              [ + schedule_overlap_us ]
              [ + schedule_mixed_us + schedule_mixed_per_seq_us * num_seqs ]
+             [ + schedule_prefill_per_layer_us * num_layers ]
 
 (num_tokens: the query tokens of the window's first step; kv_tokens: the KV-cache tokens it
 attends over, whose block tables and slot mappings the engine builds; the bracket: windows of
@@ -16,7 +17,9 @@ more than one step, whose preparation schedlab's engine measures dearer and whos
 appends num_steps tokens to every sequence; the second bracket: windows formed with overlap
 scheduling, whose inputs also gather each sequence's newest token on the device; the third:
 windows whose first step mixes prefill (or prefill-chunk) sequences with decodes, whose
-preparation builds both kinds of attention metadata and runs the piecewise-graph path).
+preparation builds both kinds of attention metadata and runs the piecewise-graph path; the fourth:
+windows with prefill tokens, whose steps launch per layer (piecewise-graph pieces between eager
+attention launches), so that their CPU cost grows with the model's layer count).
 
 Output processing: the device-to-host copy and pythonization of the sampled ids, then the
 engine's walk over the sequence groups (appending tokens, detokenization, stop checks,
@@ -57,7 +60,8 @@ _COSTS = ("schedule_base_us", "schedule_per_seq_us", "schedule_per_token_us",
           "schedule_per_kv_token_us", "output_base_us",
           "output_per_seq_us", "api_per_token_us", "schedule_multi_step_us",
           "schedule_multi_step_per_seq_us", "schedule_overlap_us", "schedule_mixed_us",
-          "schedule_mixed_per_seq_us", "output_pythonize_per_seq_us", "output_per_token_us",
+          "schedule_mixed_per_seq_us", "schedule_prefill_per_layer_us",
+          "output_pythonize_per_seq_us", "output_per_token_us",
           "api_per_chunk_us")
 
 
@@ -83,6 +87,7 @@ class OverheadSpec:
     schedule_overlap_us: float = 0.0  # more per window formed with overlap scheduling
     schedule_mixed_us: float = 0.0  # more per window mixing prefill and decode sequences
     schedule_mixed_per_seq_us: float = 0.0  # ... and per sequence of such a window
+    schedule_prefill_per_layer_us: float = 0.0  # per model layer, in windows with prefill tokens
     # the output path's terms (module docstring); false: one processing call per step
     output_per_window: bool = False
     output_pythonize_per_seq_us: float = 0.0  # per sequence and step: sampled ids to Python
@@ -118,9 +123,10 @@ def scale_overhead(spec: OverheadSpec, factor: float) -> OverheadSpec:
 
 def schedule_time(spec: OverheadSpec, num_seqs: int, num_tokens: int,
                   kv_tokens: int = 0, num_steps: int = 1, overlap: bool = False,
-                  num_prefill_seqs: int = 0) -> float:
+                  num_prefill_seqs: int = 0, num_layers: int = 0) -> float:
     """Seconds of one scheduler invocation with its input preparation (and launch);
-    ``num_prefill_seqs``: the first step's sequences that prefill (a prompt or a chunk)."""
+    ``num_prefill_seqs``: the first step's sequences that prefill (a prompt or a chunk);
+    ``num_layers``: the model's decoder layers."""
     t = (spec.schedule_base_us + spec.schedule_per_seq_us * num_seqs
          + spec.schedule_per_token_us * num_tokens + spec.schedule_per_kv_token_us * kv_tokens)
     if num_steps > 1:
@@ -130,6 +136,8 @@ def schedule_time(spec: OverheadSpec, num_seqs: int, num_tokens: int,
         t += spec.schedule_overlap_us
     if 0 < num_prefill_seqs < num_seqs:
         t += spec.schedule_mixed_us + spec.schedule_mixed_per_seq_us * num_seqs
+    if num_prefill_seqs > 0:
+        t += spec.schedule_prefill_per_layer_us * num_layers
     return t * _US
 
 
