@@ -17,6 +17,7 @@ import dataclasses
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import tempfile
 from collections import deque
 from collections.abc import Callable
@@ -167,6 +168,9 @@ def _worker_main(rank: int, size: int, init_method: str, device_type: str) -> No
     """A worker rank's process: build a runner for each run rank 0 announces and serve it."""
     from real_backend.engine import build_rank_runner
 
+    # Ctrl-C reaches the whole terminal's process group: rank 0 alone handles it (and ends
+    # the workers), so a worker prints no traceback of its own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if device_type == "cpu":
         torch.set_num_threads(1)  # the ranks share the host's cores
     group = _init_group(rank, size, init_method, device_type)
