@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     err_lines = "\n".join(f"  {r.term}: median |err| {r.median_abs_rel_error:.1%}, max "
                           f"{r.max_abs_rel_error:.1%} over {r.points} steps"
                           for r in terms.itertuples())
-    hw_d = {f: getattr(hw, f) for f in hw.__dataclass_fields__
+    hw_d = {f: v for f, v in hw.profile.items()
             if not f.startswith("op_")}  # the operator-table profile's settings: not this fit's
     hw_d["name"] = args.name
     for k, _, _ in FIT_KEYS:

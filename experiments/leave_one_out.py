@@ -177,6 +177,66 @@ def served_windows(runs: ModelRuns) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+# ---------------------------------------------------------------------------- host CPU speed
+# Columns of served windows that hold CPU seconds: divided by the run's host factor before the
+# fit, so that the fitted costs are those of the reference host.
+CPU_COLUMNS = ("gap_s", "cpu_s", "pythonize_s")
+
+
+def _window_class(w: pd.DataFrame) -> pd.Series:
+    """Windows whose scheduler work follows one path: decode-only of one step, of several
+    steps, prefill-only, and mixed."""
+    n, pf = w["num_seqs"], w["num_prefill_seqs"].fillna(0)
+    return pd.Series(np.select([(pf > 0) & (pf < n), pf >= n, w["k"] > 1],
+                               ["mixed", "prefill", "multi"], "decode"), index=w.index)
+
+
+def with_host_factors(windows: pd.DataFrame) -> pd.DataFrame:
+    """Each run's host factor: how slowly its host ran the scheduler's Python work (schedule()
+    and update() of every window: it does not depend on the model) against all runs pooled, as
+    the median ratio over the run's windows, each window against the pooled fit (a + b *
+    sequences) of its class of windows. The runs were measured on the H200 hosts lent at the
+    time, whose CPUs ran the same code up to 1.6x apart; a user measures a host's factor with
+    benchmarks/scheduler_speed.py."""
+    from scipy.optimize import nnls
+
+    y = windows["update_s"].to_numpy(float)
+    ratio = np.full(len(windows), np.nan)
+    cls = _window_class(windows).to_numpy()
+    for c in np.unique(cls):
+        m = cls == c
+        X = np.column_stack([np.ones(m.sum()), windows["num_seqs"].to_numpy(float)[m]])
+        pred = X @ nnls(X, y[m])[0]
+        ratio[m] = np.where((pred > 0) & (y[m] > 0), y[m] / np.where(pred > 0, pred, 1.0), np.nan)
+    factor = pd.Series(ratio, index=windows.index).groupby(windows["file"]).transform("median")
+    return windows.assign(host_factor=factor.fillna(1.0))  # no update() timings: the reference
+
+
+def on_reference_host(windows: pd.DataFrame) -> pd.DataFrame:
+    """The windows' CPU seconds divided by their run's host factor (where there is one)."""
+    if "host_factor" not in windows:
+        return windows
+    return windows.assign(**{c: windows[c] / windows["host_factor"] for c in CPU_COLUMNS})
+
+
+def scaled_overhead(overhead: dict, factor: float) -> dict:
+    """An overhead profile's CPU costs on a host ``factor`` times slower than the reference."""
+    return {**overhead, **{key: v * factor for key, v in overhead.items() if key.endswith("_us")}}
+
+
+def config_factor(runs: ModelRuns, windows: pd.DataFrame, policy: str, k: int | None,
+                  rate: float) -> float:
+    """The host factor of the measured run(s) of a configuration (repeats: their mean)."""
+    tag = _tag(policy, k)
+    if math.isinf(rate):
+        files = [runs.steps[tag]] if tag in runs.steps else []
+    else:
+        files = sorted(set(f for f in windows["file"]
+                           if Path(f).parent.name.startswith(f"{tag}_rate{rate:g}")))
+    mine = windows[windows["file"].isin([str(Path(f)) for f in files])]
+    return float(mine.groupby("file")["host_factor"].first().mean()) if len(mine) else 1.0
+
+
 # ---------------------------------------------------------------------------- GPU factors
 def sim_overrides(runs: ModelRuns, policy: str, k: int | None, rate: float, meas: dict,
                   ) -> list[str]:
@@ -244,7 +304,7 @@ def fold_profiles(held_out: str, windows: pd.DataFrame, gpu_rows: pd.DataFrame, 
                   ) -> tuple[dict, dict, dict[str, float]]:
     """The hardware and overhead profiles fitted without ``held_out``'s rows, and the fit."""
     others_gpu = gpu_rows[gpu_rows["model"] != held_out]
-    others_win = windows[windows["model"] != held_out]
+    others_win = on_reference_host(windows[windows["model"] != held_out])
     kf, cf = fit_factors(others_gpu)
     hw_fold = {**hw, "name": f"h200_ops_without_{held_out}", "op_kernel_factor": kf,
                "op_compute_factor": cf}
@@ -257,7 +317,8 @@ def fold_profiles(held_out: str, windows: pd.DataFrame, gpu_rows: pd.DataFrame, 
 
 
 def predict_config(runs: ModelRuns, policy: str, k: int | None, rate: float, meas: dict,
-                   profiles: dict, scales: list[float], work: Path, label: str) -> list[dict]:
+                   profiles: dict, scales: list[float], work: Path, label: str,
+                   host_factor: float = 1.0) -> list[dict]:
     tag = f"{_tag(policy, k)}_rate{'inf' if math.isinf(rate) else f'{rate:g}'}"
     with contextlib.redirect_stdout(io.StringIO()):  # each run prints its summary
         pred = predict(sim_overrides(runs, policy, k, rate, meas),
@@ -271,16 +332,19 @@ def predict_config(runs: ModelRuns, policy: str, k: int | None, rate: float, mea
                      "request_rate": rate, "metric": metric, "profile": label,
                      "predicted": p, "measured": q, "rel_error": err,
                      "target": target, "over_target": abs(err) > target,
-                     "repeats": meas.get("repeats", 1)})
+                     "repeats": meas.get("repeats", 1), "host_factor": round(host_factor, 4)})
     return rows
 
 
 def leave_one_out(spec: list[ModelRuns], models: list[str] | None, scales: list[float],
-                  work: Path, old: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  work: Path, old: bool = True, host_speed: bool = True,
+                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
     hw = load_profile("hardware", "h200_ops")
     base_ov = load_profile("overhead", "schedlab_h200")
     measured = {r.model: measured_configs(r) for r in spec}
     windows = pd.concat([served_windows(r) for r in spec], ignore_index=True)
+    if host_speed:
+        windows = with_host_factors(windows)
     gpu_rows = pd.concat([factor_rows(r, measured[r.model], hw, base_ov, work / "factors")
                           for r in spec], ignore_index=True)
     old_profiles = {"hardware": load_profile("hardware", "h200_calibrated"),
@@ -294,8 +358,10 @@ def leave_one_out(spec: list[ModelRuns], models: list[str] | None, scales: list[
         hw_fold, ov_fold, fit = fold_profiles(runs.model, windows, gpu_rows, hw)
         fits.append({"held_out": runs.model, **fit})
         for (policy, k, rate), meas in sorted(measured[runs.model].items(), key=str):
+            f = config_factor(runs, windows, policy, k, rate) if host_speed else 1.0
             rows += predict_config(runs, policy, k, rate, meas,
-                                   {"hardware": hw_fold, "overhead": ov_fold}, scales, work, NEW)
+                                   {"hardware": hw_fold, "overhead": scaled_overhead(ov_fold, f)},
+                                   scales, work, NEW, host_factor=f)
             if old:
                 rows += predict_config(runs, policy, k, rate, meas, old_profiles, scales, work,
                                        OLD)
@@ -378,6 +444,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="simulated runs per configuration over time scales 1 +- --sim-spread")
     ap.add_argument("--sim-spread", type=float, default=0.01)
     ap.add_argument("--no-old", action="store_true", help="skip the old profile's predictions")
+    ap.add_argument("--no-host-speed", action="store_true",
+                    help="fit and predict CPU costs as measured, without scaling each run's by "
+                    "its host's speed at the scheduler's Python work")
     return ap.parse_args(argv)
 
 
@@ -409,7 +478,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             raise InputError(str(err)) from None
         work = writable_dir("--runs", args.runs)
         writable_dir("--out", str(Path(args.out).parent))
-        df, fits = leave_one_out(spec, models, scales, work, old=not args.no_old)
+        df, fits = leave_one_out(spec, models, scales, work, old=not args.no_old,
+                                 host_speed=not args.no_host_speed)
         command = "python -m experiments.leave_one_out " + " ".join(
             _without_runs(argv if argv is not None else sys.argv[1:]))
         write(df, fits, args.out, command)

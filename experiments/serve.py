@@ -60,6 +60,11 @@ class Server:
         from real_backend.serving.tokenizer import Tokenizer
 
         self.host, self.port = check_server(cfg)
+        parallel = plain(cfg.get("parallel") or {})
+        if any(parallel.get(k, 1) != 1 for k in ("tensor_parallel_size",
+                                                 "pipeline_parallel_size")):
+            raise ValueError("experiments.serve runs the engine in one process: "
+                             "parallel.tensor_parallel_size and pipeline_parallel_size must be 1")
         model = ModelSpec.from_dict(plain(cfg["model"]))
         policy_cfg = plain(cfg["policy"])
         policy_name = policy_cfg.pop("name")

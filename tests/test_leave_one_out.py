@@ -121,9 +121,10 @@ def test_committed_cpu_fits_are_rebuilt_from_the_measured_windows():
     fits = pd.read_csv(COMMITTED_FIT).set_index("held_out")
     spec = loo.load_spec(None)
     assert set(fits.index) == {"none", *(r.model for r in spec)}
-    windows = pd.concat([loo.served_windows(r) for r in spec], ignore_index=True)
+    windows = loo.with_host_factors(
+        pd.concat([loo.served_windows(r) for r in spec], ignore_index=True))
     for model in fits.index:  # "none": no model held out
-        ov, _ = fit_overhead(windows[windows["model"] != model], "x")
+        ov, _ = fit_overhead(loo.on_reference_host(windows[windows["model"] != model]), "x")
         for key, value in ov.items():
             if key.endswith("_us"):
                 assert fits.loc[model, key] == pytest.approx(value, rel=1e-5, abs=1e-9), key
@@ -149,12 +150,35 @@ def test_committed_table_row_is_rebuilt(tmp_path):
           "op_compute_factor": float(fits.loc[model, "op_compute_factor"])}
     ov = {**load_profile("overhead", "schedlab_h200"), "name": f"served_without_{model}",
           **{key: float(fits.loc[model, key]) for key in fits.columns if key.endswith("_us")}}
-    rows = loo.predict_config(runs, policy, k, math.inf, meas, {"hardware": hw, "overhead": ov},
-                              loo.time_scales(5, 0.01), tmp_path, loo.NEW)
     want = table[(table["model"] == model) & (table["policy"] == policy) & (table["k"] == k)
                  & (table["profile"] == loo.NEW) & (table["request_rate"] == math.inf)]
+    ov = loo.scaled_overhead(ov, float(want["host_factor"].iloc[0]))
+    rows = loo.predict_config(runs, policy, k, math.inf, meas, {"hardware": hw, "overhead": ov},
+                              loo.time_scales(5, 0.01), tmp_path, loo.NEW)
     assert len(want) == 3
     for row in rows:
         w = want[want["metric"] == row["metric"]].iloc[0]
         assert row["predicted"] == pytest.approx(w["predicted"], rel=1e-5)
         assert row["measured"] == pytest.approx(w["measured"], rel=1e-5)
+
+
+def test_host_factor_is_how_slowly_a_run_ran_the_schedulers_python_work():
+    """Two runs of the same windows, one on a host 1.5x slower at update(): their factors are
+    1.5x apart, and dividing by them puts both runs' CPU costs on one reference host."""
+    rng = __import__("numpy").random.default_rng(0)
+    n = rng.integers(1, 256, 400)
+    base = pd.DataFrame({"num_seqs": n, "num_prefill_seqs": 0, "k": 1,
+                         "update_s": 1e-6 * (20 + 0.5 * n) * rng.uniform(0.95, 1.05, 400),
+                         "gap_s": 1e-6 * (300 + 5 * n), "cpu_s": 1e-6 * (250 + 4 * n),
+                         "pythonize_s": 1e-5})
+    slow = base.assign(**{c: base[c] * 1.5 for c in ("update_s", "gap_s", "cpu_s", "pythonize_s")})
+    w = loo.with_host_factors(pd.concat([base.assign(file="a"), slow.assign(file="b")],
+                                        ignore_index=True))
+    fa, fb = (w[w["file"] == f]["host_factor"].iloc[0] for f in "ab")
+    assert fb / fa == pytest.approx(1.5, rel=0.02)
+    ref = loo.on_reference_host(w)
+    a, b = ref[ref["file"] == "a"], ref[ref["file"] == "b"]
+    assert (b["gap_s"].to_numpy() / a["gap_s"].to_numpy()) == pytest.approx(1.0, rel=0.02)
+    assert loo.scaled_overhead({"name": "x", "schedule_base_us": 100.0, "async_output_processing":
+                                True}, 1.5) == {"name": "x", "schedule_base_us": 150.0,
+                                                "async_output_processing": True}

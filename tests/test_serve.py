@@ -269,3 +269,16 @@ def test_overlap_streams_per_token_and_aborts_in_flight(tmp_path):
         assert s.proc.wait(timeout=15) == 0
     finally:
         stop(s)
+
+
+def test_a_parallel_engine_is_refused_in_one_line():
+    from hydra import compose, initialize_config_dir
+
+    from experiments.paths import conf_dir
+    from experiments.serve import Server as EngineServer
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        cfg = compose("serve", overrides=["model=tiny", "backend.device=cpu",
+                                          "parallel.tensor_parallel_size=2"])
+    with pytest.raises(ValueError, match="parallel.tensor_parallel_size"):
+        EngineServer(cfg)
