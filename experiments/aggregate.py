@@ -24,7 +24,8 @@ LATENCY_KEYS = [f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
                 for stat in ("mean", "median", "std", "p99")]
 # percentiles chosen beyond p99 (metrics.metric_percentiles, --metric-percentiles)
 _PERCENTILE_KEY = re.compile(r"p[0-9.]+_(ttft|tpot|itl|e2el)_ms")
-SCHEDLAB_KEYS = ["backend", "policy", "k", "overlap", "model", "hardware", "overhead", "wall_seconds",
+SCHEDLAB_KEYS = ["backend", "policy", "k", "overlap", "tensor_parallel_size", "model", "hardware",
+                 "overhead", "wall_seconds",
                  "num_blocks",
                  "num_invocations", "num_preemptions", "num_wasted_steps", "gpu_busy_fraction",
                  "simulated_seconds_per_wall_second", "time_scale", "config_sha256"]

@@ -180,6 +180,21 @@ def measured_limit(meas: dict[str, Any]) -> int | None:
     return value
 
 
+def measured_engine(meas: dict[str, Any]) -> list[str]:
+    """The overrides that simulate the engine a measurement ran: overlap scheduling and the
+    tensor-parallel size, where its result records them (vLLM's files record neither)."""
+    out = []
+    if meas.get("overlap") is True:
+        out.append("policy.overlap=true")
+    tp = known(meas.get("tensor_parallel_size"))
+    if tp is not None and tp != 1:
+        if not float(tp).is_integer() or tp < 1:
+            raise InputError(f"--measured-dir: {', '.join(meas['files'])}: "
+                             f"tensor_parallel_size must be an integer >= 1, got {tp!r}")
+        out.append(f"parallel.tensor_parallel_size={int(tp)}")
+    return out
+
+
 def time_scales(repeats: int, spread: float) -> list[float]:
     """The simulated repeats' time scales: ``repeats`` evenly over 1 +- ``spread``."""
     if repeats < 1 or not 0.0 <= spread < 0.5:
@@ -436,6 +451,7 @@ def validate(args: argparse.Namespace, argv: list[str]) -> pd.DataFrame:
                 limit = measured_limit(meas)
                 if limit is not None:  # sent as the measurement sent them
                     base.append(f"workload.max_concurrency={limit}")
+                base += measured_engine(meas)
             pred = predict(base + sim_side, runs / "sim" / tag, profiles, meas["cache_sizes"],
                            scales, sources)
             for r in relative_errors(pred, meas):

@@ -49,3 +49,22 @@ def test_scatter_title_names_model_and_gpu(tmp_path):
     _validate(tmp_path)
     svg = (tmp_path / "out" / "validation_scatter.svg").read_text()
     assert "tiny test model, CPU" in svg
+
+
+def test_measured_engine_is_simulated_as_it_ran():
+    """A measured run with overlap or tensor parallelism is simulated with them, and repeats
+    that differ in either are not averaged."""
+    from experiments.measured import average_repeats, measured_from_dir
+
+    root = Path(__file__).resolve().parents[1] / "docs/validation/measured/overlap/on/t0"
+    found = measured_from_dir(root)
+    meas = found[("single_step", None, float("inf"))]
+    assert meas["overlap"] is True
+    assert validate.measured_engine(meas) == ["policy.overlap=true"]
+    assert validate.measured_engine({**meas, "overlap": False, "tensor_parallel_size": 2}) == [
+        "parallel.tensor_parallel_size=2"]
+    with pytest.raises(validate.InputError, match="tensor_parallel_size"):
+        validate.measured_engine({**meas, "tensor_parallel_size": 1.5})
+    off = {**meas, "overlap": False, "file": "b/result.json"}
+    with pytest.raises(ValueError, match="different overlap"):
+        average_repeats([{**meas, "file": "a/result.json"}, off])
