@@ -32,18 +32,15 @@ import yaml
 from experiments.files import atomic_path, write_text_atomic
 from experiments.fit import (
     FIT_KEYS,
-    MIN_SERVED_WINDOWS,
     STEP_KINDS,
     _shape,
     bootstrap,
     fit_clock,
     fit_gpu,
-    fit_overhead,
-    fit_overlap,
     fixed_terms,
-    overlap_pairs,
     term_errors,
 )
+from experiments.fit_cpu import MIN_SERVED_WINDOWS, fit_overhead, fit_overlap, overlap_pairs
 from experiments.measure import (
     OPTIONAL_COLS,
     SHAPE_COLS,

@@ -12,7 +12,7 @@ on an H200, ``DEFAULT_SPEC``), the held-out model's rows are dropped first, then
    each window's kernel time K and compute-bound share C come from simulated runs at unit and
    doubled factors, and the measured GPU time g ~ G + a K + b C by least squares
    (a = op_kernel_factor, b = a (op_compute_factor - 1); G: the launch terms).
-2. CPU: ``experiments.fit.fit_overhead`` over the other models' served windows pooled (their
+2. CPU: ``experiments.fit_cpu.fit_overhead`` over the other models' served windows pooled (their
    idle time between windows, less the last step's pythonization; a window after which the GPU
    waited for arrivals is read as its timed CPU phases instead).
 3. The held-out model's runs (t=0 and its Poisson rate, single_step, multi_step k=8 and cp1 k=8
@@ -43,7 +43,7 @@ import pandas as pd
 import yaml
 
 from experiments.files import write_text_atomic
-from experiments.fit import fit_overhead
+from experiments.fit_cpu import fit_overhead
 from experiments.measured import measured_from_dir
 from experiments.validate import (
     InputError,

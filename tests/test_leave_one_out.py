@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from experiments import leave_one_out as loo
-from experiments.fit import fit_overhead
+from experiments.fit_cpu import fit_overhead
 from experiments.validate import load_profile, run_one
 
 ROOT = Path(__file__).resolve().parents[1]

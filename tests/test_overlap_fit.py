@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.fit import fit_overlap, overlap_pairs
+from experiments.fit_cpu import fit_overlap, overlap_pairs
 
 
 def _steps(n: int, extra_us: float, seed: int) -> pd.DataFrame:
