@@ -55,6 +55,8 @@ def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
         row.update({k: ext.get(k) for k in SCHEDLAB_KEYS})
         if row["overlap"] is None:  # older results keep it only among the policy's settings
             row["overlap"] = bool((ext.get("policy_settings") or {}).get("overlap", False))
+        if row["tensor_parallel_size"] is None:  # results from before the setting: one GPU
+            row["tensor_parallel_size"] = 1
         wl = ext.get("workload") or {}
         row.update(workload=wl.get("kind"), request_rate=wl.get("request_rate"),
                    burstiness=wl.get("burstiness"), max_concurrency=wl.get("max_concurrency"),

@@ -195,7 +195,7 @@ def with_host_factors(windows: pd.DataFrame) -> pd.DataFrame:
     """Each run's host factor: how slowly its host ran the scheduler's Python work (schedule()
     and update() of every window: it does not depend on the model) against all runs pooled, as
     the median ratio over the run's windows, each window against the pooled fit (a + b *
-    sequences) of its class of windows. The runs were measured on the H200 hosts lent at the
+    sequences) of its class of windows. The runs were measured on the H200 hosts used at the
     time, whose CPUs ran the same code up to 1.6x apart; a user measures a host's factor with
     benchmarks/scheduler_speed.py."""
     from scipy.optimize import nnls

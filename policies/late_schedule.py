@@ -4,9 +4,10 @@ With overlap scheduling the next window is formed while the one in flight runs. 
 it closes one window early: a request arriving during the window in flight waits for the window
 after next. When nothing is waiting (``Scheduler.defers_schedule``), both backends instead form
 the next window just before the one in flight ends: at its GPU start plus a low estimate of its
-GPU time, less the time the last schedule-and-launch took and a margin. The estimate is the last
-decode-only window of as many steps, or for a window with prefills the longest recent one with
-no more prefill tokens (a window with more tokens runs at least as long). An estimate too long
+GPU time, less the time the last schedule-and-launch took and a margin. The estimate is the
+longest recent decode-only window of as many steps and no more sequences, or for a window with
+prefills the longest recent one with no more prefill tokens (a window with more sequences or
+tokens runs at least as long). An estimate too long
 would leave the GPU idle; too short only forms the window a little early, so every choice here
 errs short.
 """
@@ -18,7 +19,7 @@ from collections import deque
 from policies.batch import Batch
 
 MARGIN_S = 300e-6  # early by this much: a decode window's GPU time wanders by ~1-3% (~0.1 ms)
-RECENT_PREFILL_WINDOWS = 64
+RECENT_WINDOWS = 64  # of each kind: the batch and its contexts drift slowly
 
 
 class LateSchedule:
@@ -26,15 +27,17 @@ class LateSchedule:
 
     def __init__(self, margin_s: float = MARGIN_S) -> None:
         self.margin_s = margin_s
-        self._decode_gpu_s: dict[int, float] = {}  # k -> GPU seconds of the last such window
+        # k -> (sequences, GPU seconds) of recent decode-only windows of k steps
+        self._decode: dict[int, deque[tuple[int, float]]] = {}
         # (prefill tokens, GPU seconds) of recent one-step windows with prefills
-        self._prefill: deque[tuple[int, float]] = deque(maxlen=RECENT_PREFILL_WINDOWS)
+        self._prefill: deque[tuple[int, float]] = deque(maxlen=RECENT_WINDOWS)
         self._form_s: float | None = None  # the last schedule() + input preparation + launch
 
     def observe_window(self, batch: Batch, gpu_s: float) -> None:
         """A window left the GPU after ``gpu_s`` seconds of GPU time."""
         if not batch.has_prefill:
-            self._decode_gpu_s[batch.num_steps] = gpu_s
+            recent = self._decode.setdefault(batch.num_steps, deque(maxlen=RECENT_WINDOWS))
+            recent.append((len(batch.seqs), gpu_s))
         elif batch.num_steps == 1:
             self._prefill.append((batch.num_prefill_tokens, gpu_s))
 
@@ -45,7 +48,9 @@ class LateSchedule:
     def gpu_time(self, batch: Batch) -> float | None:
         """A low estimate of ``batch``'s GPU time, or None without one."""
         if not batch.has_prefill:
-            return self._decode_gpu_s.get(batch.num_steps)
+            n = len(batch.seqs)
+            return max((g for m, g in self._decode.get(batch.num_steps, ()) if m <= n),
+                       default=None)
         if batch.num_steps > 1:
             return None
         tokens = batch.num_prefill_tokens

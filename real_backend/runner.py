@@ -336,6 +336,10 @@ class ModelRunner:
                 outputs.poll()
         return launch_s
 
+    def poll_window(self, w: LaunchedWindow) -> None:
+        """Pythonize the window's steps that have finished on the device (never blocks)."""
+        w.outputs.poll()
+
     def finish_window(self, w: LaunchedWindow) -> WindowResult:
         """Wait for the window's ids (each step's copy) and hand them over per sequence."""
         outputs, batch = w.outputs, w.batch

@@ -27,6 +27,11 @@ def test_estimates_err_short_and_need_observations():
     late.observe_form(0.002)
     assert late.schedule_at(decode, 10.0) == pytest.approx(10.0 + 0.010 - 0.002 - 1e-4)
     assert late.schedule_at(_batch([], 8, k=4), 10.0) is None  # no window of 4 steps seen
+    # decode windows: the longest recent one with no more sequences
+    late.observe_window(_batch([], 4), 0.006)
+    assert late.gpu_time(_batch([], 6)) == pytest.approx(0.006)  # the 8-sequence one is longer
+    assert late.gpu_time(_batch([], 8)) == pytest.approx(0.010)
+    assert late.gpu_time(_batch([], 2)) is None  # smaller than anything seen: form at once
     # windows with prefills: the longest recent one with no more prefill tokens
     late.observe_window(_batch([100], 0), 0.004)
     late.observe_window(_batch([300], 0), 0.009)

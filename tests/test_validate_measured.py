@@ -68,3 +68,21 @@ def test_measured_engine_is_simulated_as_it_ran():
     off = {**meas, "overlap": False, "file": "b/result.json"}
     with pytest.raises(ValueError, match="different overlap"):
         average_repeats([{**meas, "file": "a/result.json"}, off])
+
+
+def test_results_from_before_the_parallel_setting_repeat_one_gpu_runs(tmp_path):
+    """A result.json written before parallel.tensor_parallel_size existed ran on one GPU: it
+    averages with a new repeat that records 1."""
+    import shutil
+
+    from experiments.measured import measured_from_dir
+
+    src = Path(__file__).resolve().parents[1] / "docs/validation/measured/models/llama2_13b/t0"
+    for name in ("old", "new"):
+        shutil.copytree(src / "cp1_k8", tmp_path / name, ignore=shutil.ignore_patterns("*.gz"))
+    res = json.loads((tmp_path / "new/result.json").read_text())
+    assert "tensor_parallel_size" not in res["schedlab"]
+    res["schedlab"]["tensor_parallel_size"] = 1
+    (tmp_path / "new/result.json").write_text(json.dumps(res))
+    meas = measured_from_dir(tmp_path)[("cp1", 8, float("inf"))]
+    assert meas["repeats"] == 2 and meas["tensor_parallel_size"] == 1

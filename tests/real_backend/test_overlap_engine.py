@@ -158,3 +158,24 @@ def test_overlap_late_schedule_with_arrivals_keeps_greedy_ids(reference) -> None
     got = serve(requests, "single_step", {"overlap_late_schedule": True}, None,
                 overlap=True).token_ids
     assert got == reference
+
+
+def test_late_schedule_wait_times_the_window_in_flight_step_by_step() -> None:
+    """While the engine waits to form the next window, it keeps pythonizing the window in
+    flight, so each of its steps is timed as it ends (not all at the wait's end)."""
+    from real_backend.engine import POLL_S, _wait_until
+
+    t = [0.0]
+    polls: list[float] = []
+
+    class FakeRunner:
+        def poll_window(self, w) -> None:
+            polls.append(t[0])
+
+    def clock() -> float:
+        t[0] += POLL_S  # each look at the clock: one poll interval later
+        return t[0]
+
+    _wait_until(50 * POLL_S, clock, FakeRunner(), object())
+    assert len(polls) >= 20 and t[0] >= 50 * POLL_S
+    _wait_until(None, clock, FakeRunner(), object())  # no estimate: no wait
