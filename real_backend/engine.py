@@ -1,0 +1,416 @@
+"""The real backend's wall-clock serving loop: release requests as their source hands them over
+(an offline run's benchmark client, or the HTTP server's inbox: real_backend/request_source.py),
+run each scheduler window on the device, hand every step's tokens to the scheduler with their
+delivery times (with overlap scheduling, the next window launched before the last one's tokens
+are collected) and back to the source."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import time
+from collections.abc import Callable, Mapping, MutableSequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from policies.batch import Batch
+from policies.client import PROGRESS_BAR_FORMAT, Client
+from policies.late_schedule import LateSchedule
+from policies.model_spec import ModelSpec
+from policies.parallel import ParallelConfig
+from policies.request import Request
+from policies.scheduler import Scheduler
+from real_backend.config import BackendConfig
+from real_backend.kv_cache import GB, block_bytes, check_weights_fit, profile_num_blocks
+from real_backend.parallel import BuildRunner, RunnerShape, TPGroup, Workers, rank_config
+from real_backend.request_source import ClientSource, RequestSource
+from real_backend.runner import LaunchedWindow, ModelRunner, WindowResult
+from real_backend.weights import load_hf_model, random_model
+
+
+@dataclass(slots=True)
+class RealResult:
+    duration: float  # seconds from the run's start to the last token
+    stats: dict[str, Any]
+    steps: list[dict[str, Any]]  # one row per window, for steps.csv
+    token_ids: dict[int, list[int]] | None = None  # request_id -> output ids (save_token_ids)
+
+
+# sees each served window as it ends: (batch, its result, wall seconds of run_window)
+OnWindow = Callable[[Batch, WindowResult, float], None]
+
+
+class Clock:
+    """Seconds since ``start()``: the clock of arrival times, delivery times and the duration."""
+
+    def __init__(self) -> None:
+        self.t0 = perf_counter()
+
+    def start(self) -> None:
+        self.t0 = perf_counter()
+
+    def __call__(self) -> float:
+        return perf_counter() - self.t0
+
+
+def build_runner(spec: ModelSpec, cfg: BackendConfig, probe: Scheduler,
+                 clock: Callable[[], float] = perf_counter) -> ModelRunner:
+    """Weights, then a KV cache sized by memory profiling (or backend.num_blocks), then CUDA
+    graphs; ``probe`` is a scheduler whose limits (block size, seats, token budget, k) the
+    cache, the profile and the graphs must serve."""
+    return build_rank_runner(spec, cfg, runner_shape(probe), clock=clock)
+
+
+def runner_shape(probe: Scheduler) -> RunnerShape:
+    # Room for a window's lookahead slots in the block-table buffers: at least 16 steps, so
+    # that runners of every k up to 16 have one shape (and can be kept between their runs).
+    return RunnerShape(probe.config.block_size, probe.config.max_num_seqs,
+                       max(probe.policy.max_steps, 16), probe.max_num_batched_tokens)
+
+
+def build_rank_runner(spec: ModelSpec, cfg: BackendConfig, shape: RunnerShape,
+                      tp: TPGroup | None = None,
+                      clock: Callable[[], float] = perf_counter) -> ModelRunner:
+    """``build_runner`` for the scheduler limits ``shape``; with ``tp``, this rank's share
+    (every rank builds at once: the ranks agree on setup errors and on the KV blocks)."""
+    device, dtype = cfg.torch_device, cfg.torch_dtype
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    local = tp.local_spec(spec) if tp else spec
+    model, error = None, None
+    try:
+        check_weights_fit(local, device, dtype, cfg.gpu_memory_utilization)
+        if cfg.weights:
+            model = load_hf_model(spec, cfg.weights, device, dtype, tp)
+        else:
+            model = random_model(spec, device, dtype, cfg.seed, tp)
+    except ValueError as err:
+        if tp is None:
+            raise
+        error = str(err)
+    if tp is not None:
+        tp.agree(error)
+    runner = ModelRunner(model, cfg, shape.block_size, shape.max_num_seqs, shape.max_lookahead,
+                         clock)
+    num_blocks = cfg.num_blocks
+    if device.type == "cuda":
+        # Also the warm-up: every Triton kernel is compiled before the clock starts.
+        fits, error = 0, None
+        try:
+            fits = profile_num_blocks(
+                local, device, dtype, cfg.gpu_memory_utilization, shape.block_size,
+                lambda: runner.profile_run(shape.max_num_batched_tokens, shape.max_num_seqs))
+        except ValueError as err:
+            if tp is None:
+                raise
+            error = str(err)
+        if tp is not None:  # every rank holds every block (for its heads): the least that fit
+            tp.agree(error)
+            fits = tp.min_int(fits)
+        if num_blocks is not None and num_blocks > fits:
+            need = num_blocks * block_bytes(local, shape.block_size, dtype) / GB
+            raise ValueError(f"backend.num_blocks {num_blocks} needs {need:.1f} GB of KV cache but "
+                             f"only {fits} blocks fit in gpu_memory_utilization "
+                             f"{cfg.gpu_memory_utilization} on {device}")
+        num_blocks = num_blocks or fits
+    if num_blocks is None:  # cpu: a fixed budget, as vLLM's CPU backend does
+        num_blocks = max(1, int(cfg.cpu_kv_cache_gib * 2**30
+                                // block_bytes(local, shape.block_size, dtype)))
+    runner.allocate_kv_cache(num_blocks)
+    runner.capture_graphs()
+    if device.type == "cuda":
+        runner.warm_up(shape.max_num_batched_tokens, shape.max_num_seqs)
+    runner.generator.manual_seed(cfg.seed)  # sampling starts from the seed, warm-up or not
+    return runner
+
+
+def fill_prompt_tokens(requests: list[Request], spec: ModelSpec, seed: int) -> None:
+    """Give length-only requests seeded random prompt ids; check given ids fit the vocabulary."""
+    rng = np.random.default_rng(seed)
+    for r in requests:
+        if r.prompt_token_ids is None:
+            r.prompt_token_ids = rng.integers(0, spec.vocab_size, r.prompt_len).tolist()
+        elif max(r.prompt_token_ids) >= spec.vocab_size:
+            raise ValueError(f"request {r.request_id} has token id {max(r.prompt_token_ids)} but "
+                             f"model {spec.name} has vocab_size {spec.vocab_size}")
+
+
+def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
+             model: ModelSpec, backend_cfg: Mapping[str, Any], *,
+             max_concurrency: int | None = None, progress: bool = True,
+             parallel: ParallelConfig | None = None, workers: Workers | None = None
+             ) -> RealResult:
+    """Serve ``requests`` (arrival_time: seconds after the start; all 0 = offline) on the device,
+    at most ``max_concurrency`` unfinished (a held-back request's arrival_time becomes its send
+    time, as policies.client says); with ``parallel.tensor_parallel_size`` > 1 on that many
+    ranks, this process rank 0 (real_backend/parallel.py): on ``workers`` when given (runs
+    that share them skip starting processes), else on workers started for this run.
+
+    ``make_scheduler`` is called twice: once with num_blocks=1 to read the scheduler's limits
+    for profiling, then with the profiled number of KV blocks for the run itself.
+    """
+    cfg = BackendConfig.from_mapping(backend_cfg)
+    size = _tensor_parallel_size(parallel or ParallelConfig(), model, cfg)
+    clock = Clock()
+    t_setup = perf_counter()
+    probe = make_scheduler(1)
+    if probe.overlap and not cfg.async_output:
+        raise ValueError("policy.overlap needs backend.async_output=true: a window's ids are "
+                         "collected while the next window runs")
+    if size > 1:
+        return _run_tensor_parallel(size, requests, make_scheduler, model, cfg, probe, clock,
+                                    t_setup, progress, max_concurrency, workers)
+    key = repr((model, cfg, probe.config, probe.max_num_batched_tokens, runner_shape(probe)))
+    kept = _KEPT.pop(key, None) if cfg.keep_runner else None
+    _KEPT.clear()
+    if kept:  # this run's clock and a fresh sampler; the rest is rewritten before it is read
+        runner = kept  # (its allocator cache stays warm, as a fresh runner's is after warm-up)
+        runner.clock = clock
+        runner.generator.manual_seed(cfg.seed)
+        runner.piecewise_capture_s = 0.0  # nothing captured for this run
+    else:
+        release_device_memory()  # what an earlier run in this process left in torch's cache
+        runner = build_runner(model, cfg, probe, clock)
+    ok = False
+    try:
+        out = _serving_loop(requests, make_scheduler, model, cfg, runner, clock, t_setup, progress,
+                            max_concurrency)
+        out.stats["runner_kept"] = kept is not None
+        ok = True
+        return out
+    finally:
+        if ok and cfg.keep_runner:
+            _KEPT[key] = runner
+        del runner
+        release_device_memory()
+
+
+def _tensor_parallel_size(parallel: ParallelConfig, model: ModelSpec, cfg: BackendConfig) -> int:
+    """The ranks a run takes, once the settings are known to allow them."""
+    if parallel.pipeline_parallel_size > 1:
+        raise ValueError(f"parallel.pipeline_parallel_size={parallel.pipeline_parallel_size}: "
+                         "the real engine has no pipeline parallelism (1 only)")
+    parallel.check_model(model)
+    size = parallel.tensor_parallel_size
+    if size > 1 and cfg.keep_runner:
+        raise ValueError("backend.keep_runner keeps one process's runner; with "
+                         f"parallel.tensor_parallel_size {size} set it to false")
+    return size
+
+
+def _run_tensor_parallel(size: int, requests: list[Request],
+                         make_scheduler: Callable[[int], Scheduler], model: ModelSpec,
+                         cfg: BackendConfig, probe: Scheduler, clock: Clock, t_setup: float,
+                         progress: bool, max_concurrency: int | None,
+                         workers: Workers | None) -> RealResult:
+    """The run on ``size`` ranks: the workers (started here unless given) build their shares
+    beside this process's and run every window it schedules until the run's end."""
+    shape = runner_shape(probe)
+    if workers is not None and workers.closed:
+        raise ValueError("the workers given are closed (a run on them failed)")
+    if workers is not None and (workers.size, workers.device_type) != (size, cfg.torch_device.type):
+        raise ValueError(f"the workers given are {workers.size} {workers.device_type} ranks, "
+                         f"the run needs {size} {cfg.torch_device.type} ranks")
+    release_device_memory()
+    try:
+        with nullcontext(workers) if workers else Workers(size, cfg) as ranks:
+            ranks.group.send(BuildRunner(model, cfg, shape))
+            runner = build_rank_runner(model, rank_config(cfg, 0), shape, ranks.group, clock)
+            runner.publish = ranks.publish
+            out = _serving_loop(requests, make_scheduler, model, cfg, runner, clock, t_setup,
+                                progress, max_concurrency)
+            ranks.group.send(None)  # the run's end
+    except BaseException:
+        if workers is not None:  # a rank may be stuck in a collective: they go too
+            workers.close(clean=False)
+        raise
+    del runner
+    release_device_memory()
+    out.stats.update(runner_kept=False, tensor_parallel_size=size)
+    return out
+
+
+def release_kept_runner() -> None:
+    """Drop the runner kept by ``backend.keep_runner`` (before building another on the device)."""
+    _KEPT.clear()
+    release_device_memory()
+
+
+# The last run's runner (weights, KV cache, CUDA graphs), kept for the next run of the same model,
+# backend settings and scheduler limits when ``backend.keep_runner``: its setup takes 4-12 s on
+# an H200. A failed run's runner is never kept.
+_KEPT: dict[str, ModelRunner] = {}
+
+
+def release_device_memory() -> None:
+    gc.collect()  # runner objects hold reference cycles (closures over the runner)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
+                  model: ModelSpec, cfg: BackendConfig, runner: ModelRunner, clock: Clock,
+                  t_setup: float, progress: bool, max_concurrency: int | None) -> RealResult:
+    sched = make_scheduler(runner.kv_cache.num_blocks)
+    if sched.config.block_size != runner.block_size:
+        raise ValueError("make_scheduler gave scheduler.block_size "
+                         f"{sched.config.block_size}, then {runner.block_size}")
+    fill_prompt_tokens(requests, model, cfg.seed)
+    setup_s = perf_counter() - t_setup
+    steps: list[dict[str, Any]] = []
+    bar = tqdm(total=len(requests), disable=not progress, desc="serving",
+               bar_format=PROGRESS_BAR_FORMAT)
+    replays_before = runner.prefill_graph_replays  # the warm-up's are not the run's
+    pieces_before = runner.piecewise_replays
+    serve_source(ClientSource(Client(requests, max_concurrency), bar), sched, runner, clock,
+                 steps)
+    duration = clock()
+    bar.close()
+    stats = {**dataclasses.asdict(sched.stats), "setup_s": setup_s,
+             "num_blocks": runner.kv_cache.num_blocks, "block_size": runner.block_size,
+             "device": str(runner.device),
+             "device_name": (torch.cuda.get_device_name(runner.device) if runner.cuda else "cpu"),
+             "dtype": str(runner.model.dtype).removeprefix("torch."),
+             "kernels": runner.kernels.name, "cuda_graph_sizes": sorted(runner.graphs.graphs),
+             "prefill_graphs": len(runner.prefill_graphs.graphs),
+             "prefill_graph_replays": runner.prefill_graph_replays - replays_before,
+             "piecewise_graph_sizes": runner.piecewise.sizes,
+             "piecewise_capture_s": runner.piecewise_capture_s,
+             "piecewise_graph_replays": runner.piecewise_replays - pieces_before,
+             "async_output": cfg.async_output, "weights": cfg.weights or "random",
+             "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "default")}
+    token_ids = ({r.request_id: list(r.output_token_ids) for r in requests}
+                 if cfg.save_token_ids else None)
+    return RealResult(duration, stats, steps, token_ids)
+
+
+def serve_on(runner: ModelRunner, sched: Scheduler, requests: list[Request], seed: int = 0,
+             on_window: OnWindow | None = None) -> list[dict[str, Any]]:
+    """Serve ``requests`` with an existing runner and scheduler (whose block manager must own the
+    runner's cache); the window rows of steps.csv. The calibration measures served CPU costs
+    and served step times with it, on the runner it profiles; ``on_window(batch, result,
+    wall_s)`` sees each window as it ends, before update() moves its requests on."""
+    fill_prompt_tokens(requests, runner.model.spec, seed)
+    steps: list[dict[str, Any]] = []
+    clock, saved = Clock(), runner.clock
+    runner.clock = clock  # delivery times on the loop's clock
+
+    def observed(batch: Batch, out: WindowResult, wall_s: float) -> None:
+        t = perf_counter()
+        on_window(batch, out, wall_s)
+        clock.t0 += perf_counter() - t  # the observer's time is taken off the loop's clock
+
+    try:
+        serve_source(ClientSource(Client(requests), tqdm(disable=True)), sched, runner, clock,
+                     steps, observed if on_window else None)
+    finally:
+        runner.clock = saved
+    return steps
+
+
+def serve_source(source: RequestSource, sched: Scheduler, runner: ModelRunner, clock: Clock,
+                 steps: MutableSequence[dict[str, Any]],
+                 on_window: OnWindow | None = None) -> None:
+    """Serve what ``source`` hands over until it closes and nothing is left (offline runs, the
+    calibration and the HTTP server alike), from t = 0, with everything built so far (model,
+    graphs, requests) frozen out of the collector's scans: it lives for the whole run, and a
+    collection during a launch-bound step then stays short."""
+    gc.collect()
+    gc.freeze()
+    clock.start()
+    try:
+        serve = _serve_overlap if sched.overlap else _serve
+        serve(source, sched, runner, clock, steps, on_window)
+    finally:
+        gc.unfreeze()
+
+
+def _serve(source: RequestSource, sched: Scheduler, runner: ModelRunner, clock: Clock,
+           steps: MutableSequence[dict[str, Any]], on_window: OnWindow | None = None) -> None:
+    """The main loop: release arrivals, schedule a window, run it, hand its tokens back."""
+    while source.open or sched.has_unfinished:
+        source.release(sched, clock())
+        t = clock()
+        batch = sched.schedule(t)
+        schedule_s = clock() - t
+        if batch is None:
+            source.wait(sched, clock)
+            continue
+        out = runner.run_window(batch)
+        if on_window is not None:
+            on_window(batch, out, clock() - t - schedule_s)
+        t_update = clock()
+        source.delivered(batch, sched.update(batch, out.step_times, out.sampled))
+        steps.append(_window_row(batch, out, t, schedule_s, clock() - t_update))
+
+
+def _serve_overlap(source: RequestSource, sched: Scheduler, runner: ModelRunner, clock: Clock,
+                   steps: MutableSequence[dict[str, Any]],
+                   on_window: OnWindow | None = None) -> None:
+    """The overlap loop: schedule window n+1 and launch it, only then wait for window n's ids
+    and update() it, so the CPU's work hides behind window n+1's GPU time (formed late when
+    the scheduler defers: policies/late_schedule.py)."""
+    last: tuple[Batch, LaunchedWindow, float, float, float] | None = None
+    late, gpu_start = LateSchedule(), 0.0  # gpu_start: when the window in flight began
+    while source.open or sched.has_unfinished or last is not None:
+        if last is not None and sched.defers_schedule():
+            _wait_until(late.schedule_at(last[0], gpu_start), clock, runner, last[1])
+        source.release(sched, clock())
+        t = clock()
+        batch = sched.schedule(t)
+        schedule_s = clock() - t
+        launched = runner.launch_window(batch, overlap=True) if batch is not None else None
+        launch_wall = clock() - t - schedule_s
+        late.observe_form(schedule_s + launch_wall)
+        gpu_start = clock()  # the window just launched starts now, or when the last one ends
+        if last is not None:
+            prev, handle, t_prev, schedule_prev, wall_prev = last
+            t_finish = clock()
+            out = runner.finish_window(handle)
+            late.observe_window(prev, sum(out.gpu_step_s))
+            gpu_start = max(gpu_start, out.step_times[-1])
+            if on_window is not None:
+                on_window(prev, out, wall_prev + clock() - t_finish)
+            t_update = clock()
+            source.delivered(prev, sched.update(prev, out.step_times, out.sampled))
+            steps.append(_window_row(prev, out, t_prev, schedule_prev, clock() - t_update))
+        elif launched is None:
+            source.wait(sched, clock)
+        last = None if launched is None else (batch, launched, t, schedule_s, launch_wall)
+
+
+POLL_S = 200e-6  # while waiting to form the next window, the window in flight's steps are
+# looked at this often: a step's tokens are timed within this of its end, as a drain times them
+
+
+def _wait_until(at: float | None, clock: Clock, runner: ModelRunner,
+                in_flight: LaunchedWindow) -> None:
+    """Sleep until ``at`` (the late schedule's time to form the next window), pythonizing the
+    window in flight's finished steps meanwhile, so that each keeps its own delivery time
+    (a multi-step window's tokens would otherwise all get the time of its drain)."""
+    while at is not None and (left := at - clock()) > 0:
+        runner.poll_window(in_flight)
+        time.sleep(min(left, POLL_S))
+
+
+def _window_row(batch: Batch, out: WindowResult, t_start: float, schedule_s: float,
+                update_s: float) -> dict[str, Any]:
+    return {
+        "window": batch.window_id, "t_start": t_start, "k": batch.num_steps,
+        "num_seqs": len(batch.seqs), "num_prefill_seqs": len(batch.seqs) - batch.num_decode_seqs,
+        "num_tokens": out.num_tokens,
+        "kv_tokens": sum(s.num_cached_tokens + s.num_query_tokens for s in batch.seqs),
+        "num_preempted": len(batch.preempted),
+        "num_wasted_steps": batch.num_wasted_steps, "schedule_s": schedule_s,
+        "prepare_s": out.prepare_s, "launch_s": out.launch_s, "pythonize_s": out.pythonize_s,
+        "update_s": update_s,
+        "gpu_s": sum(out.gpu_step_s),
+        "gpu_step_s": ";".join(f"{g:.6f}" for g in out.gpu_step_s),
+    }
