@@ -142,6 +142,14 @@ def fill_prompt_tokens(requests: list[Request], spec: ModelSpec, seed: int) -> N
                              f"model {spec.name} has vocab_size {spec.vocab_size}")
 
 
+def check_overlap_backend(probe: Scheduler, cfg: BackendConfig) -> None:
+    """Overlap scheduling collects a window's ids while the next window runs, which only the
+    async output path does: refuse ``policy.overlap`` without ``backend.async_output``."""
+    if probe.overlap and not cfg.async_output:
+        raise ValueError("policy.overlap needs backend.async_output=true: a window's ids are "
+                         "collected while the next window runs")
+
+
 def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
              model: ModelSpec, backend_cfg: Mapping[str, Any], *,
              max_concurrency: int | None = None, progress: bool = True,
@@ -161,9 +169,7 @@ def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
     clock = Clock()
     t_setup = perf_counter()
     probe = make_scheduler(1)
-    if probe.overlap and not cfg.async_output:
-        raise ValueError("policy.overlap needs backend.async_output=true: a window's ids are "
-                         "collected while the next window runs")
+    check_overlap_backend(probe, cfg)
     if size > 1:
         return _run_tensor_parallel(size, requests, make_scheduler, model, cfg, probe, clock,
                                     t_setup, progress, max_concurrency, workers)
