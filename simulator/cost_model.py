@@ -53,13 +53,14 @@ from dataclasses import dataclass
 
 from policies.batch import Batch
 from policies.model_spec import ModelSpec
+from policies.parallel import kv_heads_per_rank
 from policies.step_sizes import (
     decode_graph_size,
     decode_splits,
     piecewise_graph_size,
     prefill_graph_key,
 )
-from simulator.hardware import HardwareSpec, kv_heads_per_gpu
+from simulator.hardware import HardwareSpec
 
 _US = 1e-6
 
@@ -202,13 +203,13 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
         flops * hw.attn_prefill_efficiency) * slow
     busy += attn
     t += attn
-    kv_bytes = 2 * L * kv_heads_per_gpu(model, tp) * model.head_dim * d
+    kv_bytes = 2 * L * kv_heads_per_rank(model, tp) * model.head_dim * d
     t_kv = shape.kv_tokens * kv_bytes / (bw * hw.attn_decode_efficiency)
     if hw.attn_seq_gbps and shape.max_kv_tokens:
         # A ragged batch waits for its longest sequence, read by (splits x kv heads) programs.
         # (the engine splits over the rows attention sees: a graph's padded batch)
         rows = padded if graph and shape.num_tokens == shape.num_seqs else shape.num_seqs
-        splits = decode_splits(rows, kv_heads_per_gpu(model, tp), hw.num_sms)
+        splits = decode_splits(rows, kv_heads_per_rank(model, tp), hw.num_sms)
         t_kv = max(t_kv, shape.max_kv_tokens * kv_bytes / (splits * hw.attn_seq_gbps * 1e9))
     t += t_kv
     n_s = shape.num_sampled

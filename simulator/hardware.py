@@ -7,7 +7,7 @@ from typing import Any
 
 from policies.base import check_settings
 from policies.model_spec import ModelSpec
-from policies.parallel import ParallelConfig, kv_heads_per_rank
+from policies.parallel import ParallelConfig
 
 # the fields set from the ``parallel`` section -> their setting there
 _PARALLEL_SETTINGS = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size"}
@@ -150,11 +150,6 @@ class HardwareSpec:
 def check_parallelism(model: ModelSpec, hw: HardwareSpec) -> None:
     """Raise a one-line error when ``tp``/``pp`` cannot split ``model`` (vLLM's rules)."""
     ParallelConfig(hw.tp, hw.pp).check_model(model)
-
-
-def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
-    """KV heads each TP rank holds: split when there are enough, replicated otherwise."""
-    return kv_heads_per_rank(model, tp)
 
 
 def layers_per_stage(model: ModelSpec, pp: int) -> int:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from policies.model_spec import ModelSpec
-from simulator.hardware import HardwareSpec, check_parallelism, kv_heads_per_gpu, layers_per_stage
+from policies.parallel import kv_heads_per_rank
+from simulator.hardware import HardwareSpec, check_parallelism, layers_per_stage
 
 _GIB = 1 << 30
 
@@ -26,7 +27,7 @@ def weight_bytes_per_gpu(model: ModelSpec, hw: HardwareSpec) -> int:
 
 def kv_bytes_per_token_per_gpu(model: ModelSpec, hw: HardwareSpec) -> int:
     """K and V of one token over the largest stage's layers, for one TP rank's KV heads."""
-    return (2 * layers_per_stage(model, hw.pp) * kv_heads_per_gpu(model, hw.tp)
+    return (2 * layers_per_stage(model, hw.pp) * kv_heads_per_rank(model, hw.tp)
             * model.head_dim * model.dtype_bytes)
 
 

@@ -47,8 +47,9 @@ import yaml
 
 from experiments.paths import conf_dir
 from policies.model_spec import ModelSpec
+from policies.parallel import kv_heads_per_rank
 from simulator.cost_model import StepShape, graph_tokens, piecewise_tokens
-from simulator.hardware import HardwareSpec, kv_heads_per_gpu
+from simulator.hardware import HardwareSpec
 
 _US = 1e-6
 CONF_DIR = conf_dir()  # one home: experiments/paths.py
@@ -379,7 +380,7 @@ def kernel_times(t: OpTables, model: ModelSpec, shape: StepShape, tokens: int, t
                  piecewise: bool, slow: float = 1.0) -> KernelTimes:
     """The kernels of one step over ``tokens`` (padded) rows: see the module doc."""
     L, h, d = model.num_layers, model.hidden_size, model.head_dim
-    nh, kvh = model.num_heads // tp, kv_heads_per_gpu(model, tp)
+    nh, kvh = model.num_heads // tp, kv_heads_per_rank(model, tp)
     inter = model.intermediate_size // tp
     q_size, kv_size = nh * d, kvh * d
     per_layer = 0.0
