@@ -327,7 +327,20 @@ def _app(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """``python -m experiments.run`` / ``schedlab-run``: the Hydra app; Ctrl-C is one line."""
+    """``python -m experiments.run`` / ``schedlab-run``: the Hydra app; Ctrl-C and SIGTERM
+    (kill, timeout, scancel) are one line and exit 130 and 143 (128 + the signal's number)."""
+    import signal
+
+    terminated: list[int] = []
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        # SIGTERM takes Ctrl-C's path, so that the same cleanup runs (tensor-parallel workers
+        # ended, their rendezvous directory removed); a second SIGTERM ends the process at once
+        terminated.append(signum)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         _app()
     except RunExit as err:  # a run of a submitit sweep failed (RunFailed)
@@ -336,7 +349,7 @@ def main() -> None:
     except KeyboardInterrupt:
         # The run's result files are written as one unit, so none of them is left.
         print("interrupted: no result written", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(128 + signal.SIGTERM if terminated else 130)
 
 
 if __name__ == "__main__":

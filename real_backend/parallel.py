@@ -13,16 +13,23 @@ generator and runs advance_step on them itself: no sampled id crosses between ra
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import shutil
 import signal
+import sys
 import tempfile
+import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -51,6 +58,15 @@ class TPGroup:
     size: int
     group: Any = None  # torch.distributed.ProcessGroup
     cpu_group: Any = None
+    # rank 0: raises the one line naming a rank that died, after a collective failed
+    on_failure: Callable[[], None] | None = None
+
+    def _failed(self, err: RuntimeError) -> NoReturn:
+        """A collective failed (a peer's connection closed, a timeout): the dead rank's one line
+        where rank 0 knows its workers, else the collective's own error."""
+        if self.on_failure is not None:
+            self.on_failure()
+        raise err
 
     # ------------------------------------------------------------------ the shard
     def local_spec(self, spec: ModelSpec) -> ModelSpec:
@@ -73,34 +89,49 @@ class TPGroup:
 
     # ------------------------------------------------------------------ collectives
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(x, group=self.group)
+        try:
+            dist.all_reduce(x, group=self.group)
+        except RuntimeError as err:
+            self._failed(err)
         return x
 
     def gather_vocab(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """[N, V] from each rank's [N, V / size] columns (the LM head's shards)."""
         n, per = logits.shape
         out = logits.new_empty(self.size * n, per)
-        _all_gather(out, logits.contiguous(), group=self.group)
+        try:
+            _all_gather(out, logits.contiguous(), group=self.group)
+        except RuntimeError as err:
+            self._failed(err)
         return out.view(self.size, n, per).permute(1, 0, 2).reshape(n, self.size * per)[:, :vocab_size]
 
     def min_int(self, value: int) -> int:
         """The smallest of every rank's ``value`` (e.g. the KV blocks each rank's memory fits)."""
         t = torch.tensor([value], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.cpu_group)
+        try:
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.cpu_group)
+        except RuntimeError as err:
+            self._failed(err)
         return int(t.item())
 
     def agree(self, error: str | None) -> None:
         """Every rank says whether its setup failed; all raise the first failure's one line,
         so that no rank waits for the others in a collective that never comes."""
         errors: list[str | None] = [None] * self.size
-        dist.all_gather_object(errors, error, group=self.cpu_group)
+        try:
+            dist.all_gather_object(errors, error, group=self.cpu_group)
+        except RuntimeError as err:
+            self._failed(err)
         first = next((e for e in errors if e is not None), None)
         if first is not None:
             raise ValueError(first)
 
     def send(self, message: object) -> None:
         """Rank 0: broadcast ``message`` (a window, a job, the end of a run) to the workers."""
-        dist.broadcast_object_list([message], src=0, group=self.cpu_group)
+        try:
+            dist.broadcast_object_list([message], src=0, group=self.cpu_group)
+        except RuntimeError as err:
+            self._failed(err)
 
     def recv(self) -> object:
         box: list[object] = [None]
@@ -153,28 +184,59 @@ def check_devices(cfg: BackendConfig, size: int) -> None:
                          f"has {torch.cuda.device_count()}")
 
 
+# How long a collective of the activations' NCCL group waits for a rank before NCCL's watchdog
+# aborts it: a step's collectives take milliseconds, and the longest healthy wait, one rank's
+# warm-up (Triton compiles, graph capture) ahead of another's, well under a minute; a GPU rank
+# that dies inside a window then ends the run after this long instead of never. The gloo groups
+# keep torch's 30 minutes: a worker waits there for rank 0's next window as long as rank 0 has
+# no request to run, and a dead peer shows there at once, as a closed connection.
+NCCL_TIMEOUT = timedelta(minutes=5)
+# After a failed collective, how long rank 0 waits for the rank that closed its connection to
+# be seen dead (its sockets close as its process ends, a moment before it can be reaped).
+DEATH_WAIT_S = 5.0
+RENDEZVOUS_PREFIX = "schedlab-tp-"
+
+
 def _init_group(rank: int, size: int, init_method: str, device_type: str) -> TPGroup:
     if device_type == "cuda":
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off
         torch.cuda.set_device(rank)
         dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=size,
-                                device_id=torch.device("cuda", rank))
+                                device_id=torch.device("cuda", rank), timeout=NCCL_TIMEOUT)
         return TPGroup(rank, size, dist.group.WORLD, dist.new_group(backend="gloo"))
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=size)
     return TPGroup(rank, size, dist.group.WORLD, dist.group.WORLD)
 
 
-def _worker_main(rank: int, size: int, init_method: str, device_type: str) -> None:
+def _exit_with_parent(parent: int) -> None:
+    """This worker ends when rank 0's process does, even when that one was killed (-9) and ran
+    no cleanup: the kernel sends SIGKILL on Linux, a thread watching the parent elsewhere."""
+    if sys.platform == "linux":
+        pr_set_pdeathsig = 1  # <linux/prctl.h>
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    else:
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(0.5)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="rank0-watch", daemon=True).start()
+    if os.getppid() != parent:  # rank 0 was gone before the kernel watched it
+        os._exit(1)
+
+
+def _worker_main(rank: int, size: int, init_method: str, device_type: str, parent: int) -> None:
     """A worker rank's process: build a runner for each run rank 0 announces and serve it."""
     from real_backend.engine import build_rank_runner
 
+    _exit_with_parent(parent)
     # Ctrl-C reaches the whole terminal's process group: rank 0 alone handles it (and ends
     # the workers), so a worker prints no traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if device_type == "cpu":
         torch.set_num_threads(1)  # the ranks share the host's cores
-    group = _init_group(rank, size, init_method, device_type)
     try:
+        group = _init_group(rank, size, init_method, device_type)
         while isinstance(job := group.recv(), BuildRunner):
             try:
                 runner = build_rank_runner(job.spec, rank_config(job.cfg, rank), job.shape, group)
@@ -183,8 +245,12 @@ def _worker_main(rank: int, size: int, init_method: str, device_type: str) -> No
             if serve_windows(runner, group) == EXIT:
                 break
             del runner
-    finally:
-        dist.destroy_process_group()
+    except dist.DistError:
+        # The group broke: rank 0 went away (killed, or ending the run after a failure and
+        # about to end this process too). It reports the run's end; this rank has nothing to
+        # add, and the broken group needs no teardown.
+        os._exit(1)
+    dist.destroy_process_group()
 
 
 def serve_windows(runner: ModelRunner, group: TPGroup) -> object:
@@ -203,12 +269,52 @@ def serve_windows(runner: ModelRunner, group: TPGroup) -> object:
     return plan
 
 
+def how_ended(exitcode: int | None) -> str:
+    """A worker process's end in words: killed by a signal, or its exit code."""
+    if exitcode is not None and exitcode < 0:
+        return f"was killed by {signal.Signals(-exitcode).name}"
+    return f"exited with code {exitcode}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _owner_tag() -> str:
+    return f"{os.uname().nodename} {os.getpid()}"
+
+
+def remove_stale_rendezvous(tmp: Path | None = None) -> None:
+    """Remove the rendezvous directories that runs of this user on this host left when they were
+    killed outright (kill -9 runs no cleanup): each names its owner (host and pid) in a file,
+    and only those whose owner is gone go. Another user's, another host's (a shared /tmp) and a
+    live run's stay."""
+    for d in Path(tmp or tempfile.gettempdir()).glob(f"{RENDEZVOUS_PREFIX}*"):
+        try:
+            if d.stat().st_uid != os.getuid():
+                continue
+            host, pid = (d / "owner").read_text().split()
+        except (OSError, ValueError):
+            continue  # not ours, not readable, or being made
+        if host == os.uname().nodename and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 class Workers:
     """Rank 0's side: the worker processes (ranks 1..size-1) and this process's group.
 
     ``with Workers(size, cfg) as workers``: on a clean exit the workers are told to stop and
-    joined; after a failure (a rank may be stuck in a collective) they are terminated. Runs
-    given them (``run_real(..., workers=...)``) share them; a failed run closes them.
+    joined; after a failure or an interrupt (a rank may be stuck in a collective) they are
+    terminated; either way the rendezvous directory goes. Runs given them
+    (``run_real(..., workers=...)``) share them; a failed run closes them. A worker that dies
+    is a one-line ``ChildProcessError`` naming its rank: seen before each window is sent, or
+    when a collective fails because the worker's connection closed.
     """
 
     def __init__(self, size: int, cfg: BackendConfig) -> None:
@@ -218,18 +324,22 @@ class Workers:
                              "those workers first")
         self.size = size
         self.device_type = cfg.torch_device.type
-        self._dir = tempfile.mkdtemp(prefix="schedlab-tp-")
-        init_method = f"file://{self._dir}/rendezvous"
-        ctx = mp.get_context("spawn")  # a CUDA context cannot cross a fork
-        self.procs = [ctx.Process(target=_worker_main, daemon=True,
-                                  args=(r, size, init_method, self.device_type))
-                      for r in range(1, size)]
-        for p in self.procs:
-            p.start()
+        self.procs: list[mp.process.BaseProcess] = []
         self.closed = False
+        remove_stale_rendezvous()
+        self._dir = tempfile.mkdtemp(prefix=RENDEZVOUS_PREFIX)
         try:
+            (Path(self._dir) / "owner").write_text(_owner_tag())
+            init_method = f"file://{self._dir}/rendezvous"
+            ctx = mp.get_context("spawn")  # a CUDA context cannot cross a fork
+            for r in range(1, size):
+                p = ctx.Process(target=_worker_main, daemon=True,
+                                args=(r, size, init_method, self.device_type, os.getpid()))
+                p.start()
+                self.procs.append(p)
             self.group = _init_group(0, size, init_method, self.device_type)
-        except BaseException:
+            self.group.on_failure = lambda: self.check_alive(wait=DEATH_WAIT_S)
+        except BaseException:  # an interrupt too: no process or directory is left
             self.close(clean=False)
             raise
 
@@ -239,7 +349,20 @@ class Workers:
     def __exit__(self, exc_type: object, *_: object) -> None:
         self.close(clean=exc_type is None)
 
+    def check_alive(self, wait: float = 0.0) -> None:
+        """A one-line ChildProcessError naming the first worker rank that has ended (waiting up
+        to ``wait`` seconds for one to)."""
+        ended = mp.connection.wait([p.sentinel for p in self.procs], timeout=wait)
+        for rank, p in enumerate(self.procs, start=1):
+            if p.sentinel in ended:
+                p.join()
+                raise ChildProcessError(f"tensor-parallel rank {rank} {how_ended(p.exitcode)} "
+                                        "during the run")
+
     def publish(self, plan: HostPlan) -> None:
+        # a dead worker is caught here, between windows: on NCCL the next collective would
+        # only end with NCCL_TIMEOUT
+        self.check_alive()
         self.group.send(plan)
 
     def close(self, clean: bool = True) -> None:
@@ -247,13 +370,21 @@ class Workers:
         if self.closed:
             return
         self.closed = True
-        if clean:
-            self.group.send(EXIT)
-        for p in self.procs:
-            p.join(timeout=30 if clean else 0)
-            if p.is_alive():
-                p.terminate()
-                p.join()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        try:
+            if clean:
+                self.group.send(EXIT)
+        except BaseException:
+            clean = False
+            raise
+        finally:
+            for p in self.procs:
+                p.join(timeout=30 if clean else 0)
+                if p.is_alive():
+                    p.terminate()
+                    p.join(timeout=5)
+                if p.is_alive():  # stuck where SIGTERM does not reach
+                    p.kill()
+                    p.join()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            shutil.rmtree(self._dir, ignore_errors=True)
