@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+class GroupBroken(RuntimeError):
+    """A collective failed: another rank went away (its connection closed) or timed out."""
+
+
 @dataclass(slots=True)
 class TPGroup:
     """One rank's place among ``size`` tensor-parallel ranks and the groups it talks over:
@@ -63,10 +67,10 @@ class TPGroup:
 
     def _failed(self, err: RuntimeError) -> NoReturn:
         """A collective failed (a peer's connection closed, a timeout): the dead rank's one line
-        where rank 0 knows its workers, else the collective's own error."""
+        where rank 0 knows its workers, else ``GroupBroken`` (gloo says RuntimeError only)."""
         if self.on_failure is not None:
             self.on_failure()
-        raise err
+        raise GroupBroken(str(err)) from err
 
     # ------------------------------------------------------------------ the shard
     def local_spec(self, spec: ModelSpec) -> ModelSpec:
@@ -135,7 +139,10 @@ class TPGroup:
 
     def recv(self) -> object:
         box: list[object] = [None]
-        dist.broadcast_object_list(box, src=0, group=self.cpu_group)
+        try:
+            dist.broadcast_object_list(box, src=0, group=self.cpu_group)
+        except RuntimeError as err:
+            self._failed(err)
         return box[0]
 
 
@@ -208,7 +215,7 @@ def _init_group(rank: int, size: int, init_method: str, device_type: str) -> TPG
     return TPGroup(rank, size, dist.group.WORLD, dist.group.WORLD)
 
 
-def _exit_with_parent(parent: int) -> None:
+def exit_with_parent(parent: int) -> None:
     """This worker ends when rank 0's process does, even when that one was killed (-9) and ran
     no cleanup: the kernel sends SIGKILL on Linux, a thread watching the parent elsewhere."""
     if sys.platform == "linux":
@@ -229,7 +236,7 @@ def _worker_main(rank: int, size: int, init_method: str, device_type: str, paren
     """A worker rank's process: build a runner for each run rank 0 announces and serve it."""
     from real_backend.engine import build_rank_runner
 
-    _exit_with_parent(parent)
+    exit_with_parent(parent)
     # Ctrl-C reaches the whole terminal's process group: rank 0 alone handles it (and ends
     # the workers), so a worker prints no traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -245,7 +252,7 @@ def _worker_main(rank: int, size: int, init_method: str, device_type: str, paren
             if serve_windows(runner, group) == EXIT:
                 break
             del runner
-    except dist.DistError:
+    except (GroupBroken, dist.DistError):  # NCCL's errors outside a collective: DistError
         # The group broke: rank 0 went away (killed, or ending the run after a failure and
         # about to end this process too). It reports the run's end; this rank has nothing to
         # add, and the broken group needs no teardown.

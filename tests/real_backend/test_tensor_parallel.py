@@ -1,13 +1,18 @@
 """Tensor parallelism on the CPU (gloo, 2 ranks): every policy's greedy ids, with overlap and
 without, equal one process's, KV heads replicated too; the ranks' shares put together are the
-whole model, from random weights and from a checkpoint; bad settings are one line."""
+whole model, from random weights and from a checkpoint; bad settings are one line; a run ended
+early (SIGTERM, a worker killed, rank 0 killed) ends in one line and leaves no process or
+rendezvous directory."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +23,7 @@ from policies import ModelSpec, Request, SchedulerConfig, make_scheduler
 from policies.parallel import ParallelConfig
 from real_backend import run_real
 from real_backend.config import BackendConfig
-from real_backend.parallel import TPGroup, Workers
+from real_backend.parallel import TPGroup, Workers, remove_stale_rendezvous
 from real_backend.weights import load_hf_model, random_model, save_hf_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,3 +159,125 @@ def test_the_run_command_starts_its_ranks(tmp_path) -> None:
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads((tmp_path / "result.json").read_text())
     assert res["completed"] == 4 and res["schedlab"]["tensor_parallel_size"] == 2
+
+
+# ---------------------------------------------------------------------- ending a run early
+
+TP_RUN = [sys.executable, "-m", "experiments.run", "backend=real", "model=tiny",
+          "backend.device=cpu", "parallel.tensor_parallel_size=2", "workload=synthetic",
+          "workload.num_prompts=2000", "progress=false"]
+
+
+def _worker_pids(pid: int) -> list[int]:
+    """The spawned worker ranks among ``pid``'s children (from /proc)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+        if ppid == pid and b"spawn_main" in cmdline:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _start_tp_run(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
+    """The CLI's tensor-parallel run, once its worker rank is serving windows: its rendezvous
+    directory under ``tmp_path`` (TMPDIR), so that what it leaves is seen."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([*TP_RUN, f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not ((workers := _worker_pids(proc.pid))
+               and list(tmp_path.glob("schedlab-tp-*/rendezvous"))):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    time.sleep(2.0)  # the ranks rendezvous, build their shares and serve
+    assert proc.poll() is None, proc.communicate()
+    return proc, workers
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_sigterm_ends_the_run_as_ctrl_c_does(tmp_path) -> None:
+    """kill/timeout/scancel: one line, exit 143, no traceback (from either rank), the worker
+    ended and the rendezvous directory removed."""
+    proc, workers = _start_tp_run(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=15)
+    assert (proc.returncode, err) == (143, "interrupted: no result written\n")
+    assert not list(tmp_path.glob("schedlab-tp-*"))
+    assert not any(_running(w) for w in workers)
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_a_worker_that_dies_ends_the_run_naming_its_rank(tmp_path) -> None:
+    proc, workers = _start_tp_run(tmp_path)
+    os.kill(workers[0], signal.SIGKILL)
+    out, err = proc.communicate(timeout=15)
+    assert (proc.returncode, err) == (
+        2, "error: tensor-parallel rank 1 was killed by SIGKILL during the run\n")
+    assert not list(tmp_path.glob("schedlab-tp-*"))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_workers_end_with_a_killed_rank_0(tmp_path) -> None:
+    """kill -9 of the run runs no cleanup of its own: its worker still ends at once, quietly,
+    and the next run removes the rendezvous directory it left."""
+    proc, workers = _start_tp_run(tmp_path)
+    proc.kill()
+    out, err = proc.communicate(timeout=15)
+    deadline = time.monotonic() + 5
+    while any(_running(w) for w in workers):
+        assert time.monotonic() < deadline, f"worker ranks {workers} outlived rank 0"
+        time.sleep(0.1)
+    assert err == ""
+    (left,) = tmp_path.glob("schedlab-tp-*")
+    remove_stale_rendezvous(tmp_path)
+    assert not left.exists()
+
+
+def test_only_rendezvous_directories_of_killed_runs_of_this_host_are_removed(tmp_path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = os.uname().nodename
+    owners = {"killed": f"{host} {dead.pid}", "live": f"{host} {os.getpid()}",
+              "other-host": f"{host}.elsewhere {dead.pid}", "unowned": None}
+    for name, owner in owners.items():
+        (tmp_path / f"schedlab-tp-{name}").mkdir()
+        if owner is not None:
+            (tmp_path / f"schedlab-tp-{name}" / "owner").write_text(owner)
+    remove_stale_rendezvous(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "schedlab-tp-live", "schedlab-tp-other-host", "schedlab-tp-unowned"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_a_worker_ends_when_rank_0_is_killed_outside_any_collective() -> None:
+    """On NCCL a worker waiting in a collective sees no closed connection: it ends because its
+    parent did (a parent here that starts one watched child and is killed)."""
+    child = ("import sys, time; from real_backend.parallel import exit_with_parent; "
+             "exit_with_parent(int(sys.argv[1])); print('watching', flush=True); time.sleep(60)")
+    parent = ("import os, subprocess, sys, time; "
+              f"c = subprocess.Popen([sys.executable, '-c', {child!r}, str(os.getpid())]); "
+              "print(c.pid, flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", parent], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True)
+    worker = int(proc.stdout.readline())
+    assert proc.stdout.readline() == "watching\n"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while _running(worker):
+        assert time.monotonic() < deadline, f"pid {worker} outlived its parent"
+        time.sleep(0.05)
+    proc.stdout.close()
