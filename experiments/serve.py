@@ -4,7 +4,9 @@ OpenAI-compatible HTTP server (real_backend/serving), until SIGINT or SIGTERM.""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import socket
 import sys
 import threading
 import traceback
@@ -42,6 +44,19 @@ def check_server(cfg: Mapping[str, Any]) -> tuple[str, int]:
     return host, port
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host``:``port`` (IPv4 or IPv6, as the host resolves), bound
+    before the engine is built so that a busy port or a bad host fails at once, in one line."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                      flags=socket.AI_PASSIVE)[0]
+        return socket.create_server(address, family=family)
+    except OSError as err:  # the system's reason alone (a resolver's errno is negative)
+        reason = os.strerror(err.errno) if (err.errno or 0) > 0 else err.strerror or str(err)
+        raise ValueError(f"cannot listen on server.host={host} server.port={port}: "
+                         f"{reason}") from None
+
+
 class Server:
     """The engine (weights, KV cache, scheduler) and its HTTP front end, built from a config.
 
@@ -53,7 +68,7 @@ class Server:
         import torch
 
         from real_backend.config import BackendConfig
-        from real_backend.engine import Clock, build_runner
+        from real_backend.engine import Clock, build_runner, check_overlap_backend
         from real_backend.serving.app import ServedModel, build_app
         from real_backend.serving.inbox import Inbox
         from real_backend.serving.metrics import ServerMetrics
@@ -79,26 +94,33 @@ class Server:
                                   model.max_model_len)
 
         probe = new_scheduler(1)
-        if probe.overlap and not backend.async_output:
-            raise ValueError("policy.overlap needs backend.async_output=true: a window's ids are "
-                             "collected while the next window runs")
-        self.clock = Clock()  # delivery times and arrival times on one clock
-        self.runner = build_runner(model, backend, probe, self.clock)
-        self.sched = new_scheduler(self.runner.kv_cache.num_blocks)
-        self.metrics = ServerMetrics({
-            "model": model.name, "policy": policy_name,
-            "k": str(getattr(policy, "num_steps", 1)), "overlap": str(probe.overlap).lower(),
-            "num_blocks": str(self.runner.kv_cache.num_blocks),
-            "block_size": str(self.runner.block_size), "device": str(self.runner.device),
-            "device_name": (torch.cuda.get_device_name(self.runner.device) if self.runner.cuda
-                            else "cpu")})
-        self.inbox = Inbox(self.sched, self.metrics)
-        served = ServedModel(model.name, model.max_model_len, model.vocab_size, backend.sampling)
-        self.app = build_app(served, tokenizer, self.inbox, self.metrics)
+        check_overlap_backend(probe, backend)
+        self.socket = listen(self.host, self.port)
+        try:
+            self.clock = Clock()  # delivery times and arrival times on one clock
+            self.runner = build_runner(model, backend, probe, self.clock)
+            self.sched = new_scheduler(self.runner.kv_cache.num_blocks)
+            self.metrics = ServerMetrics({
+                "model": model.name, "policy": policy_name,
+                "k": str(getattr(policy, "num_steps", 1)), "overlap": str(probe.overlap).lower(),
+                "num_blocks": str(self.runner.kv_cache.num_blocks),
+                "block_size": str(self.runner.block_size), "device": str(self.runner.device),
+                "device_name": (torch.cuda.get_device_name(self.runner.device)
+                                if self.runner.cuda else "cpu")})
+            self.inbox = Inbox(self.sched, self.metrics, self.clock)
+            served = ServedModel(model.name, model.max_model_len, model.vocab_size,
+                                 backend.sampling)
+            self.app = build_app(served, tokenizer, self.inbox, self.metrics)
+        except BaseException:
+            self.socket.close()
+            raise
         self.engine_error: str | None = None
         settings = ", ".join(f"{k}={v}" for k, v in policy.describe().items() if k != "name")
+        host, port = self.socket.getsockname()[:2]  # the port chosen, for server.port=0
+        host = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
         self.banner = (f"{model.name} under {policy_name} ({settings}) with "
-                       f"{self.runner.kv_cache.num_blocks} KV blocks on {self.runner.device}")
+                       f"{self.runner.kv_cache.num_blocks} KV blocks on {self.runner.device}, "
+                       f"at http://{host}:{port}")
 
     def _engine(self) -> None:
         import torch
@@ -118,13 +140,19 @@ class Server:
 
     def run(self) -> int:
         """Serve until SIGINT or SIGTERM; 0 after a clean shutdown, 1 if the engine failed."""
-        config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
-                                timeout_graceful_shutdown=10, lifespan="off")
+        config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=10,
+                                lifespan="off")
         self.uvicorn = _Uvicorn(config, on_exit=self.inbox.close)
         engine = threading.Thread(target=self._engine, name="engine", daemon=True)
         engine.start()
-        print(f"serving {self.banner} on http://{self.host}:{self.port}", flush=True)
-        self.uvicorn.run()
+        # Requests are taken once the loop runs: its clock, which stamps their arrival, has
+        # started. Until then connections wait in the bound socket's backlog.
+        while not self.inbox.ready.wait(0.1) and engine.is_alive():
+            pass
+        if self.engine_error is None:
+            print(f"serving {self.banner}", flush=True)
+            self.uvicorn.run(sockets=[self.socket])
+        self.socket.close()
         self.inbox.close()
         engine.join(timeout=30)
         if engine.is_alive():

@@ -1,9 +1,11 @@
 """The HTTP server (python -m experiments.serve) on the tiny CPU model, in a subprocess: SSE
 streaming with usage, non-streaming, chat, OpenAI-style 400s, a client gone mid-stream
-(its request aborted, its KV blocks freed), SIGTERM, and a short guidellm run against it."""
+(its request aborted, its KV blocks freed), SIGTERM, a busy port, and a short guidellm run
+against it; the inbox's arrival times."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -20,6 +22,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from experiments.measured import measured_from_dir
+from policies import Request, SchedulerConfig, make_scheduler
+from real_backend.serving.inbox import Inbox
+from real_backend.serving.metrics import ServerMetrics
 from real_backend.serving.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,13 +56,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def serve_command(tmp: Path, port: int, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "experiments.serve", "model=tiny", "backend.device=cpu",
+            f"backend.num_blocks={BLOCKS}", f"server.port={port}", f"hydra.run.dir={tmp}",
+            *overrides]
+
+
 def start(tmp: Path, *overrides: str) -> Server:
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "experiments.serve", "model=tiny", "backend.device=cpu",
-         f"backend.num_blocks={BLOCKS}", f"server.port={port}", f"hydra.run.dir={tmp}", *overrides],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(serve_command(tmp, port, *overrides), cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     server = Server(proc, port)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -156,6 +167,8 @@ def test_chat_uses_the_llama3_template(server):
     ({"prompt": "hi", "stop": ["\n"]}, "stop"),
     ({"prompt": "hi", "frobnicate": 1}, "frobnicate"),
     ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": "hi", "max_tokens": 2, "seed": 0}, "seed"),  # one generator serves every request
+    ({"prompt": "hi", "max_tokens": 2, "logprobs": 0}, "logprobs"),  # 0 == False, yet it asks
 ])
 def test_bad_requests_get_openai_errors(server, body, param):
     r = server.http.post("/v1/completions", json=body)
@@ -163,6 +176,17 @@ def test_bad_requests_get_openai_errors(server, body, param):
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param, err
     assert err["message"]
+
+
+def test_a_named_chat_message_is_refused(server):
+    # Llama-3's chat template has no place for a name: refused, not served without it
+    messages = [{"role": "user", "content": "Hi!", "name": "ada"}]
+    r = server.http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "messages.0.name"
+    messages[0]["name"] = None
+    r = server.http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
+    assert r.status_code == 200, r.text
 
 
 def test_not_json_and_models_and_health(server):
@@ -218,11 +242,10 @@ def test_metrics_count_windows_and_latencies(server):
 
 def test_guidellm_drives_the_server(server, tmp_path):
     out = tmp_path / "client"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     p = subprocess.run([sys.executable, "-m", "experiments.loadgen", "--url", server.url,
                         "--num-prompts", "24", "--request-rate", "inf", "--out", str(out),
                         "--fixed-output-len", "16", "--processes", "1"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     result = json.loads((out / "result.json").read_text())
     assert result["completed"] == result["num_prompts"] == 24
@@ -271,14 +294,56 @@ def test_overlap_streams_per_token_and_aborts_in_flight(tmp_path):
         stop(s)
 
 
-def test_a_parallel_engine_is_refused_in_one_line():
+@pytest.mark.parametrize("overrides, match", [
+    (["parallel.tensor_parallel_size=2"], "parallel.tensor_parallel_size"),
+    (["policy=single_step", "policy.overlap=true", "backend.async_output=false"],
+     "backend.async_output=true"),
+    (["server.host=999.1.1.1"], "server.host=999.1.1.1"),  # before the engine is built
+])
+def test_bad_settings_are_refused_in_one_line(overrides, match):
     from hydra import compose, initialize_config_dir
 
     from experiments.paths import conf_dir
     from experiments.serve import Server as EngineServer
 
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        cfg = compose("serve", overrides=["model=tiny", "backend.device=cpu",
-                                          "parallel.tensor_parallel_size=2"])
-    with pytest.raises(ValueError, match="parallel.tensor_parallel_size"):
+        cfg = compose("serve", overrides=["model=tiny", "backend.device=cpu", "server.port=0",
+                                          *overrides])
+    with pytest.raises(ValueError, match=match):
         EngineServer(cfg)
+
+
+def test_a_busy_port_exits_2_in_one_line_before_serving(tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        p = subprocess.run(serve_command(tmp_path, port), cwd=ROOT, env=ENV,
+                           capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "serving" not in p.stdout
+    (line,) = p.stderr.strip().splitlines()
+    assert line.startswith("error: ") and f"server.port={port}" in line
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_request_arrives_when_submitted_not_when_the_engine_takes_it():
+    clock = FakeClock()
+    sched = make_scheduler("single_step", {}, SchedulerConfig(), 16, 4096)
+    inbox = Inbox(sched, ServerMetrics({}), clock)
+    req = Request(0, 0.0, 3, 2, [1, 2, 3])
+
+    async def submit_while_the_engine_is_busy() -> None:
+        clock.now = 1.5
+        inbox.submit(req)
+        clock.now = 4.0  # the window in flight ends; the engine takes the inbox
+        inbox.release(sched, clock())
+
+    assert not inbox.ready.is_set()
+    asyncio.run(submit_while_the_engine_is_busy())
+    assert req.arrival_time == 1.5 and sched.num_waiting == 1 and inbox.ready.is_set()

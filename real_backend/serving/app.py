@@ -82,7 +82,7 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, inbox: Inbox,
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         req = parse(ChatCompletionRequest, await _json(request))
-        prompt_ids = tokenizer.encode_chat([(m.role, m.content) for m in req.messages])
+        prompt_ids = tokenizer.encode_chat(req.turns())
         return await _generate(request, req, prompt_ids, req.output_limit, chat=True)
 
     async def _generate(http: Request, req: Any, prompt_ids: list[int], max_tokens: int | None,

@@ -52,13 +52,19 @@ class Stream:
 class Inbox:
     """The serving loop's RequestSource online (real_backend/request_source.py).
 
-    Requests enter the scheduler at the top of a loop iteration, their arrival time the
-    engine clock's then; aborts are applied there too, and so is a shutdown, which aborts
-    every request left and lets the loop end once the window in flight is updated.
+    A request's arrival time is the engine clock's when it is submitted, so that its TTFT
+    counts the wait until the engine next takes the inbox (up to a whole window); requests
+    enter the scheduler at the top of a loop iteration. Aborts are applied there too, and so
+    is a shutdown, which aborts every request left and lets the loop end once the window in
+    flight is updated. ``ready`` is set once the loop runs: the clock has started, so
+    requests may come (a submission stamped before the clock starts would be on the wrong
+    clock).
     """
 
-    def __init__(self, sched: Scheduler, metrics: ServerMetrics) -> None:
-        self.sched, self.metrics = sched, metrics
+    def __init__(self, sched: Scheduler, metrics: ServerMetrics,
+                 clock: Callable[[], float]) -> None:
+        self.sched, self.metrics, self.clock = sched, metrics, clock
+        self.ready = threading.Event()
         self._cond = threading.Condition()
         self._new: list[Stream] = []
         self._aborts: list[int] = []
@@ -69,11 +75,13 @@ class Inbox:
 
     # ---------------------------------------------------------------- the front end's side
     def submit(self, request: Request) -> Stream:
-        """Queue ``request`` for the scheduler (call from the event loop's thread)."""
+        """Queue ``request`` for the scheduler, arrived now (call from the event loop's
+        thread; the engine clock is a perf_counter offset, safe to read from any thread)."""
         stream = Stream(request, asyncio.get_running_loop())
         with self._cond:
             if self._closing or self.error:
                 raise RuntimeError("the server is shutting down")
+            request.arrival_time = self.clock()
             self._new.append(stream)
             self._cond.notify()
         return stream
@@ -99,12 +107,13 @@ class Inbox:
         return not self._closed
 
     def release(self, sched: Scheduler, now: float) -> None:
+        if not self.ready.is_set():
+            self.ready.set()
         with self._cond:
             new, self._new = self._new, []
             aborts, self._aborts = self._aborts, []
             closing = self._closing
-        for s in new:
-            s.request.arrival_time = now
+        for s in new:  # arrived at submit(), not now
             try:
                 sched.add_request(s.request)
             except ValueError as err:  # the scheduler's own admission checks

@@ -51,7 +51,7 @@ class _Common(BaseModel):
     frequency_penalty: float | None = None
     logprobs: bool | int | None = None
     user: str | None = None
-    seed: int | None = None  # sampling draws from the server's seeded generator
+    seed: int | None = None  # absent or null only (sampling_check)
 
     def sampling_check(self, served: SamplingParams) -> None:
         """This engine samples every request with the server's ``backend.sampling``; a request
@@ -65,10 +65,15 @@ class _Common(BaseModel):
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise APIError(f"{name}: not supported (0 or absent only)", param=name)
-        if self.logprobs not in (None, False):
+        # `is`, not `in (None, False)`: 0 == False, and logprobs=0 asks for logprobs
+        if not (self.logprobs is None or self.logprobs is False):
             raise APIError("logprobs: not supported", param="logprobs")
         if self.stop:
             raise APIError("stop: stop sequences are not supported", param="stop")
+        if self.seed is not None:
+            raise APIError(f"seed={self.seed}: not supported: every request samples from the "
+                           "server's one generator, seeded by backend.seed (absent or null only)",
+                           param="seed")
 
     @property
     def include_usage(self) -> bool:
@@ -101,12 +106,23 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant"]
     content: str
-    name: str | None = None
+    name: str | None = None  # absent or null only (ChatCompletionRequest.turns)
 
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def turns(self) -> list[tuple[str, str]]:
+        """The messages as the chat template's (role, content) turns. Llama-3's template has
+        no place for a participant's name, so a message with one is refused, not served as
+        if it had none."""
+        for i, m in enumerate(self.messages):
+            if m.name is not None:
+                raise APIError(f"messages.{i}.name: not supported: the Llama-3 chat template "
+                               "has no place for a name (absent or null only)",
+                               param=f"messages.{i}.name")
+        return [(m.role, m.content) for m in self.messages]
 
     @property
     def output_limit(self) -> int | None:
