@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.paths import conf_dir
 from experiments.run_dir import CONTROL_KEYS, STAMP_KEY, config_stamp, finished
 from experiments.sweep_workers import stop_with_sweep
-from policies import ModelSpec, SchedulerConfig, make_policy, make_scheduler
-from policies.base import check_int, check_number, check_settings
+from policies import ModelSpec, Scheduler, SchedulerConfig, make_policy, make_scheduler
+from policies.base import Policy, check_int, check_number, check_settings
 from policies.parallel import ParallelConfig
 from policies.request import Request
 
@@ -165,6 +165,22 @@ def sweep_line(label: str, result: Mapping[str, Any], run_dir: Path) -> str:
     return f"{line} -> {run_dir}"
 
 
+class PolicyChoice:
+    """The policy a config names, with its settings and the scheduler limits checked, and how
+    to make its scheduler over a KV cache of a given size (experiments.run and serve alike)."""
+
+    def __init__(self, cfg: Mapping[str, Any], model: ModelSpec) -> None:
+        self.settings = plain(cfg["policy"])
+        self.name = self.settings.pop("name")
+        self.policy: Policy = make_policy(self.name, **self.settings)  # fail fast on bad settings
+        self.scheduler = SchedulerConfig.from_dict(plain(cfg["scheduler"]))
+        self.max_model_len = model.max_model_len
+
+    def new_scheduler(self, num_blocks: int) -> Scheduler:
+        return make_scheduler(self.name, self.settings, self.scheduler, num_blocks,
+                              self.max_model_len)
+
+
 def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         sweep_label: str | None = None) -> dict[str, Any]:
     """Run one configuration and write result.json, requests.csv (, steps.csv) and summary.txt
@@ -191,10 +207,8 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     model = ModelSpec.from_dict(plain(cfg["model"]))
     parallel = ParallelConfig.from_mapping(plain(cfg.get("parallel") or {}))
     parallel.check_model(model)
-    policy_cfg = plain(cfg["policy"])
-    policy_name = policy_cfg.pop("name")
-    policy = make_policy(policy_name, **policy_cfg)  # fail fast on bad settings
-    sched_cfg = SchedulerConfig.from_dict(plain(cfg["scheduler"]))
+    choice = PolicyChoice(cfg, model)
+    policy = choice.policy
     with_ids = backend["name"] == "real"  # the simulator needs lengths only
     workload = plain(cfg["workload"])
     specs = build_workload(workload, vocab_size=model.vocab_size if with_ids else None,
@@ -205,9 +219,6 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     tokenizer = load_tokenizer(tokenizer_id) if with_ids and results.save_per_request else None
     requests = [to_request(spec, i, with_token_ids=with_ids) for i, spec in enumerate(specs)]
 
-    def new_scheduler(num_blocks: int):
-        return make_scheduler(policy_name, policy_cfg, sched_cfg, num_blocks, model.max_model_len)
-
     time_scale = float(backend.get("time_scale", 1.0))  # the simulator's
     progress = bool(cfg.get("progress", True))
     wall0 = time.perf_counter()
@@ -217,9 +228,9 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         from simulator.overhead import OverheadSpec
 
         hardware = HardwareSpec.from_dict(plain(cfg["hardware"]), parallel)
-        outcome = simulate(requests, new_scheduler, model, hardware,
+        outcome = simulate(requests, choice.new_scheduler, model, hardware,
                            OverheadSpec.from_dict(plain(cfg["overhead"])),
-                           block_size=sched_cfg.block_size,
+                           block_size=choice.scheduler.block_size,
                            gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
                            stream_per_step=bool(backend.get("stream_per_step", False)),
                            num_blocks=backend.get("num_blocks"),
@@ -228,7 +239,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         from real_backend.engine import run_real
 
         settings = {k: v for k, v in backend.items() if k != "name"}
-        outcome = run_real(requests, new_scheduler, model, settings, max_concurrency=limit,
+        outcome = run_real(requests, choice.new_scheduler, model, settings, max_concurrency=limit,
                            progress=progress, parallel=parallel)
     else:
         raise ValueError(f"backend.name must be sim or real, got {backend['name']!r}")
@@ -249,7 +260,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         max_concurrency=limit), **summary}
     extra = {
         "backend": backend["name"],
-        "policy": policy_name,
+        "policy": choice.name,
         "policy_settings": policy.describe(),
         "k": getattr(policy, "num_steps", 1),
         "overlap": bool(getattr(policy, "overlap", False)),

@@ -18,8 +18,8 @@ import hydra
 import uvicorn
 from omegaconf import DictConfig
 
-from experiments.run import CONF_DIR, known_settings, plain
-from policies import ModelSpec, SchedulerConfig, make_policy, make_scheduler
+from experiments.run import CONF_DIR, PolicyChoice, known_settings, plain
+from policies import ModelSpec
 from policies.base import check_int, check_settings
 
 SERVER_KEYS = ("host", "port")
@@ -81,17 +81,11 @@ class Server:
             raise ValueError("experiments.serve runs the engine in one process: "
                              "parallel.tensor_parallel_size and pipeline_parallel_size must be 1")
         model = ModelSpec.from_dict(plain(cfg["model"]))
-        policy_cfg = plain(cfg["policy"])
-        policy_name = policy_cfg.pop("name")
-        policy = make_policy(policy_name, **policy_cfg)  # fail fast on bad settings
-        sched_cfg = SchedulerConfig.from_dict(plain(cfg["scheduler"]))
+        choice = PolicyChoice(cfg, model)
+        policy, policy_name, new_scheduler = choice.policy, choice.name, choice.new_scheduler
         backend = BackendConfig.from_mapping({k: v for k, v in plain(cfg["backend"]).items()
                                               if k != "name"})
         tokenizer = Tokenizer(model.tokenizer, model.vocab_size)
-
-        def new_scheduler(num_blocks: int):
-            return make_scheduler(policy_name, policy_cfg, sched_cfg, num_blocks,
-                                  model.max_model_len)
 
         probe = new_scheduler(1)
         check_overlap_backend(probe, backend)
