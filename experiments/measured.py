@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +99,8 @@ def measured_row(res: dict[str, Any], path: Path) -> dict[str, Any]:
                          + ", ".join(sorted(POLICIES)))
     for field, minimum in (("k", 1), ("num_prompts", 1), ("seed", 0), ("num_blocks", 1)):
         row[field] = _count(path, names[field], row.get(field), minimum)
-    if row["policy"] == "single_step":
-        row["k"] = None
+    if "num_steps" not in {f.name for f in fields(POLICIES[row["policy"]])}:
+        row["k"] = None  # recorded as 1 by a policy without a step count
     elif row["k"] is None:
         raise ValueError(f"{path}: policy {row['policy']} without a step count "
                          "(num_steps or num_scheduler_steps)")

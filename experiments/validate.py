@@ -435,14 +435,11 @@ def validate(args: argparse.Namespace, argv: list[str]) -> pd.DataFrame:
                                                        sources=sources),
                                                real_dir / "result.json")])
             else:
-                # a policy without a step count records k = 1 in its result.json
-                key = (policy, k, rate) if k is not None or (policy, k, rate) in measured \
-                    else (policy, 1, rate)
-                meas = measured.get(key)
+                meas = measured.get((policy, k, rate))
                 if meas is None:
                     print(f"no measured result for {policy} k={k} rate={rate:g}; skipped")
                     continue
-                used.add(key)
+                used.add((policy, k, rate))
                 # simulate the workload that was measured
                 n, seed = meas.get("num_prompts"), meas.get("seed")
                 base = config_overrides(policy, k, rate, args,

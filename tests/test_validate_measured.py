@@ -59,6 +59,8 @@ def test_measured_engine_is_simulated_as_it_ran():
     root = Path(__file__).resolve().parents[1] / "docs/validation/measured/overlap/on/t0"
     found = measured_from_dir(root)
     meas = found[("single_step", None, float("inf"))]
+    # a policy without a step count is keyed as --policies names it (its file records k = 1)
+    assert ("chunked_prefill", None, float("inf")) in found
     assert meas["overlap"] is True
     assert validate.measured_engine(meas) == ["policy.overlap=true"]
     assert validate.measured_engine({**meas, "overlap": False, "tensor_parallel_size": 2}) == [
