@@ -161,6 +161,18 @@ def _replayed_output(output_len: float, flt: RowFilter, counts: RowCounts) -> in
     return None
 
 
+def _row_with_failures(arrival: float, prompt: str, output: str, names: tuple[str, str],
+                       path: str, line: int, flt: RowFilter,
+                       counts: RowCounts) -> TraceRow | None:
+    """A row of a trace that records failed requests (no output tokens: Azure, BurstGPT), or
+    None for a failed one that is dropped."""
+    prompt_len = _number(prompt, path, line, names[0], integer=True)
+    output_len = _number(output, path, line, names[1], integer=True)
+    _check_lengths(prompt_len, output_len, path, line, names, failed_allowed=True)
+    replayed = _replayed_output(output_len, flt, counts)
+    return None if replayed is None else TraceRow(arrival, int(prompt_len), replayed, line)
+
+
 def _read_csv(path: str, flt: RowFilter, counts: RowCounts) -> Iterator[TraceRow]:
     for line, (t, p, o) in _csv_fields(path, "csv", CSV_COLUMNS):
         counts.rows += 1
@@ -210,13 +222,10 @@ def _read_azure(path: str, flt: RowFilter, counts: RowCounts) -> Iterator[TraceR
     for line, (t, p, o) in _csv_fields(path, "azure", AZURE_COLUMNS):
         counts.rows += 1
         arrival = _azure_time(t, path, line, minutes)
-        prompt_len = _number(p, path, line, "ContextTokens", integer=True)
-        generated = _number(o, path, line, "GeneratedTokens", integer=True)
-        _check_lengths(prompt_len, generated, path, line, ("ContextTokens", "GeneratedTokens"),
-                       failed_allowed=True)
-        output_len = _replayed_output(generated, flt, counts)
-        if output_len is not None:
-            yield TraceRow(arrival, int(prompt_len), output_len, line)
+        row = _row_with_failures(arrival, p, o, ("ContextTokens", "GeneratedTokens"), path, line,
+                                 flt, counts)
+        if row is not None:
+            yield row
 
 
 def _read_burstgpt(path: str, flt: RowFilter, counts: RowCounts) -> Iterator[TraceRow]:
@@ -233,13 +242,10 @@ def _read_burstgpt(path: str, flt: RowFilter, counts: RowCounts) -> Iterator[Tra
         arrival = _number(t, path, line, "Timestamp", integer=False)
         if arrival < 0:
             raise ValueError(f"{path}:{line}: Timestamp must be >= 0, got {arrival:g}")
-        prompt_len = _number(p, path, line, "Request tokens", integer=True)
-        response = _number(o, path, line, "Response tokens", integer=True)
-        _check_lengths(prompt_len, response, path, line, ("Request tokens", "Response tokens"),
-                       failed_allowed=True)
-        output_len = _replayed_output(response, flt, counts)
-        if output_len is not None:
-            yield TraceRow(arrival, int(prompt_len), output_len, line)
+        row = _row_with_failures(arrival, p, o, ("Request tokens", "Response tokens"), path,
+                                 line, flt, counts)
+        if row is not None:
+            yield row
 
 
 # --------------------------------------------------------------------------- Mooncake JSONL
