@@ -4,28 +4,22 @@ per-window request and SSE-chunk terms, per-token work, and what they do to CPU 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
-import yaml
 
+from experiments.calibrate import load_conf
 from policies import ModelSpec, Request, SchedulerConfig, make_scheduler
 from simulator import OverheadSpec, SimResult, simulate
 from simulator.cost_model import StepShape, step_time
 from simulator.hardware import HardwareSpec
 from simulator.overhead import output_time, sse_chunks, window_output_times
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 US = 1e-6
 
 
-def load(kind: str, name: str) -> dict:
-    return yaml.safe_load((CONF / kind / f"{name}.yaml").read_text())
-
-
-MODEL = ModelSpec.from_dict(load("model", "llama3_8b"))
-H100 = HardwareSpec.from_dict(load("hardware", "h100_sxm"))
-PROFILES = {name: OverheadSpec.from_dict(load("overhead", name))
+MODEL = ModelSpec.from_dict(load_conf("model", "llama3_8b"))
+H100 = HardwareSpec.from_dict(load_conf("hardware", "h100_sxm"))
+PROFILES = {name: OverheadSpec.from_dict(load_conf("overhead", name))
             for name in ("vllm_v0_5", "vllm_v0_6", "schedlab_h200")}
 
 
