@@ -103,13 +103,18 @@ def poisson_rate(t0_result: Path) -> int:
     return max(1, round(POISSON_LOAD * throughput))
 
 
+def chosen_policies(args) -> list[tuple[str, int | None]] | None:
+    """--policies as (policy, k) pairs, or None when not given."""
+    return None if not args.policies else [
+        (p.split(":")[0], int(p.split(":")[1]) if ":" in p else None)
+        for p in args.policies.split(",")]
+
+
 def models_part(args, out: Path, go, table: list[str]) -> None:
     """The models part (module docstring): a warm-up run outside the measured tree, then the
     three policies at each of the rates."""
     base = f"models/{args.model}"
-    policies = MODEL_POLICIES if not args.policies else [
-        (p.split(":")[0], int(p.split(":")[1]) if ":" in p else None)
-        for p in args.policies.split(",")]
+    policies = chosen_policies(args) or MODEL_POLICIES
     go(f"warmup/{args.model}", real("single_step", None, "inf", 3, min(100, args.prompts)))
     for rate in model_rates(args):
         if rate == "inf":
@@ -297,9 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         sustained_load(args.warm_seconds)
     if "grid" in parts or "warm" in parts:  # a first run compiles kernels for new shapes
         go("warmup", real("single_step", None, "inf", 3, 100))
-    chosen = None if not args.policies else [
-        (p.split(":")[0], int(p.split(":")[1]) if ":" in p else None)
-        for p in args.policies.split(",")]
+    chosen = chosen_policies(args)
     if args.repeats < 1:
         raise SystemExit(f"error: --repeats must be >= 1, got {args.repeats}")
     rep = [f"_r{i + 1}" if args.repeats > 1 else "" for i in range(args.repeats)]
