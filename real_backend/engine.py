@@ -374,7 +374,8 @@ def _serve_overlap(source: RequestSource, sched: Scheduler, runner: ModelRunner,
         schedule_s = clock() - t
         launched = runner.launch_window(batch, overlap=True) if batch is not None else None
         launch_wall = clock() - t - schedule_s
-        late.observe_form(schedule_s + launch_wall)
+        if launched is not None:  # as the simulator: an empty schedule() is no formation time
+            late.observe_form(schedule_s + launch_wall)
         gpu_start = clock()  # the window just launched starts now, or when the last one ends
         if last is not None:
             prev, handle, t_prev, schedule_prev, wall_prev = last
