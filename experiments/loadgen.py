@@ -40,8 +40,16 @@ class InputError(Exception):
     """A bad option, an unreachable server or a failed client run: one line, exit 2."""
 
 
-def server_info(url: str) -> dict[str, str]:
-    """What the server runs (its schedlab_engine_info metric): model, policy, k, KV blocks."""
+# the server's counters a run's result keeps (their change over the run): what the front end
+# received and streamed, and the CPU time of its threads (experiments.fit_api prices it)
+COUNTERS = {"requests": "schedlab_requests_received_total",
+            "sse_chunks": "schedlab_sse_chunks_total",
+            "front_end_cpu_s": ("schedlab_thread_cpu_seconds", "front_end"),
+            "engine_cpu_s": ("schedlab_thread_cpu_seconds", "engine")}
+
+
+def scrape(url: str) -> list[Any]:
+    """The server's /metrics, parsed."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -49,11 +57,30 @@ def server_info(url: str) -> dict[str, str]:
         text = httpx.get(f"{url}/metrics", timeout=10).raise_for_status().text
     except httpx.HTTPError as err:
         raise InputError(f"--url {url}: no schedlab server answers there ({err})") from None
-    for fam in text_string_to_metric_families(text):
+    return list(text_string_to_metric_families(text))
+
+
+def server_info(url: str) -> dict[str, str]:
+    """What the server runs (its schedlab_engine_info metric): model, policy, k, KV blocks."""
+    for fam in scrape(url):
         if fam.name in ("schedlab_engine", "schedlab_engine_info"):
             return dict(fam.samples[0].labels)
     raise InputError(f"--url {url}: /metrics has no schedlab_engine_info; is it "
                      "python -m experiments.serve?")
+
+
+def server_counters(url: str) -> dict[str, float]:
+    """COUNTERS now; one the server does not report (no per-thread CPU clock) is left out."""
+    samples = {}
+    for fam in scrape(url):
+        for s in fam.samples:
+            samples[s.name, s.labels.get("thread")] = s.value
+    out = {}
+    for key, name in COUNTERS.items():
+        name, thread = name if isinstance(name, tuple) else (name, None)
+        if (name, thread) in samples:
+            out[key] = samples[name, thread]
+    return out
 
 
 def sharegpt_rows(num_prompts: int, seed: int, fixed_output_len: int | None,
@@ -133,6 +160,7 @@ def summarize_report(report: dict[str, Any], num_prompts: int) -> dict[str, Any]
     gaps, n_gaps = 0.0, 0
     starts, ends = [], []
     total_in = total_out = 0
+    input_lens, output_lens = [], []
     for r in done:
         t = r["info"]["timings"]
         start, first, last = t["request_start"], t["first_token_iteration"], t["request_end"]
@@ -148,6 +176,8 @@ def summarize_report(report: dict[str, Any], num_prompts: int) -> dict[str, Any]
             n_gaps += t["token_iterations"] - 1
         total_in += r["input_metrics"]["text_tokens"]
         total_out += out_len
+        input_lens.append(r["input_metrics"]["text_tokens"])
+        output_lens.append(out_len)
     for r in failed:
         t = r["info"]["timings"]
         if t.get("request_start"):
@@ -165,6 +195,9 @@ def summarize_report(report: dict[str, Any], num_prompts: int) -> dict[str, Any]
             out[f"{stat}_{name}_ms"] = v
     out.update(mean_itl_ms=gaps / n_gaps * 1000 if n_gaps else 0.0, median_itl_ms=None,
                std_itl_ms=None, p99_itl_ms=None)
+    # benchmark_serving's per-request lists (seconds) of the completed requests, in the
+    # report's order; no itls: guidellm keeps no per-chunk times
+    out.update(input_lens=input_lens, output_lens=output_lens, ttfts=ttft, e2els=e2el)
     if len(done) + len(failed) != num_prompts:
         raise InputError(f"guidellm sent {len(done) + len(failed)} requests, not {num_prompts}")
     return out
@@ -186,7 +219,9 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         raise InputError(str(err)) from None
     (out / "result.json").unlink(missing_ok=True)  # never beside another run's client files
     t0 = time.time()
+    before = server_counters(url)
     report_path = run_guidellm(url, info["model"], rows, rate, args.seed, out, args.processes)
+    after = server_counters(url)
     summary = summarize_report(json.loads(report_path.read_text()), args.num_prompts)
     sent = sum(r["prompt_tokens_count"] for r in rows)
     if summary["num_failed"] == 0 and summary["total_input_tokens"] != sent:
@@ -205,7 +240,9 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
                      "overlap": info["overlap"] == "true", "model": info["model"],
                      "hardware": info["device_name"], "num_blocks": int(info["num_blocks"]),
                      "load_generator": f"guidellm {version('guidellm')}",
-                     "workload": workload},
+                     "workload": workload,
+                     # the server's counters over the run (also any other client's requests)
+                     "server": {k: after[k] - before[k] for k in after if k in before}},
     }
     write_text_atomic(out / "result.json", json.dumps(result, indent=2) + "\n")
     return result

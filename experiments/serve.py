@@ -121,6 +121,7 @@ class Server:
 
         from real_backend.engine import serve_source
 
+        self.metrics.watch_thread("engine", threading.get_ident())
         if self.runner.cuda:
             torch.cuda.set_device(self.runner.device)  # per thread
         try:
@@ -137,6 +138,7 @@ class Server:
         config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=10,
                                 lifespan="off")
         self.uvicorn = _Uvicorn(config, on_exit=self.inbox.close)
+        self.metrics.watch_thread("front_end", threading.get_ident())  # uvicorn's event loop
         engine = threading.Thread(target=self._engine, name="engine", daemon=True)
         engine.start()
         # Requests are taken once the loop runs: its clock, which stamps their arrival, has

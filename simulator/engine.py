@@ -43,7 +43,9 @@ which is unique to the step, and at the end of the run every token_times entry a
 finish_time is mapped to its step's delivery time (a policy reading token_times during the
 run sees GPU times). Requests arrive from a simpy process, sent as the benchmark client sends
 them (``policies.client``: at their arrival times, with ``max_concurrency`` a request waits for
-an unfinished one's last token to be delivered), and go round-robin to the virtual engines.
+an unfinished one's last token to be delivered), pass through the front end's per-request
+work (``api_per_request_us``: on the engine thread, or on the API-server process) and go
+round-robin to the virtual engines.
 Events are per CPU phase and GPU window (per step and stage when pp > 1), never per token.
 """
 
@@ -70,6 +72,7 @@ from simulator.memory import blocks_per_engine
 from simulator.overhead import (
     OverheadSpec,
     api_time,
+    request_time,
     scale_overhead,
     schedule_time,
     sse_chunks,
@@ -288,16 +291,22 @@ def _arrivals(sim: _Sim) -> Generator:
     env, pp, client = sim.env, len(sim.schedulers), sim.client
     i = 0
     now = env.now
+    front = request_time(sim.overhead)
     while client.num_unsent:
         for req in client.send_due(now):
             v = i % pp
-            sim.schedulers[v].add_request(req)
-            sim.arrivals_left[v] -= 1
-            wake = sim.wake[v]
-            if wake is not None:
-                sim.wake[v] = None
-                wake.succeed()
             i += 1
+            if front <= 0.0:
+                _enter(sim, req, v)
+                continue
+            # the front end takes requests in turn, on the engine thread or its own process
+            if sim.overhead.api_server_on_critical_path:
+                sim.cpu_free = entry = max(sim.cpu_free, now) + front
+                sim.cpu_busy += front
+            else:
+                sim.api_free = entry = max(sim.api_free, now) + front
+            event = env.timeout(entry - env.now)
+            event.callbacks.append(lambda _event, req=req, v=v: _enter(sim, req, v))
         t = client.next_send_time()
         if t is None:  # every slot is held: wait for a finish
             if not client.num_unsent:
@@ -309,6 +318,16 @@ def _arrivals(sim: _Sim) -> Generator:
             if t > env.now:
                 yield env.timeout(t - env.now)
             now = max(env.now, t)  # the due time itself: env.now may be an ulp short of it
+
+
+def _enter(sim: _Sim, req: Request, v: int) -> None:
+    """``req`` reaches virtual engine ``v``'s scheduler, which wakes if it was idle."""
+    sim.schedulers[v].add_request(req)
+    sim.arrivals_left[v] -= 1
+    wake = sim.wake[v]
+    if wake is not None:
+        sim.wake[v] = None
+        wake.succeed()
 
 
 def _client_finished(sim: _Sim, win: _Window) -> None:

@@ -38,11 +38,17 @@ k steps' tokens, and one ``RequestOutput`` per request per window reaches the AP
 streams it as one SSE chunk): once per window, at its last step, with n the window's
 sequences and c the requests it delivers tokens to (with the simulator's ``stream_per_step``,
 the what-if of streaming each step, c = d_j at every step). With k = 1 both read the same, so
-a single-step run costs the same under either setting.
+a single-step run costs the same under either setting. ``api_chunk_per_window`` keeps the
+processing call per step but streams per window (c: the requests a window delivers tokens
+to, at its last step), as schedlab's HTTP server does.
 
 The bracketed API-server terms land on the engine thread when ``api_server_on_critical_path``
-(vLLM <= 0.5: one asyncio process); otherwise on a separate serial process (vLLM 0.6's
-multiprocessing front end) that delays delivery without stalling the engine.
+(vLLM <= 0.5: one asyncio process; schedlab's server, whose front end shares the engine
+thread's interpreter lock); otherwise on a separate serial process (vLLM 0.6's
+multiprocessing front end) that delays delivery without stalling the engine. The same holds
+for ``api_per_request_us``, the front end's work on each request it receives (parsing,
+tokenization, submission): the request reaches the scheduler once that work is done, on the
+engine thread or on the API-server process.
 ``async_output_processing``: a step's output processing overlaps the next GPU step. With
 overlap scheduling (``policy.overlap``) a window's output processing always waits for the next
 window's launch, so that setting and ``defer_last_output`` do not apply (simulator/engine.py).
@@ -62,7 +68,7 @@ _COSTS = ("schedule_base_us", "schedule_per_seq_us", "schedule_per_token_us",
           "schedule_multi_step_per_seq_us", "schedule_overlap_us", "schedule_mixed_us",
           "schedule_mixed_per_seq_us", "schedule_prefill_per_layer_us",
           "output_pythonize_per_seq_us", "output_per_token_us",
-          "api_per_chunk_us")
+          "api_per_chunk_us", "api_per_request_us")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +99,10 @@ class OverheadSpec:
     output_pythonize_per_seq_us: float = 0.0  # per sequence and step: sampled ids to Python
     output_per_token_us: float = 0.0  # per delivered token: append, detokenize, stop checks
     api_per_chunk_us: float = 0.0  # per SSE chunk: one response object, JSON, one HTTP write
+    api_per_request_us: float = 0.0  # per request received: HTTP parsing, tokenization, submit
+    # the API server streams one chunk per request per window (schedlab's server), not one per
+    # token; output_per_window implies it
+    api_chunk_per_window: bool = False
 
     def __post_init__(self) -> None:
         for name in _COSTS:
@@ -102,7 +112,8 @@ class OverheadSpec:
             if value < 0:
                 raise ValueError(f"overhead.{name} must be >= 0, got {value}")
         for name in ("async_output_processing", "defer_last_output",
-                     "api_server_on_critical_path", "output_per_window"):
+                     "api_server_on_critical_path", "output_per_window",
+                     "api_chunk_per_window"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"overhead.{name} must be true or false, "
                                  f"got {getattr(self, name)!r}")
@@ -151,7 +162,8 @@ def output_time(spec: OverheadSpec, num_seqs: int, num_delivered: int) -> float:
 def sse_chunks(spec: OverheadSpec, delivered: list[int], stream_per_step: bool) -> list[int]:
     """SSE chunks each step of a window hands the API server, from the tokens it delivers
     (``delivered`` never grows along a window: a sequence that stops stays stopped)."""
-    if spec.output_per_window and not stream_per_step:  # one per request, at the window's end
+    if (spec.output_per_window or spec.api_chunk_per_window) and not stream_per_step:
+        # one per request, at the window's end
         return [0] * (len(delivered) - 1) + [delivered[0]]
     return list(delivered)  # one token per request and step
 
@@ -177,6 +189,11 @@ def window_output_times(spec: OverheadSpec, seqs: list[int], delivered: list[int
     if per_window and seqs[0]:  # the window's sequences all take part in step 1
         call_us[-1] += spec.output_base_us + spec.output_per_seq_us * seqs[0]
     return [t * _US for t in call_us]
+
+
+def request_time(spec: OverheadSpec) -> float:
+    """Seconds the front end spends on one request it receives, before the scheduler sees it."""
+    return spec.api_per_request_us * _US
 
 
 def api_time(spec: OverheadSpec, num_delivered: int, num_chunks: int) -> float:

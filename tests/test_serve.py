@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -238,6 +239,8 @@ def test_metrics_count_windows_and_latencies(server):
     assert m["schedlab_time_to_first_token_seconds_count"] == m["schedlab_requests_finished_total"] > 0
     assert m["schedlab_time_per_output_token_seconds_count"] > 0
     assert "schedlab_preemptions_total" in m
+    assert m["schedlab_requests_received_total"] >= m["schedlab_requests_finished_total"]
+    assert m["schedlab_sse_chunks_total"] >= 0
 
 
 def test_guidellm_drives_the_server(server, tmp_path):
@@ -252,6 +255,17 @@ def test_guidellm_drives_the_server(server, tmp_path):
     assert result["total_output_tokens"] == 24 * 16
     assert result["request_throughput"] > 0 and result["median_ttft_ms"] > 0
     assert (out / "guidellm.json").exists()
+    # the per-request lists recompute the medians
+    assert len(result["ttfts"]) == len(result["e2els"]) == 24
+    assert result["output_lens"] == [16] * 24
+    assert result["median_ttft_ms"] == pytest.approx(1000 * float(np.median(result["ttfts"])))
+    # the server's counters over the run: 24 requests, one SSE chunk per request and window
+    # (multi_step k=4, 16 tokens: 1 prefill token, then 4 + 4 + 4 + 3), the front end's CPU
+    srv = result["schedlab"]["server"]
+    assert srv["requests"] == 24
+    assert 24 * 4 <= srv["sse_chunks"] <= 24 * 5
+    if hasattr(time, "pthread_getcpuclockid"):
+        assert srv["front_end_cpu_s"] > 0 and srv["engine_cpu_s"] > 0
     # experiments.validate --measured-dir reads it as this configuration, with its KV cache
     (row,) = measured_from_dir(out).values()
     assert (row["policy"], row["k"], row["request_rate"]) == ("multi_step", K, math.inf)

@@ -87,6 +87,36 @@ def test_single_step_synchronous_timeline():
     assert res.cpu_busy_fraction == pytest.approx(busy / t3)
 
 
+def test_front_end_request_work_on_the_engine_thread_delays_entry_and_engine():
+    """api_per_request_us on the critical path: the engine thread parses each request in
+    turn, and the scheduler sees a request once its parse is done; TTFT counts from the send."""
+    spec = dataclasses.replace(HAND, api_per_request_us=300.0)
+    reqs = [Request(0, 0.0, 100, 1), Request(1, 0.0, 100, 1)]
+    res = run("single_step", reqs, overhead=spec)
+    # both parsed (600 us) before the first schedule, which then takes both prompts
+    s_prefill = (1000 + 2 * 10 + 200) * US
+    t1 = 600 * US + s_prefill + g(StepShape(200, 2, 200, 2, 2 * 100 * 101 / 2, 200, True))
+    t1 += (500 + 2 * 20 + 2 * 100) * US
+    assert [r.token_times[0] for r in reqs] == pytest.approx([t1, t1], abs=1e-12)
+    assert all(r.arrival_time == 0.0 for r in reqs)
+    assert res.cpu_busy_fraction == pytest.approx((600 * US + s_prefill + 740 * US) / t1)
+
+
+def test_front_end_request_work_in_its_own_process_delays_entry_only():
+    """Off the critical path the parse runs on the API-server process: the engine thread is
+    not charged, and a request that arrives while the engine is busy is parsed meanwhile."""
+    spec = dataclasses.replace(HAND, api_per_request_us=300.0, api_server_on_critical_path=False)
+    first, second = Request(0, 0.0, 100, 2), Request(1, 0.001, 100, 1)
+    run("single_step", [first, second], overhead=spec)
+    plain = [Request(0, 0.0, 100, 2), Request(1, 0.001, 100, 1)]
+    run("single_step", plain, overhead=dataclasses.replace(spec, api_per_request_us=0.0))
+    # the first request enters 300 us late; the second is parsed while the GPU runs the
+    # first's prefill, so it joins the same next window as without the parse
+    shift = 300 * US
+    assert first.token_times[0] == pytest.approx(plain[0].token_times[0] + shift, abs=1e-12)
+    assert second.token_times[0] == pytest.approx(plain[1].token_times[0] + shift, abs=1e-12)
+
+
 def test_async_output_processing_runs_after_the_next_schedule():
     """vLLM 0.6 order: schedule window n+1, launch it, then process window n's outputs."""
     spec = dataclasses.replace(HAND, async_output_processing=True,

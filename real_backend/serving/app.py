@@ -102,6 +102,7 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, inbox: Inbox,
                            f"model.max_model_len {model.max_model_len}", param="max_tokens")
         stop = None if req.ignore_eos else tokenizer.stop_id(chat)
         engine_req = EngineRequest(next(ids), 0.0, n, max_tokens, prompt_ids, eos_token_id=stop)
+        metrics.received.inc()
         try:
             stream = inbox.submit(engine_req)
         except RuntimeError as err:
@@ -170,6 +171,8 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, inbox: Inbox,
                 text = detok(ev.token_ids, final=ev.finish is not None)
                 use = usage(n, count) if req.continuous_usage else None
                 if text or ev.finish or first:
+                    if ev.token_ids:
+                        metrics.sse_chunks.inc()
                     yield _data(completion_body(rid, model.name, chat, text, ev.finish, use,
                                                 chunk=True, first=first))
                     first = False

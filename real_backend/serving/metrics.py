@@ -1,7 +1,10 @@
 """The server's Prometheus metrics: queue lengths, KV usage, TTFT and TPOT histograms, windows,
-preemptions and aborts, in a registry of the server's own."""
+preemptions and aborts, requests received and SSE chunks sent, and the CPU time of the front end's
+and the engine's threads, in a registry of the server's own."""
 
 from __future__ import annotations
+
+import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
@@ -39,7 +42,33 @@ class ServerMetrics:
         self.finished = Counter("schedlab_requests_finished", "requests finished", registry=r)
         self.aborted = Counter("schedlab_requests_aborted",
                                "requests aborted (client gone, or shutdown)", registry=r)
+        self.received = Counter("schedlab_requests_received",
+                                "completion requests taken by the front end", registry=r)
+        self.sse_chunks = Counter("schedlab_sse_chunks",
+                                  "SSE chunks streamed that carry output tokens", registry=r)
+        self.thread_cpu = Gauge("schedlab_thread_cpu_seconds",
+                                "CPU seconds used by the front end's and the engine's threads",
+                                ["thread"], registry=r)
         self._preemptions_seen = 0
+
+    def watch_thread(self, name: str, ident: int) -> None:
+        """Report the CPU time of thread ``ident`` (threading.get_ident()) as ``name``. The
+        front end's share is what experiments.fit_api prices per request and per chunk. Where
+        the platform has no per-thread CPU clock, nothing is reported."""
+        try:
+            clock = time.pthread_getcpuclockid(ident)
+        except (AttributeError, OSError):
+            return
+        last = [0.0]
+
+        def read() -> float:
+            try:
+                last[0] = time.clock_gettime(clock)
+            except OSError:  # the thread has ended: its last reading
+                pass
+            return last[0]
+
+        self.thread_cpu.labels(name).set_function(read)
 
     def sample(self, sched: Scheduler) -> None:
         """The scheduler's queues and cache now; its counters since the last sample."""

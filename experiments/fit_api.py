@@ -1,0 +1,145 @@
+"""The API-server terms of the simulator's overhead model, fitted on schedlab's HTTP server.
+
+    python -m experiments.fit_api --measured-dir docs/validation/measured/server \\
+        --base schedlab_h200 --name schedlab_h200_server
+
+Reads every client-measured result (``python -m experiments.loadgen``'s result.json) under
+``--measured-dir``. Each records what the server's front end did over the run (its /metrics
+counters): requests received, SSE chunks streamed with output tokens, and the CPU seconds of
+the front end's thread (uvicorn's event loop: HTTP parsing, tokenization, detokenization,
+JSON, socket writes). A non-negative least-squares fit over the runs,
+
+    front_end_cpu_s = api_per_chunk_us * sse_chunks + api_per_request_us * requests,
+
+prices that work, and the profile written is ``--base`` (the engine's own CPU costs) with
+those two terms, ``api_server_on_critical_path: true`` (the front end shares the engine
+thread's interpreter lock, so its work delays the engine's) and ``api_chunk_per_window: true``
+(a multi-step window streams one chunk per request). Only CPU counters enter the fit, never a
+latency or throughput, so comparing the simulator with the same runs' client-measured metrics
+(``experiments.validate --measured-dir``) is not scored on what was fitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments.calibrate import load_conf
+from experiments.files import write_text_atomic
+from experiments.run import CONF_DIR
+from simulator.overhead import OverheadSpec
+
+TERMS = ("api_per_chunk_us", "api_per_request_us")
+COUNTS = ("sse_chunks", "requests")
+
+
+def client_runs(measured_dir: str | Path) -> list[dict[str, Any]]:
+    """One row per client-measured run under ``measured_dir``: its directory, configuration and
+    the server's counters over it."""
+    root = Path(measured_dir)
+    if not root.is_dir():
+        raise ValueError(f"--measured-dir {root}: not a directory")
+    rows = []
+    for path in sorted(root.rglob("result.json")):
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: unreadable result ({err})") from None
+        meta = result.get("schedlab") or {}
+        server = meta.get("server") or {}
+        if meta.get("backend") != "real-http":
+            continue
+        missing = [k for k in (*COUNTS, "front_end_cpu_s") if k not in server]
+        if missing:
+            raise ValueError(f"{path}: a client-measured run without the server's counters "
+                             f"{', '.join(missing)} (measured before they existed?)")
+        rows.append({"run": str(path.parent.relative_to(root)), "policy": meta.get("policy"),
+                     "k": meta.get("k"), "overlap": meta.get("overlap"),
+                     "request_rate": result.get("request_rate"),
+                     **{k: float(server[k]) for k in (*COUNTS, "front_end_cpu_s")}})
+    if len(rows) < len(TERMS):
+        raise ValueError(f"--measured-dir {root}: {len(rows)} client-measured runs with server "
+                         f"counters; the fit needs at least {len(TERMS)}")
+    return rows
+
+
+def fit_api(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The non-negative least-squares terms (us) of the front end's CPU time."""
+    from scipy.optimize import nnls
+
+    a = np.array([[r[c] for c in COUNTS] for r in rows], dtype=float)
+    b = np.array([r["front_end_cpu_s"] * 1e6 for r in rows])
+    scale = a.max(axis=0)
+    scale[scale == 0] = 1.0  # a count no run has: its term stays 0
+    x, _ = nnls(a / scale, b)
+    return {t: float(v) for t, v in zip(TERMS, x / scale, strict=True)}
+
+
+def predicted_cpu_s(terms: dict[str, float], row: dict[str, Any]) -> float:
+    return sum(terms[t] * row[c] for t, c in zip(TERMS, COUNTS, strict=True)) * 1e-6
+
+
+def profile_text(base: dict[str, Any], terms: dict[str, float], rows: list[dict[str, Any]],
+                 name: str, command: str) -> str:
+    """The overhead profile's YAML: a header saying where each number comes from, then
+    ``base`` with the API-server terms."""
+    import scipy
+
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"# Fitted by `{command}` on {now}",
+             f"# (numpy {np.__version__}, scipy {scipy.__version__}).",
+             f"# schedlab's engine behind its HTTP server (python -m experiments.serve): the "
+             f"engine's CPU costs",
+             f"# from {base['name']}, plus the front end's, fitted on its thread's CPU time over "
+             f"{len(rows)} client-measured runs:",
+             "#   front_end_cpu_s = api_per_chunk_us * sse_chunks + api_per_request_us * requests",
+             "# run: measured / fitted front-end CPU seconds (chunks, requests)"]
+    for r in rows:
+        fit = predicted_cpu_s(terms, r)
+        lines.append(f"#   {r['run']}: {r['front_end_cpu_s']:.3f} / {fit:.3f} s "
+                     f"({r['sse_chunks']:.0f}, {r['requests']:.0f})")
+    values = {k: v for k, v in base.items() if k != "name"}
+    values.update({t: round(v, 3) for t, v in terms.items()},
+                  api_server_on_critical_path=True, api_chunk_per_window=True)
+    OverheadSpec.from_dict({"name": name, **values})  # a profile the simulator takes
+    lines.append(f"name: {name}")
+    lines += [f"{k}: {json.dumps(v)}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    ap = argparse.ArgumentParser(prog="python -m experiments.fit_api",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--measured-dir", required=True,
+                    help="client-measured runs (experiments.loadgen's result.json files)")
+    ap.add_argument("--base", default="schedlab_h200",
+                    help="the overhead profile with the engine's own CPU costs")
+    ap.add_argument("--name", default="schedlab_h200_server", help="the new profile's name")
+    ap.add_argument("--conf-dir", default=CONF_DIR,
+                    help="where conf/overhead/ is read and the profile written")
+    args = ap.parse_args(argv)
+    command = "python -m experiments.fit_api " + " ".join(
+        a for a in (argv if argv is not None else sys.argv[1:]))
+    try:
+        rows = client_runs(args.measured_dir)
+        terms = fit_api(rows)
+        base = load_conf("overhead", args.base, args.conf_dir)
+        text = profile_text(base, terms, rows, args.name, command)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    out = Path(args.conf_dir) / "overhead" / f"{args.name}.yaml"
+    write_text_atomic(out, text)
+    print(f"{len(rows)} runs: api_per_chunk_us {terms['api_per_chunk_us']:.3f}, "
+          f"api_per_request_us {terms['api_per_request_us']:.3f} -> {out}")
+    return terms
+
+
+if __name__ == "__main__":
+    main()

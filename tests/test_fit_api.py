@@ -1,0 +1,84 @@
+"""experiments.fit_api: the front end's per-chunk and per-request CPU terms, recovered from
+client-measured results made from known coefficients, written as a profile the simulator takes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from experiments import fit_api
+from simulator.overhead import OverheadSpec
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+CHUNK_US, REQUEST_US = 23.5, 410.0
+
+
+def write_run(root: Path, name: str, chunks: int, requests: int, cpu_s: float,
+              backend: str = "real-http", counters: bool = True) -> None:
+    d = root / name
+    d.mkdir(parents=True)
+    server = {"sse_chunks": chunks, "requests": requests, "front_end_cpu_s": cpu_s,
+              "engine_cpu_s": 9.0}
+    meta = {"backend": backend, "policy": "single_step", "k": 1, "overlap": False,
+            **({"server": server} if counters else {})}
+    (d / "result.json").write_text(json.dumps({"request_rate": "inf", "schedlab": meta}))
+
+
+def synthetic_runs(root: Path, noise: float = 0.0) -> None:
+    rng = np.random.default_rng(0)
+    # single-step runs stream a chunk per token; multi-step ones one per window
+    for i, (chunks, requests) in enumerate([(189_000, 1000), (24_000, 1000), (95_000, 500),
+                                            (12_000, 500), (190_000, 1000)]):
+        cpu = (CHUNK_US * chunks + REQUEST_US * requests) * 1e-6 * (1 + noise * rng.normal())
+        write_run(root, f"run{i}", chunks, requests, cpu)
+
+
+def test_recovers_known_terms(tmp_path):
+    synthetic_runs(tmp_path)
+    write_run(tmp_path, "in_process", 1, 1, 99.0, backend="real")  # not a client run: skipped
+    rows = fit_api.client_runs(tmp_path)
+    assert len(rows) == 5
+    terms = fit_api.fit_api(rows)
+    assert terms["api_per_chunk_us"] == pytest.approx(CHUNK_US, rel=1e-6)
+    assert terms["api_per_request_us"] == pytest.approx(REQUEST_US, rel=1e-6)
+
+
+def test_recovers_terms_within_noise(tmp_path):
+    synthetic_runs(tmp_path, noise=0.01)
+    terms = fit_api.fit_api(fit_api.client_runs(tmp_path))
+    assert terms["api_per_chunk_us"] == pytest.approx(CHUNK_US, rel=0.03)
+    assert terms["api_per_request_us"] == pytest.approx(REQUEST_US, rel=0.5)
+
+
+def test_writes_a_profile_the_simulator_takes(tmp_path):
+    runs, conf = tmp_path / "runs", tmp_path / "conf"
+    synthetic_runs(runs)
+    (conf / "overhead").mkdir(parents=True)
+    base = yaml.safe_load((CONF / "overhead" / "schedlab_h200.yaml").read_text())
+    (conf / "overhead" / "schedlab_h200.yaml").write_text(yaml.safe_dump(base))
+    terms = fit_api.main(["--measured-dir", str(runs), "--conf-dir", str(conf)])
+    written = yaml.safe_load((conf / "overhead" / "schedlab_h200_server.yaml").read_text())
+    spec = OverheadSpec.from_dict(written)
+    assert spec.name == "schedlab_h200_server"
+    assert spec.api_per_chunk_us == pytest.approx(terms["api_per_chunk_us"], abs=1e-3)
+    assert spec.api_server_on_critical_path and spec.api_chunk_per_window
+    # the engine's own costs are the base profile's
+    assert spec.schedule_base_us == base["schedule_base_us"]
+    assert spec.schedule_overlap_us == base["schedule_overlap_us"]
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        fit_api.main(["--measured-dir", str(tmp_path / "nowhere")])
+    assert exc.value.code == 2 and "not a directory" in capsys.readouterr().err
+    write_run(tmp_path, "old", 10, 1, 0.1, counters=False)
+    with pytest.raises(ValueError, match="without the server's counters"):
+        fit_api.client_runs(tmp_path)
+    other = tmp_path / "few"
+    write_run(other, "one", 10, 1, 0.1)
+    with pytest.raises(ValueError, match="needs at least 2"):
+        fit_api.client_runs(other)
