@@ -94,8 +94,8 @@ def profile_text(base: dict[str, Any], terms: dict[str, float], rows: list[dict[
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# Fitted by `{command}` on {now}",
              f"# (numpy {np.__version__}, scipy {scipy.__version__}).",
-             f"# schedlab's engine behind its HTTP server (python -m experiments.serve): the "
-             f"engine's CPU costs",
+             "# schedlab's engine behind its HTTP server (python -m experiments.serve): the "
+             "engine's CPU costs",
              f"# from {base['name']}, plus the front end's, fitted on its thread's CPU time over "
              f"{len(rows)} client-measured runs:",
              "#   front_end_cpu_s = api_per_chunk_us * sse_chunks + api_per_request_us * requests",
