@@ -1,7 +1,8 @@
 """The GPU measurements of overlap scheduling (policy.overlap) against multi-step, in one process.
 
     python benchmarks/overlap_suite.py OUT_DIR [--parts grid,poisson] [--prompts N]
-                                               [--poisson-prompts N] [--rates 20,40] [--smoke]
+                                               [--poisson-prompts N] [--rates 20,40]
+                                               [--only TAG,...] [--smoke]
 
 grid:    llama3_8b (random bf16), ShareGPT 1000 prompts (seed 0), all at t=0: single_step,
          single_step + overlap, multi_step k=8, multi_step k=4 + overlap,
@@ -91,8 +92,17 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=1000)
     ap.add_argument("--poisson-prompts", type=int, default=400)
     ap.add_argument("--rates", default="20,40")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated run tags (single_step_overlap, ...): just these")
     ap.add_argument("--smoke", action="store_true", help="tiny model on cpu: check the script")
     args = ap.parse_args()
+    if args.only:
+        only = set(args.only.split(","))
+        unknown = sorted(only - {c[0] for c in GRID + POISSON})
+        if unknown:
+            raise SystemExit(f"error: --only has no run {unknown[0]!r}")
+        GRID[:] = [c for c in GRID if c[0] in only]
+        POISSON[:] = [c for c in POISSON if c[0] in only]
     parts = args.parts.split(",")
     unknown = sorted(set(parts) - {"grid", "poisson"})
     if unknown:

@@ -7,12 +7,15 @@ Reads every client-measured result (``python -m experiments.loadgen``'s result.j
 ``--measured-dir``. Each records what the server's front end did over the run (its /metrics
 counters): requests received, SSE chunks streamed with output tokens, and the CPU seconds of
 the front end's thread (uvicorn's event loop: HTTP parsing, tokenization, detokenization,
-JSON, socket writes). A non-negative least-squares fit over the runs,
+JSON, socket writes), and the output tokens the client received. A non-negative least-squares
+fit over the runs,
 
-    front_end_cpu_s = api_per_chunk_us * sse_chunks + api_per_request_us * requests,
+    front_end_cpu_s = api_per_chunk_us * sse_chunks + api_per_token_us * tokens
+                    + api_per_request_us * requests,
 
-prices that work, and the profile written is ``--base`` (the engine's own CPU costs) with
-those two terms, ``api_server_on_critical_path: true`` (the front end shares the engine
+prices that work (single-step runs stream a chunk per token, multi-step ones a chunk per
+window, which tells the per-chunk and per-token terms apart), and the profile written is
+``--base`` (the engine's own CPU costs) with those terms, ``api_server_on_critical_path: true`` (the front end shares the engine
 thread's interpreter lock, so its work delays the engine's) and ``api_chunk_per_window: true``
 (a multi-step window streams one chunk per request). Only CPU counters enter the fit, never a
 latency or throughput, so comparing the simulator with the same runs' client-measured metrics
@@ -35,8 +38,8 @@ from experiments.files import write_text_atomic
 from experiments.run import CONF_DIR
 from simulator.overhead import OverheadSpec
 
-TERMS = ("api_per_chunk_us", "api_per_request_us")
-COUNTS = ("sse_chunks", "requests")
+TERMS = ("api_per_chunk_us", "api_per_token_us", "api_per_request_us")
+COUNTS = ("sse_chunks", "tokens", "requests")
 
 
 def client_runs(measured_dir: str | Path) -> list[dict[str, Any]]:
@@ -55,14 +58,16 @@ def client_runs(measured_dir: str | Path) -> list[dict[str, Any]]:
         server = meta.get("server") or {}
         if meta.get("backend") != "real-http":
             continue
-        missing = [k for k in (*COUNTS, "front_end_cpu_s") if k not in server]
+        missing = [k for k in ("sse_chunks", "requests", "front_end_cpu_s") if k not in server]
         if missing:
             raise ValueError(f"{path}: a client-measured run without the server's counters "
                              f"{', '.join(missing)} (measured before they existed?)")
         rows.append({"run": str(path.parent.relative_to(root)), "policy": meta.get("policy"),
                      "k": meta.get("k"), "overlap": meta.get("overlap"),
                      "request_rate": result.get("request_rate"),
-                     **{k: float(server[k]) for k in (*COUNTS, "front_end_cpu_s")}})
+                     "tokens": float(result.get("total_output_tokens", 0)),
+                     **{k: float(server[k]) for k in ("sse_chunks", "requests",
+                                                      "front_end_cpu_s")}})
     if len(rows) < len(TERMS):
         raise ValueError(f"--measured-dir {root}: {len(rows)} client-measured runs with server "
                          f"counters; the fit needs at least {len(TERMS)}")
@@ -98,12 +103,13 @@ def profile_text(base: dict[str, Any], terms: dict[str, float], rows: list[dict[
              "engine's CPU costs",
              f"# from {base['name']}, plus the front end's, fitted on its thread's CPU time over "
              f"{len(rows)} client-measured runs:",
-             "#   front_end_cpu_s = api_per_chunk_us * sse_chunks + api_per_request_us * requests",
-             "# run: measured / fitted front-end CPU seconds (chunks, requests)"]
+             "#   front_end_cpu_s = api_per_chunk_us * sse_chunks + api_per_token_us * tokens",
+             "#                   + api_per_request_us * requests",
+             "# run: measured / fitted front-end CPU seconds (chunks, tokens, requests)"]
     for r in rows:
         fit = predicted_cpu_s(terms, r)
         lines.append(f"#   {r['run']}: {r['front_end_cpu_s']:.3f} / {fit:.3f} s "
-                     f"({r['sse_chunks']:.0f}, {r['requests']:.0f})")
+                     f"({r['sse_chunks']:.0f}, {r['tokens']:.0f}, {r['requests']:.0f})")
     values = {k: v for k, v in base.items() if k != "name"}
     values.update({t: round(v, 3) for t, v in terms.items()},
                   api_server_on_critical_path=True, api_chunk_per_window=True)
@@ -136,8 +142,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         raise SystemExit(2) from None
     out = Path(args.conf_dir) / "overhead" / f"{args.name}.yaml"
     write_text_atomic(out, text)
-    print(f"{len(rows)} runs: api_per_chunk_us {terms['api_per_chunk_us']:.3f}, "
-          f"api_per_request_us {terms['api_per_request_us']:.3f} -> {out}")
+    print(f"{len(rows)} runs: " + ", ".join(f"{t} {v:.3f}" for t, v in terms.items())
+          + f" -> {out}")
     return terms
 
 

@@ -34,6 +34,7 @@ from experiments.measured import checked_rate
 from experiments.run import CONF_DIR
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
+ARRIVALS = "arrivals.csv"  # beside result.json: each completed request's send time and lengths
 
 
 class InputError(Exception):
@@ -160,7 +161,7 @@ def summarize_report(report: dict[str, Any], num_prompts: int) -> dict[str, Any]
     gaps, n_gaps = 0.0, 0
     starts, ends = [], []
     total_in = total_out = 0
-    input_lens, output_lens = [], []
+    input_lens, output_lens, sent = [], [], []
     for r in done:
         t = r["info"]["timings"]
         start, first, last = t["request_start"], t["first_token_iteration"], t["request_end"]
@@ -178,6 +179,7 @@ def summarize_report(report: dict[str, Any], num_prompts: int) -> dict[str, Any]
         total_out += out_len
         input_lens.append(r["input_metrics"]["text_tokens"])
         output_lens.append(out_len)
+        sent.append(start)
     for r in failed:
         t = r["info"]["timings"]
         if t.get("request_start"):
@@ -198,6 +200,9 @@ def summarize_report(report: dict[str, Any], num_prompts: int) -> dict[str, Any]
     # benchmark_serving's per-request lists (seconds) of the completed requests, in the
     # report's order; no itls: guidellm keeps no per-chunk times
     out.update(input_lens=input_lens, output_lens=output_lens, ttfts=ttft, e2els=e2el)
+    # when the client sent each completed request, after its first send (seconds)
+    first = min(starts)
+    out["send_times"] = [t - first for t in sent]
     if len(done) + len(failed) != num_prompts:
         raise InputError(f"guidellm sent {len(done) + len(failed)} requests, not {num_prompts}")
     return out
@@ -217,7 +222,8 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
                              args.dataset_path)
     except ValueError as err:
         raise InputError(str(err)) from None
-    (out / "result.json").unlink(missing_ok=True)  # never beside another run's client files
+    for name in ("result.json", ARRIVALS):  # never beside another run's client files
+        (out / name).unlink(missing_ok=True)
     t0 = time.time()
     before = server_counters(url)
     report_path = run_guidellm(url, info["model"], rows, rate, args.seed, out, args.processes)
@@ -227,9 +233,16 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     if summary["num_failed"] == 0 and summary["total_input_tokens"] != sent:
         raise InputError(f"the server counted {summary['total_input_tokens']} prompt tokens, "
                          f"the ShareGPT sample {sent}: its tokenizer is not the sample's")
+    send_times = summary.pop("send_times")
+    arrivals = "".join(f"{t:.6f},{p},{o}\n" for t, p, o in sorted(zip(
+        send_times, summary["input_lens"], summary["output_lens"], strict=True)))
+    write_text_atomic(out / ARRIVALS, "arrival_time,prompt_len,output_len\n" + arrivals)
     workload = {"kind": "sharegpt", "num_prompts": args.num_prompts, "seed": args.seed,
                 "request_rate": "inf" if math.isinf(rate) else rate,
-                "fixed_output_len": args.fixed_output_len, "dataset_path": args.dataset_path}
+                "fixed_output_len": args.fixed_output_len, "dataset_path": args.dataset_path,
+                # the requests as the client sent them (guidellm draws its own Poisson
+                # times): experiments.validate replays this trace on the simulator
+                "arrivals": ARRIVALS}
     result = {
         "date": datetime.fromtimestamp(t0).strftime("%Y%m%d-%H%M%S"),
         "backend": "schedlab-serve", "model_id": info["model"],

@@ -88,6 +88,13 @@ def measured_row(res: dict[str, Any], path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: {names['request_rate']} {err}") from None
     row = row_of(res, path)
     row["request_rate"], row["file"] = rate, str(path)
+    arrivals = (ext.get("workload") or {}).get("arrivals") if ext else None
+    if arrivals is not None:  # the requests as a client sent them (experiments.loadgen)
+        trace = path.parent / str(arrivals)
+        if not trace.is_file():
+            raise ValueError(f"{path}: schedlab.workload.arrivals names {trace}, which is "
+                             "missing")
+        row["arrivals"] = str(trace)
     if ext is None:
         steps = res.get("num_steps", res.get("num_scheduler_steps"))
         row["policy"] = res.get("policy") or ("multi_step" if steps else "single_step")
@@ -155,7 +162,9 @@ def average_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     sizes = {known(r.get("num_blocks")) for r in rows}
     out = {**first, "repeats": len(rows), "spread": {},
            "cache_sizes": sorted(int(b) for b in sizes if b is not None),
-           "files": [r["file"] for r in rows if r.get("file")]}
+           "files": [r["file"] for r in rows if r.get("file")],
+           # a client's own send times replay only one run: repeats use the seed's arrivals
+           "arrivals": first.get("arrivals") if len(rows) == 1 else None}
     for m in METRICS:
         vals = [r[m] for r in rows if known(r.get(m)) is not None]
         if vals:

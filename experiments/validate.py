@@ -52,6 +52,13 @@ def one_line(err: BaseException | str) -> str:
     return " ".join(line for line in lines if line)
 
 
+def replay_overrides(overrides: list[str], trace: str) -> list[str]:
+    """``overrides`` with the workload replaced by a trace of the measured requests: their
+    send times and lengths (a client's arrivals.csv), not the seed's."""
+    kept = [o for o in overrides if not o.startswith("workload")]
+    return kept + ["workload=trace", f"workload.trace_path={trace}"]
+
+
 def config_overrides(policy: str, k: int | None, rate: float, args, num_prompts: int,
                      seed: int) -> list[str]:
     ov = [f"policy={policy}", f"model={args.model}", f"workload={args.workload}",
@@ -445,6 +452,8 @@ def validate(args: argparse.Namespace, argv: list[str]) -> pd.DataFrame:
                 base = config_overrides(policy, k, rate, args,
                                         args.num_prompts if n is None else n,
                                         0 if seed is None else seed)
+                if meas.get("arrivals"):  # the requests as the client sent them
+                    base = replay_overrides(base, meas["arrivals"])
                 limit = measured_limit(meas)
                 if limit is not None:  # sent as the measurement sent them
                     base.append(f"workload.max_concurrency={limit}")

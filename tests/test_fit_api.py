@@ -14,44 +14,48 @@ from experiments import fit_api
 from simulator.overhead import OverheadSpec
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-CHUNK_US, REQUEST_US = 23.5, 410.0
+CHUNK_US, TOKEN_US, REQUEST_US = 23.5, 6.0, 410.0
 
 
 def write_run(root: Path, name: str, chunks: int, requests: int, cpu_s: float,
-              backend: str = "real-http", counters: bool = True) -> None:
+              backend: str = "real-http", counters: bool = True, tokens: int = 0) -> None:
     d = root / name
     d.mkdir(parents=True)
     server = {"sse_chunks": chunks, "requests": requests, "front_end_cpu_s": cpu_s,
               "engine_cpu_s": 9.0}
     meta = {"backend": backend, "policy": "single_step", "k": 1, "overlap": False,
             **({"server": server} if counters else {})}
-    (d / "result.json").write_text(json.dumps({"request_rate": "inf", "schedlab": meta}))
+    (d / "result.json").write_text(json.dumps({"request_rate": "inf", "total_output_tokens": tokens,
+                                               "schedlab": meta}))
 
 
 def synthetic_runs(root: Path, noise: float = 0.0) -> None:
     rng = np.random.default_rng(0)
     # single-step runs stream a chunk per token; multi-step ones one per window
-    for i, (chunks, requests) in enumerate([(189_000, 1000), (24_000, 1000), (95_000, 500),
-                                            (12_000, 500), (190_000, 1000)]):
-        cpu = (CHUNK_US * chunks + REQUEST_US * requests) * 1e-6 * (1 + noise * rng.normal())
-        write_run(root, f"run{i}", chunks, requests, cpu)
+    for i, (chunks, tokens, requests) in enumerate([
+            (189_000, 189_000, 1000), (24_000, 189_000, 1000), (95_000, 95_000, 500),
+            (12_000, 95_000, 500), (90_000, 180_000, 1000), (40_000, 40_000, 800)]):
+        cpu = ((CHUNK_US * chunks + TOKEN_US * tokens + REQUEST_US * requests) * 1e-6
+               * (1 + noise * rng.normal()))
+        write_run(root, f"run{i}", chunks, requests, cpu, tokens=tokens)
 
 
 def test_recovers_known_terms(tmp_path):
     synthetic_runs(tmp_path)
     write_run(tmp_path, "in_process", 1, 1, 99.0, backend="real")  # not a client run: skipped
     rows = fit_api.client_runs(tmp_path)
-    assert len(rows) == 5
+    assert len(rows) == 6
     terms = fit_api.fit_api(rows)
     assert terms["api_per_chunk_us"] == pytest.approx(CHUNK_US, rel=1e-6)
+    assert terms["api_per_token_us"] == pytest.approx(TOKEN_US, rel=1e-6)
     assert terms["api_per_request_us"] == pytest.approx(REQUEST_US, rel=1e-6)
 
 
 def test_recovers_terms_within_noise(tmp_path):
     synthetic_runs(tmp_path, noise=0.01)
     terms = fit_api.fit_api(fit_api.client_runs(tmp_path))
-    assert terms["api_per_chunk_us"] == pytest.approx(CHUNK_US, rel=0.03)
-    assert terms["api_per_request_us"] == pytest.approx(REQUEST_US, rel=0.5)
+    assert terms["api_per_chunk_us"] == pytest.approx(CHUNK_US, rel=0.1)
+    assert terms["api_per_token_us"] == pytest.approx(TOKEN_US, rel=0.3)
 
 
 def test_writes_a_profile_the_simulator_takes(tmp_path):
@@ -80,5 +84,5 @@ def test_bad_input_is_one_line(tmp_path, capsys):
         fit_api.client_runs(tmp_path)
     other = tmp_path / "few"
     write_run(other, "one", 10, 1, 0.1)
-    with pytest.raises(ValueError, match="needs at least 2"):
+    with pytest.raises(ValueError, match="needs at least 3"):
         fit_api.client_runs(other)

@@ -266,8 +266,15 @@ def test_guidellm_drives_the_server(server, tmp_path):
     assert 24 * 4 <= srv["sse_chunks"] <= 24 * 5
     if hasattr(time, "pthread_getcpuclockid"):
         assert srv["front_end_cpu_s"] > 0 and srv["engine_cpu_s"] > 0
+    # the requests as sent: a trace the simulator replays, one row per request
+    lines = (out / "arrivals.csv").read_text().splitlines()
+    assert lines[0] == "arrival_time,prompt_len,output_len" and len(lines) == 25
+    times = [float(line.split(",")[0]) for line in lines[1:]]
+    assert times == sorted(times) and times[0] == 0.0
+    assert sorted(int(line.split(",")[1]) for line in lines[1:]) == sorted(result["input_lens"])
     # experiments.validate --measured-dir reads it as this configuration, with its KV cache
     (row,) = measured_from_dir(out).values()
+    assert row["arrivals"] == str(out / "arrivals.csv")
     assert (row["policy"], row["k"], row["request_rate"]) == ("multi_step", K, math.inf)
     assert row["num_prompts"] == 24 and row["cache_sizes"] == [BLOCKS]
 

@@ -88,3 +88,29 @@ def test_results_from_before_the_parallel_setting_repeat_one_gpu_runs(tmp_path):
     (tmp_path / "new/result.json").write_text(json.dumps(res))
     meas = measured_from_dir(tmp_path)[("cp1", 8, float("inf"))]
     assert meas["repeats"] == 2 and meas["tensor_parallel_size"] == 1
+
+
+def test_client_arrivals_are_replayed_on_the_simulator(tmp_path):
+    """A client-measured run (experiments.loadgen) names the trace of its requests as sent;
+    the simulated side replays those send times and lengths, not the seed's."""
+    meas = tmp_path / "meas" / "run"
+    meas.mkdir(parents=True)
+    (meas / "arrivals.csv").write_text("arrival_time,prompt_len,output_len\n"
+                                       "0.0,8,3\n0.5,9,4\n2.0,7,2\n")
+    meta = {"backend": "real-http", "policy": "single_step", "k": 1, "num_blocks": 64,
+            "workload": {"kind": "sharegpt", "num_prompts": 3, "seed": 0, "request_rate": 2,
+                         "arrivals": "arrivals.csv"}}
+    (meas / "result.json").write_text(json.dumps({**RESULT, "request_rate": 2,
+                                                  "schedlab": meta}))
+    args = FAST[:-4] + ["--rates", "2", "--sim-repeats", "1"]
+    validate.main(args + ["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
+                               "--measured-dir", str(tmp_path / "meas")])
+    (sim,) = (tmp_path / "runs" / "sim").glob("*/result.json")
+    res = json.loads(sim.read_text())
+    assert res["schedlab"]["workload"]["kind"] == "trace"
+    assert res["completed"] == 3 and res["total_input_tokens"] == 24
+    assert res["duration"] > 2.0  # the last request was sent 2 s after the first
+    (meas / "arrivals.csv").unlink()
+    with pytest.raises(SystemExit):
+        validate.main(args + ["--measured-dir", str(tmp_path / "meas"),
+                              "--runs", str(tmp_path / "r2"), "--out", str(tmp_path / "o2")])

@@ -43,10 +43,26 @@ class Stream:
     sent: int = 0  # output tokens handed to the queue (engine thread only)
 
     def push(self, event: Event) -> None:
+        hand_over([(self, event)])
+
+
+def hand_over(events: list[tuple[Stream, Event]]) -> None:
+    """Put each event on its stream's queue, from the engine thread: one
+    ``call_soon_threadsafe`` per event loop (a lock and a wake-up write each), not one per
+    event, so a window's tokens for hundreds of requests cost the engine thread one call."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Event], Event]]] = {}
+    for stream, event in events:
+        by_loop.setdefault(stream.loop, []).append((stream.queue, event))
+    for loop, items in by_loop.items():
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+            loop.call_soon_threadsafe(_put_all, items)
         except RuntimeError:  # the event loop has closed: nobody is listening any more
             pass
+
+
+def _put_all(items: list[tuple[asyncio.Queue[Event], Event]]) -> None:
+    for queue, event in items:
+        queue.put_nowait(event)
 
 
 class Inbox:
@@ -113,14 +129,16 @@ class Inbox:
             new, self._new = self._new, []
             aborts, self._aborts = self._aborts, []
             closing = self._closing
+        events = []
         for s in new:  # arrived at submit(), not now
             try:
                 sched.add_request(s.request)
             except ValueError as err:  # the scheduler's own admission checks
-                s.push(Event(error=str(err)))
+                events.append((s, Event(error=str(err))))
                 continue
             self._streams[s.request.request_id] = s
-            s.push(Event(accepted=True))
+            events.append((s, Event(accepted=True)))
+        hand_over(events)
         for rid in aborts:
             if self._streams.pop(rid, None) is not None and sched.abort(rid):
                 self.metrics.aborted.inc()
@@ -143,6 +161,7 @@ class Inbox:
         """After ``update(batch)``: each request's new tokens to its queue, one event per
         window (a k-step window's tokens arrive as one burst, as they are known)."""
         streams = self._streams
+        events = []
         for seq in batch.seqs:
             req = seq.request
             s = streams.get(req.request_id)
@@ -156,7 +175,8 @@ class Inbox:
                 finish = "stop" if stopped else "length"
                 del streams[req.request_id]
                 self.metrics.request_done(req)
-            s.push(Event(new, finish))
+            events.append((s, Event(new, finish)))
+        hand_over(events)
         self.metrics.window(batch.num_steps)
         self.metrics.sample(self.sched)
 
