@@ -256,13 +256,22 @@ def _engine_overlap(sim: _Sim, v: int) -> Generator:
     last: _Window | None = None  # launched; its outputs not processed yet
     gpu_free = 0.0
     late = LateSchedule()
+    processed = 0  # steps of ``last`` whose outputs are claimed
     while True:
         while sim.cpu_free - env.now > _EPS:
             yield env.timeout(sim.cpu_free - env.now)
         if last is not None and sched.defers_schedule():
             at = late.schedule_at(last.batch, last.gpu_done[0] - last.stage_times[0])
             if at is not None and at > env.now:
+                # while it waits, the thread processes each step of the window in flight
+                # that finishes meanwhile (the engine polls it: real_backend/engine.py)
+                while processed < len(last.gpu_done) and last.gpu_done[processed] <= at:
+                    _claim_output_processing(sim, last, processed, processed + 1,
+                                             now=last.gpu_done[processed])
+                    processed += 1
                 yield env.timeout(at - env.now)
+                while sim.cpu_free - env.now > _EPS:
+                    yield env.timeout(sim.cpu_free - env.now)
         batch = sched.schedule(env.now) if sched.has_unfinished else None
         win = None
         if batch is not None:
@@ -272,8 +281,8 @@ def _engine_overlap(sim: _Sim, v: int) -> Generator:
             gpu_free = win.gpu_done[-1]
         if last is not None:
             late.observe_window(last.batch, sum(last.stage_times))
-            for j, done in enumerate(last.gpu_done):  # each step's once it is done
-                _claim_output_processing(sim, last, j, j + 1, now=done)
+            for j in range(processed, len(last.gpu_done)):  # each step's once it is done
+                _claim_output_processing(sim, last, j, j + 1, now=last.gpu_done[j])
             yield env.timeout(max(0.0, sim.cpu_free - env.now))
             _close_window(sim, sched, last)
             sim.steps.append(_window_row(last, v))
@@ -282,7 +291,7 @@ def _engine_overlap(sim: _Sim, v: int) -> Generator:
                 return
             sim.wake[v] = env.event()
             yield sim.wake[v]
-        last = win
+        last, processed = win, 0
 
 
 def _arrivals(sim: _Sim) -> Generator:
