@@ -7,6 +7,7 @@ import json
 import math
 import sys
 from dataclasses import fields
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,10 @@ METRICS = ["request_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms"
            "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms"]
 
 
-def measured_from_dir(root: Path, skip_unreadable: bool = False) -> dict[tuple, dict[str, Any]]:
-    """Measured results keyed by (policy, k, rate) from our or vLLM's result.json files.
+def measured_from_dir(root: Path | Sequence[Path], skip_unreadable: bool = False
+                      ) -> dict[tuple, dict[str, Any]]:
+    """Measured results keyed by (policy, k, rate) from our or vLLM's result.json files under
+    ``root`` (a directory, or several read as one).
 
     A vLLM benchmark_serving file names its policy through --metadata (policy=..., num_steps=...)
     or, failing that, is read as multi_step with its num_scheduler_steps (single_step if absent).
@@ -35,7 +38,8 @@ def measured_from_dir(root: Path, skip_unreadable: bool = False) -> dict[tuple, 
     """
     runs: dict[tuple, list[dict[str, Any]]] = {}
     unreadable = []
-    for p in sorted(root.rglob("*.json")):
+    roots = [root] if isinstance(root, Path) else list(root)
+    for p in sorted(p for r in roots for p in r.rglob("*.json")):
         if p.is_dir():
             continue
         try:

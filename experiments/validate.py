@@ -376,8 +376,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sim-spread", type=_spread, default=0.01,
                     help="the simulated runs' time scales span 1 +- this: each run is one draw "
                     "of the phase between arrivals and windows, which moves with the step time")
-    ap.add_argument("--measured-dir", default=None,
-                    help="take the measured side from result.json files here (ours or vLLM's)")
+    ap.add_argument("--measured-dir", action="append", default=None,
+                    help="take the measured side from result.json files here (ours or vLLM's); "
+                    "repeatable: several directories read as one")
     ap.add_argument("--skip-unreadable", action="store_true",
                     help="with --measured-dir: skip (and name) files that cannot be read, "
                     "rather than stop")
@@ -408,10 +409,12 @@ def validate(args: argparse.Namespace, argv: list[str]) -> pd.DataFrame:
     """Run (or read) the measured side and the simulated side of the grid; write the table."""
     measured = None
     if args.measured_dir:
-        if not Path(args.measured_dir).is_dir():
-            raise InputError(f"--measured-dir {args.measured_dir}: not a directory")
+        for d in args.measured_dir:
+            if not Path(d).is_dir():
+                raise InputError(f"--measured-dir {d}: not a directory")
         try:
-            measured = measured_from_dir(Path(args.measured_dir), args.skip_unreadable)
+            measured = measured_from_dir([Path(d) for d in args.measured_dir],
+                                         args.skip_unreadable)
         except ValueError as err:
             raise InputError(f"--measured-dir: {err}") from None
     scales = time_scales(args.sim_repeats, args.sim_spread)

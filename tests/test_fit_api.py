@@ -86,3 +86,18 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     write_run(other, "one", 10, 1, 0.1)
     with pytest.raises(ValueError, match="needs at least 3"):
         fit_api.client_runs(other)
+
+
+def test_refitting_the_committed_runs_gives_the_committed_profile(tmp_path):
+    """conf/overhead/schedlab_h200_server.yaml is what fit_api makes of the client-measured
+    runs in docs/validation/measured/server/client."""
+    conf = tmp_path / "conf"
+    (conf / "overhead").mkdir(parents=True)
+    for name in ("schedlab_h200",):
+        (conf / "overhead" / f"{name}.yaml").write_text(
+            (CONF / "overhead" / f"{name}.yaml").read_text())
+    runs = CONF.parent / "docs" / "validation" / "measured" / "server" / "client"
+    fit_api.main(["--measured-dir", str(runs), "--conf-dir", str(conf)])
+    refit = yaml.safe_load((conf / "overhead" / "schedlab_h200_server.yaml").read_text())
+    committed = yaml.safe_load((CONF / "overhead" / "schedlab_h200_server.yaml").read_text())
+    assert refit == committed

@@ -114,3 +114,17 @@ def test_client_arrivals_are_replayed_on_the_simulator(tmp_path):
     with pytest.raises(SystemExit):
         validate.main(args + ["--measured-dir", str(tmp_path / "meas"),
                               "--runs", str(tmp_path / "r2"), "--out", str(tmp_path / "o2")])
+
+
+def test_several_measured_dirs_read_as_one(tmp_path):
+    """--measured-dir is repeatable: the validation grid's directories sit beside others
+    (other models, overlap, the server) that must not join its repeats."""
+    from experiments.measured import measured_from_dir
+
+    for name, tput in (("a", 3.0), ("b", 5.0), ("other", 99.0)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "r.json").write_text(json.dumps({**RESULT,
+                                                            "request_throughput": tput}))
+    ((key, row),) = measured_from_dir([tmp_path / "a", tmp_path / "b"]).items()
+    assert key == ("single_step", None, float("inf"))
+    assert row["repeats"] == 2 and row["request_throughput"] == 4.0
