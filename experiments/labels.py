@@ -22,7 +22,9 @@ HUMAN_NAMES: dict[str, dict[str, str]] = {
               "llama2_13b": "Llama-2-13B", "llama_30b": "LLaMA-30B", "tiny": "tiny test model"},
     "overhead": {"vllm_v0_5": "vLLM v0.5 CPU overheads", "vllm_v0_6": "vLLM v0.6 CPU overheads",
                  "none": "no CPU overheads",
-                 "schedlab_h200": "CPU overheads fitted on the H200 engine"},
+                 "schedlab_h200": "CPU overheads fitted on the H200 engine",
+                 "schedlab_h200_server": "CPU overheads fitted on the H200 engine behind its "
+                                         "HTTP server"},
     "workload": {"sharegpt": "ShareGPT", "synthetic": "synthetic lengths", "trace": "trace"},
     "backend": {"sim": "simulated", "real": "real engine", "vllm": "vLLM"},
 }
