@@ -345,7 +345,7 @@ def requests_csv(requests: Sequence[Request]) -> str:
     return _csv_text(REQUEST_CSV_COLUMNS, rows)
 
 
-def _steps_csv(steps: Any) -> str:
+def steps_csv(steps: Any) -> str:
     """Per-step records (mappings, dataclasses or a DataFrame) as CSV."""
     if hasattr(steps, "to_csv"):
         return steps.to_csv(index=False, lineterminator="\n")
@@ -389,7 +389,7 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     result = json.dumps(_jsonable({**summary, "schedlab": dict(extra)}), allow_nan=False)
     texts = [("requests.csv", requests_csv(requests))]
     if steps is not None:
-        texts.append(("steps.csv", _steps_csv(steps)))
+        texts.append(("steps.csv", steps_csv(steps)))
     if summary_text is not None:
         texts.append(("summary.txt", summary_text + "\n"))
     texts.append(("result.json", result))

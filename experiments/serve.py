@@ -12,6 +12,7 @@ import threading
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -23,7 +24,7 @@ from policies import ModelSpec
 from policies.base import check_int, check_settings
 
 SERVER_KEYS = ("host", "port")
-STEP_ROWS_KEPT = 10_000  # the newest windows' steps.csv rows, for a debugger; not written
+STEP_ROWS_KEPT = 100_000  # the newest windows' rows, written to steps.csv at shutdown
 
 
 def check_server(cfg: Mapping[str, Any]) -> tuple[str, int]:
@@ -109,6 +110,9 @@ class Server:
             self.socket.close()
             raise
         self.engine_error: str | None = None
+        # per window: its shape and CPU phases, as an offline run's steps.csv (the engine thread
+        # appends, the run directory gets them at shutdown)
+        self.steps: deque[dict[str, Any]] = deque(maxlen=STEP_ROWS_KEPT)
         settings = ", ".join(f"{k}={v}" for k, v in policy.describe().items() if k != "name")
         host, port = self.socket.getsockname()[:2]  # the port chosen, for server.port=0
         host = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
@@ -125,8 +129,7 @@ class Server:
         if self.runner.cuda:
             torch.cuda.set_device(self.runner.device)  # per thread
         try:
-            serve_source(self.inbox, self.sched, self.runner, self.clock,
-                         deque(maxlen=STEP_ROWS_KEPT))
+            serve_source(self.inbox, self.sched, self.runner, self.clock, self.steps)
         except BaseException as err:  # the loop is gone: say why, fail every request, stop
             self.engine_error = f"{type(err).__name__}: {err}"
             traceback.print_exc()
@@ -190,7 +193,19 @@ def _app(cfg: DictConfig) -> None:
     except TypeError as err:
         print(f"error: a setting has the wrong type: {err}", file=sys.stderr)
         sys.exit(2)
-    sys.exit(server.run())
+    code = server.run()
+    from hydra.core.hydra_config import HydraConfig
+
+    from experiments.files import write_text_atomic
+    from experiments.metrics import steps_csv
+
+    steps = Path(HydraConfig.get().runtime.output_dir) / "steps.csv"
+    try:
+        write_text_atomic(steps, steps_csv(list(server.steps)))
+    except OSError as err:
+        print(f"error: {steps}: {err.strerror or err}", file=sys.stderr)
+        code = code or 1
+    sys.exit(code)
 
 
 def main() -> None:

@@ -71,6 +71,7 @@ def start(tmp: Path, *overrides: str) -> Server:
     proc = subprocess.Popen(serve_command(tmp, port, *overrides), cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     server = Server(proc, port)
+    server.run_dir = tmp
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -293,6 +294,9 @@ def test_sigterm_ends_open_streams_and_exits_0(server):
     assert rest[-1] == "[DONE]" and rest[-2]["choices"][0]["finish_reason"] == "abort"
     assert server.proc.wait(timeout=15) == 0
     assert time.monotonic() - t0 < 10
+    # the windows it ran, as an offline run's steps.csv: shapes and CPU phases
+    rows = (server.run_dir / "steps.csv").read_text().splitlines()
+    assert len(rows) > 1 and {"num_seqs", "schedule_s", "launch_s"} <= set(rows[0].split(","))
 
 
 def test_overlap_streams_per_token_and_aborts_in_flight(tmp_path):
