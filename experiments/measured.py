@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import fields
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
