@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import socket
@@ -153,8 +154,8 @@ def table(args: argparse.Namespace, out: Path) -> list[str]:
                              f" {'client' if b is None else ''}")
                 continue
             srv = b["schedlab"].get("server", {})
-            per_chunk = (srv["front_end_cpu_s"] / srv["sse_chunks"] * 1e6
-                         if srv.get("sse_chunks") else float("nan"))
+            per_chunk = (srv.get("front_end_cpu_s", math.nan) / srv["sse_chunks"] * 1e6
+                         if srv.get("sse_chunks") else math.nan)
             x, y = (a["request_throughput"], b["request_throughput"])
             lines.append(
                 f"{tag:<22}{rate:>5} | {x:8.2f} {y:7.2f} {y / x:6.3f} | "

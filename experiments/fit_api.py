@@ -86,6 +86,31 @@ def fit_api(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {t: float(v) for t, v in zip(TERMS, x / scale, strict=True)}
 
 
+def fit_error(rows: list[dict[str, Any]], terms: dict[str, float]) -> float:
+    """RMS relative error of the fitted front-end CPU seconds over the runs."""
+    err = [predicted_cpu_s(terms, r) / r["front_end_cpu_s"] - 1 for r in rows
+           if r["front_end_cpu_s"] > 0]
+    return float(np.sqrt(np.mean(np.square(err)))) if err else 0.0
+
+
+def term_support(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Per term: the fit error with every term, and refitted without that term. A term whose
+    removal leaves the error where it was is not set by these runs (its count moves with
+    another's: requests and tokens do at one prompt mix)."""
+    full = fit_error(rows, fit_api(rows))
+    out = {}
+    for i, term in enumerate(TERMS):
+        kept = [{**r, COUNTS[i]: 0.0} for r in rows]  # the term's count zeroed: it drops out
+        out[term] = (full, fit_error(rows, fit_api(kept)))
+    return out
+
+
+def unset_terms(support: dict[str, tuple[float, float]], terms: dict[str, float]) -> list[str]:
+    """Terms the fit left at 0, or whose removal raises the fit error by under 1 point."""
+    return [t for t, (full, without) in support.items()
+            if terms[t] == 0.0 or without - full < 0.01]
+
+
 def predicted_cpu_s(terms: dict[str, float], row: dict[str, Any]) -> float:
     return sum(terms[t] * row[c] for t, c in zip(TERMS, COUNTS, strict=True)) * 1e-6
 
@@ -114,6 +139,14 @@ def profile_text(base: dict[str, Any], terms: dict[str, float], rows: list[dict[
     values.update({t: round(v, 3) for t, v in terms.items()},
                   api_server_on_critical_path=True, api_chunk_per_window=True)
     OverheadSpec.from_dict({"name": name, **values})  # a profile the simulator takes
+    support = term_support(rows)
+    lines.append("# fit error (RMS relative): " + ", ".join(
+        f"{100 * full:.1f}% with every term, {100 * without:.1f}% without {t}"
+        if i == 0 else f"{100 * without:.1f}% without {t}"
+        for i, (t, (full, without)) in enumerate(support.items())))
+    for t in unset_terms(support, terms):
+        lines.append(f"# {t} is not set by these runs (its count moves with another's); "
+                     f"it stays {terms[t]:g}")
     lines.append(f"name: {name}")
     lines += [f"{k}: {json.dumps(v)}" for k, v in values.items()]
     return "\n".join(lines) + "\n"
@@ -144,6 +177,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     write_text_atomic(out, text)
     print(f"{len(rows)} runs: " + ", ".join(f"{t} {v:.3f}" for t, v in terms.items())
           + f" -> {out}")
+    for t in unset_terms(term_support(rows), terms):
+        print(f"note: {t} is not set by these runs (its count moves with another's: add runs "
+              "with another output length, e.g. loadgen --fixed-output-len)", file=sys.stderr)
     return terms
 
 

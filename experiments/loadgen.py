@@ -234,15 +234,19 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         raise InputError(f"the server counted {summary['total_input_tokens']} prompt tokens, "
                          f"the ShareGPT sample {sent}: its tokenizer is not the sample's")
     send_times = summary.pop("send_times")
-    arrivals = "".join(f"{t:.6f},{p},{o}\n" for t, p, o in sorted(zip(
-        send_times, summary["input_lens"], summary["output_lens"], strict=True)))
-    write_text_atomic(out / ARRIVALS, "arrival_time,prompt_len,output_len\n" + arrivals)
+    if summary["num_failed"] == 0:  # else a replay of the completed ones would be too light
+        arrivals = "".join(f"{t:.6f},{p},{o}\n" for t, p, o in sorted(zip(
+            send_times, summary["input_lens"], summary["output_lens"], strict=True)))
+        write_text_atomic(out / ARRIVALS, "arrival_time,prompt_len,output_len\n" + arrivals)
+    else:
+        print(f"note: {summary['num_failed']} requests failed: no {ARRIVALS}; the simulator "
+              "will replay the seed's arrivals", file=sys.stderr)
     workload = {"kind": "sharegpt", "num_prompts": args.num_prompts, "seed": args.seed,
                 "request_rate": "inf" if math.isinf(rate) else rate,
                 "fixed_output_len": args.fixed_output_len, "dataset_path": args.dataset_path,
                 # the requests as the client sent them (guidellm draws its own Poisson
                 # times): experiments.validate replays this trace on the simulator
-                "arrivals": ARRIVALS}
+                "arrivals": ARRIVALS if (out / ARRIVALS).exists() else None}
     result = {
         "date": datetime.fromtimestamp(t0).strftime("%Y%m%d-%H%M%S"),
         "backend": "schedlab-serve", "model_id": info["model"],

@@ -39,7 +39,8 @@ def measured_from_dir(root: Path | Sequence[Path], skip_unreadable: bool = False
     runs: dict[tuple, list[dict[str, Any]]] = {}
     unreadable = []
     roots = [root] if isinstance(root, Path) else list(root)
-    for p in sorted(p for r in roots for p in r.rglob("*.json")):
+    # a directory named twice, or inside another named, is read once
+    for p in sorted({q.resolve() for r in roots for q in r.rglob("*.json")}):
         if p.is_dir():
             continue
         try:
@@ -169,6 +170,10 @@ def average_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
            "files": [r["file"] for r in rows if r.get("file")],
            # a client's own send times replay only one run: repeats use the seed's arrivals
            "arrivals": first.get("arrivals") if len(rows) == 1 else None}
+    if len(rows) > 1 and any(r.get("arrivals") for r in rows):
+        print(f"note: {', '.join(out['files'])}: repeats of one configuration, each with the "
+              "send times its client recorded; the simulator replays the seed's arrivals "
+              "instead", file=sys.stderr)
     for m in METRICS:
         vals = [r[m] for r in rows if known(r.get(m)) is not None]
         if vals:

@@ -200,6 +200,9 @@ def _app(cfg: DictConfig) -> None:
     from experiments.metrics import steps_csv
 
     steps = Path(HydraConfig.get().runtime.output_dir) / "steps.csv"
+    if len(server.steps) == STEP_ROWS_KEPT:
+        print(f"note: {steps} keeps the newest {STEP_ROWS_KEPT:,} windows only",
+              file=sys.stderr)
     try:
         write_text_atomic(steps, steps_csv(list(server.steps)))
     except OSError as err:

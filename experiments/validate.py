@@ -56,7 +56,8 @@ def replay_overrides(overrides: list[str], trace: str) -> list[str]:
     """``overrides`` with the workload replaced by a trace of the measured requests: their
     send times and lengths (a client's arrivals.csv), not the seed's."""
     kept = [o for o in overrides if not o.startswith("workload")]
-    return kept + ["workload=trace", f"workload.trace_path={trace}"]
+    quoted = trace.replace("\\", "\\\\").replace("'", "\\'")  # Hydra's quoted value
+    return kept + ["workload=trace", f"workload.trace_path='{quoted}'"]
 
 
 def config_overrides(policy: str, k: int | None, rate: float, args, num_prompts: int,

@@ -26,7 +26,9 @@ Timeline of one window (every decision is the scheduler's; this module only keep
    its launch and window n are done, so the GPU waits only when the CPU's work is longer.
    Then the thread processes window n's outputs, each step's once the step is done (they
    overlap window n+1's GPU time), and calls ``update()`` for window n before it schedules
-   window n+2. ``async_output_processing`` and ``defer_last_output`` do not apply.
+   window n+2. Formed late (policies/late_schedule.py), window n+1 waits, and the steps of
+   window n that finish meanwhile are processed as they finish. ``async_output_processing``
+   and ``defer_last_output`` do not apply.
 
 7. ``time_scale`` multiplies every priced cost: each step's GPU time (through the clock
    model) and every CPU cost (``scale_overhead``). A request's TTFT depends on where its
@@ -36,8 +38,12 @@ Timeline of one window (every decision is the scheduler's; this module only keep
    experiments.validate averages runs whose time_scale spans the cost model's own uncertainty.
 
 The engine thread and the API-server process are FIFO servers kept as "busy until" times:
-work is always claimed at the current simulated time, so ``start = max(now, busy_until)`` is
-exactly a FIFO queue and needs no simpy event. Delivery can end after ``update()`` ran (and
+work is claimed at the current simulated time, so ``start = max(now, busy_until)`` is a FIFO
+queue and needs no simpy event. The exceptions book a step's output processing for when the
+step ends, ahead of now: a single engine's async output processing (its whole window is known
+when it starts) and, with overlap, the steps after the next window's launch; work that arrives
+in between (a request's front-end parse) then queues behind it, which overstates its wait by at
+most that processing. Delivery can end after ``update()`` ran (and
 after the next window was scheduled), so ``update()`` records each step's GPU completion time,
 which is unique to the step, and at the end of the run every token_times entry and
 finish_time is mapped to its step's delivery time (a policy reading token_times during the
@@ -264,10 +270,13 @@ def _engine_overlap(sim: _Sim, v: int) -> Generator:
             at = late.schedule_at(last.batch, last.gpu_done[0] - last.stage_times[0])
             if at is not None and at > env.now:
                 # while it waits, the thread processes each step of the window in flight
-                # that finishes meanwhile (the engine polls it: real_backend/engine.py)
+                # that finishes meanwhile (the engine polls it: real_backend/engine.py), when
+                # it finishes: claimed then, not now, so that work arriving in between (a
+                # request's front-end parse) is not queued behind it
                 while processed < len(last.gpu_done) and last.gpu_done[processed] <= at:
-                    _claim_output_processing(sim, last, processed, processed + 1,
-                                             now=last.gpu_done[processed])
+                    done = env.timeout(max(0.0, last.gpu_done[processed] - env.now))
+                    done.callbacks.append(lambda _event, w=last, j=processed:
+                                          _claim_output_processing(sim, w, j, j + 1))
                     processed += 1
                 yield env.timeout(at - env.now)
                 while sim.cpu_free - env.now > _EPS:

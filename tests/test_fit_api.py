@@ -101,3 +101,26 @@ def test_refitting_the_committed_runs_gives_the_committed_profile(tmp_path):
     refit = yaml.safe_load((conf / "overhead" / "schedlab_h200_server.yaml").read_text())
     committed = yaml.safe_load((CONF / "overhead" / "schedlab_h200_server.yaml").read_text())
     assert refit == committed
+
+
+def test_a_term_the_runs_cannot_set_is_named(tmp_path):
+    """At one prompt mix, requests move with tokens: the per-request term (or the per-token
+    one: either can stand in for the other) is not set by the runs, and the profile's header
+    says so instead of passing its value off as measured."""
+    for i, (chunks, tokens, requests) in enumerate([(189_000, 189_000, 1000),
+                                                    (24_000, 189_000, 1000),
+                                                    (76_000, 75_600, 400),
+                                                    (10_000, 75_600, 400)]):
+        cpu = (CHUNK_US * chunks + TOKEN_US * tokens + REQUEST_US * requests) * 1e-6
+        write_run(tmp_path, f"run{i}", chunks, requests, cpu, tokens=tokens)
+    rows = fit_api.client_runs(tmp_path)
+    terms = fit_api.fit_api(rows)
+    unset = fit_api.unset_terms(fit_api.term_support(rows), terms)
+    assert "api_per_request_us" in unset and "api_per_chunk_us" not in unset
+    base = yaml.safe_load((CONF / "overhead" / "schedlab_h200.yaml").read_text())
+    text = fit_api.profile_text(base, terms, rows, "x", "cmd")
+    assert "# api_per_request_us is not set by these runs" in text
+    # runs with another mix set it
+    synthetic_runs(tmp_path / "mixed")
+    rows = fit_api.client_runs(tmp_path / "mixed")
+    assert fit_api.unset_terms(fit_api.term_support(rows), fit_api.fit_api(rows)) == []

@@ -90,10 +90,10 @@ def test_results_from_before_the_parallel_setting_repeat_one_gpu_runs(tmp_path):
     assert meas["repeats"] == 2 and meas["tensor_parallel_size"] == 1
 
 
-def test_client_arrivals_are_replayed_on_the_simulator(tmp_path):
+def test_client_arrivals_are_replayed_on_the_simulator(tmp_path, capsys):
     """A client-measured run (experiments.loadgen) names the trace of its requests as sent;
     the simulated side replays those send times and lengths, not the seed's."""
-    meas = tmp_path / "meas" / "run"
+    meas = tmp_path / "meas" / "rate=2,run"  # a Hydra-style name: quoted in the override
     meas.mkdir(parents=True)
     (meas / "arrivals.csv").write_text("arrival_time,prompt_len,output_len\n"
                                        "0.0,8,3\n0.5,9,4\n2.0,7,2\n")
@@ -111,9 +111,11 @@ def test_client_arrivals_are_replayed_on_the_simulator(tmp_path):
     assert res["completed"] == 3 and res["total_input_tokens"] == 24
     assert res["duration"] > 2.0  # the last request was sent 2 s after the first
     (meas / "arrivals.csv").unlink()
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exc:
         validate.main(args + ["--measured-dir", str(tmp_path / "meas"),
                               "--runs", str(tmp_path / "r2"), "--out", str(tmp_path / "o2")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and "arrivals.csv, which is missing" in err[-1]
 
 
 def test_several_measured_dirs_read_as_one(tmp_path):
@@ -128,3 +130,6 @@ def test_several_measured_dirs_read_as_one(tmp_path):
     ((key, row),) = measured_from_dir([tmp_path / "a", tmp_path / "b"]).items()
     assert key == ("single_step", None, float("inf"))
     assert row["repeats"] == 2 and row["request_throughput"] == 4.0
+    # a directory named twice (or one inside another named) is read once, not as a repeat
+    ((_, row),) = measured_from_dir([tmp_path / "a", tmp_path / "a", tmp_path]).items()
+    assert row["repeats"] == 3

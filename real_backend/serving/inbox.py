@@ -162,21 +162,25 @@ class Inbox:
         window (a k-step window's tokens arrive as one burst, as they are known)."""
         streams = self._streams
         events = []
-        for seq in batch.seqs:
-            req = seq.request
-            s = streams.get(req.request_id)
-            if s is None or len(req.output_token_ids) == s.sent and not req.is_finished:
-                continue
-            new = tuple(req.output_token_ids[s.sent:])
-            s.sent += len(new)
-            finish = None
-            if req.state is RequestState.FINISHED:
-                stopped = req.eos_token_id is not None and new and new[-1] == req.eos_token_id
-                finish = "stop" if stopped else "length"
-                del streams[req.request_id]
-                self.metrics.request_done(req)
-            events.append((s, Event(new, finish)))
-        hand_over(events)
+        try:
+            for seq in batch.seqs:
+                req = seq.request
+                s = streams.get(req.request_id)
+                if s is None or len(req.output_token_ids) == s.sent and not req.is_finished:
+                    continue
+                new = tuple(req.output_token_ids[s.sent:])
+                s.sent += len(new)
+                finish = None
+                if req.state is RequestState.FINISHED:
+                    stopped = (req.eos_token_id is not None and new
+                               and new[-1] == req.eos_token_id)
+                    finish = "stop" if stopped else "length"
+                    del streams[req.request_id]
+                events.append((s, Event(new, finish)))
+                if finish:
+                    self.metrics.request_done(req)
+        finally:  # a finished stream is no longer in _streams: fail() could not reach it
+            hand_over(events)
         self.metrics.window(batch.num_steps)
         self.metrics.sample(self.sched)
 
