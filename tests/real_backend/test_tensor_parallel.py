@@ -72,7 +72,8 @@ class TestTwoRanks:
     class, before the tests that start ranks of their own."""
 
     @pytest.fixture(scope="class")
-    def workers(self):
+    @staticmethod
+    def workers():
         with Workers(2, CPU) as w:
             yield w
 
