@@ -43,8 +43,9 @@ SMOKE_MODEL = ["model=tiny", "backend.device=cpu", "backend.num_blocks=2048",
 
 
 def overrides(policy: str, k: int | None, overlap: bool, rate: str, seed: int,
-              prompts: int) -> list[str]:
-    ov = ["backend=real", f"policy={policy}", *MODEL, "workload=sharegpt",
+              prompts: int, model: list[str] = MODEL) -> list[str]:
+    """One in-process run's overrides (benchmarks/server_suite.py's too, with its ``model``)."""
+    ov = ["backend=real", f"policy={policy}", *model, "workload=sharegpt",
           f"workload.num_prompts={prompts}", f"workload.seed={seed}",
           f"workload.request_rate={rate}", f"policy.overlap={str(overlap).lower()}",
           "progress=false", "backend.keep_runner=true"]  # one shape: weights, cache, graphs kept

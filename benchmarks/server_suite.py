@@ -40,7 +40,6 @@ CONFIGS = [("single_step", "single_step", None, False),
 MODEL = ["model=llama3_8b"]
 SMOKE_MODEL = ["model=tiny", "backend.device=cpu", "backend.num_blocks=2048"]
 SMOKE_OUTPUT_LEN = 6
-METRICS = ("request_throughput", "median_ttft_ms", "median_tpot_ms")
 
 
 def policy_overrides(policy: str, k: int | None, overlap: bool) -> list[str]:
@@ -54,15 +53,13 @@ def workloads(args: argparse.Namespace) -> list[tuple[str, int, int]]:
 
 
 def inprocess(args: argparse.Namespace, out: Path) -> None:
-    import real_backend  # noqa: F401  (sets CUDA_MODULE_LOADING before CUDA starts)
+    from overlap_suite import overrides  # (it imports real_backend before CUDA starts)
+
     from experiments.validate import run_one
 
     for tag, policy, k, overlap in CONFIGS:
         for rate, prompts, seed in workloads(args):
-            ov = ["backend=real", *MODEL, *policy_overrides(policy, k, overlap),
-                  "workload=sharegpt", f"workload.num_prompts={prompts}",
-                  f"workload.seed={seed}", f"workload.request_rate={rate}", "progress=false",
-                  "backend.keep_runner=true"]
+            ov = overrides(policy, k, overlap, rate, seed, prompts, model=MODEL)
             if args.smoke:
                 ov.append(f"workload.fixed_output_len={SMOKE_OUTPUT_LEN}")
             t0 = time.perf_counter()

@@ -93,22 +93,20 @@ def fit_error(rows: list[dict[str, Any]], terms: dict[str, float]) -> float:
     return float(np.sqrt(np.mean(np.square(err)))) if err else 0.0
 
 
-def term_support(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
-    """Per term: the fit error with every term, and refitted without that term. A term whose
-    removal leaves the error where it was is not set by these runs (its count moves with
-    another's: requests and tokens do at one prompt mix)."""
-    full = fit_error(rows, fit_api(rows))
-    out = {}
-    for i, term in enumerate(TERMS):
-        kept = [{**r, COUNTS[i]: 0.0} for r in rows]  # the term's count zeroed: it drops out
-        out[term] = (full, fit_error(rows, fit_api(kept)))
-    return out
+def fit_errors(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The fit error with every term (``"all"``), and refitted without each term (by its name).
+    A term whose removal leaves the error where it was is not set by these runs (its count
+    moves with another's: requests and tokens do at one prompt mix)."""
+    errors = {"all": fit_error(rows, fit_api(rows))}
+    for term, count in zip(TERMS, COUNTS, strict=True):
+        kept = [{**r, count: 0.0} for r in rows]  # the term's count zeroed: it drops out
+        errors[term] = fit_error(rows, fit_api(kept))
+    return errors
 
 
-def unset_terms(support: dict[str, tuple[float, float]], terms: dict[str, float]) -> list[str]:
+def unset_terms(errors: dict[str, float], terms: dict[str, float]) -> list[str]:
     """Terms the fit left at 0, or whose removal raises the fit error by under 1 point."""
-    return [t for t, (full, without) in support.items()
-            if terms[t] == 0.0 or without - full < 0.01]
+    return [t for t in TERMS if terms[t] == 0.0 or errors[t] - errors["all"] < 0.01]
 
 
 def predicted_cpu_s(terms: dict[str, float], row: dict[str, Any]) -> float:
@@ -116,9 +114,9 @@ def predicted_cpu_s(terms: dict[str, float], row: dict[str, Any]) -> float:
 
 
 def profile_text(base: dict[str, Any], terms: dict[str, float], rows: list[dict[str, Any]],
-                 name: str, command: str) -> str:
-    """The overhead profile's YAML: a header saying where each number comes from, then
-    ``base`` with the API-server terms."""
+                 errors: dict[str, float], name: str, command: str) -> str:
+    """The overhead profile's YAML: a header saying where each number comes from (``errors``:
+    fit_errors), then ``base`` with the API-server terms."""
     import scipy
 
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -139,12 +137,9 @@ def profile_text(base: dict[str, Any], terms: dict[str, float], rows: list[dict[
     values.update({t: round(v, 3) for t, v in terms.items()},
                   api_server_on_critical_path=True, api_chunk_per_window=True)
     OverheadSpec.from_dict({"name": name, **values})  # a profile the simulator takes
-    support = term_support(rows)
-    lines.append("# fit error (RMS relative): " + ", ".join(
-        f"{100 * full:.1f}% with every term, {100 * without:.1f}% without {t}"
-        if i == 0 else f"{100 * without:.1f}% without {t}"
-        for i, (t, (full, without)) in enumerate(support.items())))
-    for t in unset_terms(support, terms):
+    lines.append(f"# fit error (RMS relative): {100 * errors['all']:.1f}% with every term, "
+                 + ", ".join(f"{100 * errors[t]:.1f}% without {t}" for t in TERMS))
+    for t in unset_terms(errors, terms):
         lines.append(f"# {t} is not set by these runs (its count moves with another's); "
                      f"it stays {terms[t]:g}")
     lines.append(f"name: {name}")
@@ -167,9 +162,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         a for a in (argv if argv is not None else sys.argv[1:]))
     try:
         rows = client_runs(args.measured_dir)
-        terms = fit_api(rows)
+        terms, errors = fit_api(rows), fit_errors(rows)
         base = load_conf("overhead", args.base, args.conf_dir)
-        text = profile_text(base, terms, rows, args.name, command)
+        text = profile_text(base, terms, rows, errors, args.name, command)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -177,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     write_text_atomic(out, text)
     print(f"{len(rows)} runs: " + ", ".join(f"{t} {v:.3f}" for t, v in terms.items())
           + f" -> {out}")
-    for t in unset_terms(term_support(rows), terms):
+    for t in unset_terms(errors, terms):
         print(f"note: {t} is not set by these runs (its count moves with another's: add runs "
               "with another output length, e.g. loadgen --fixed-output-len)", file=sys.stderr)
     return terms

@@ -115,12 +115,12 @@ def test_a_term_the_runs_cannot_set_is_named(tmp_path):
         write_run(tmp_path, f"run{i}", chunks, requests, cpu, tokens=tokens)
     rows = fit_api.client_runs(tmp_path)
     terms = fit_api.fit_api(rows)
-    unset = fit_api.unset_terms(fit_api.term_support(rows), terms)
+    unset = fit_api.unset_terms(fit_api.fit_errors(rows), terms)
     assert "api_per_request_us" in unset and "api_per_chunk_us" not in unset
     base = yaml.safe_load((CONF / "overhead" / "schedlab_h200.yaml").read_text())
-    text = fit_api.profile_text(base, terms, rows, "x", "cmd")
+    text = fit_api.profile_text(base, terms, rows, fit_api.fit_errors(rows), "x", "cmd")
     assert "# api_per_request_us is not set by these runs" in text
     # runs with another mix set it
     synthetic_runs(tmp_path / "mixed")
     rows = fit_api.client_runs(tmp_path / "mixed")
-    assert fit_api.unset_terms(fit_api.term_support(rows), fit_api.fit_api(rows)) == []
+    assert fit_api.unset_terms(fit_api.fit_errors(rows), fit_api.fit_api(rows)) == []

@@ -42,9 +42,6 @@ class Stream:
     queue: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     sent: int = 0  # output tokens handed to the queue (engine thread only)
 
-    def push(self, event: Event) -> None:
-        hand_over([(self, event)])
-
 
 def hand_over(events: list[tuple[Stream, Event]]) -> None:
     """Put each event on its stream's queue, from the engine thread: one
@@ -143,10 +140,10 @@ class Inbox:
             if self._streams.pop(rid, None) is not None and sched.abort(rid):
                 self.metrics.aborted.inc()
         if closing and not self._closed:
-            for rid, s in list(self._streams.items()):
+            for rid in self._streams:
                 if sched.abort(rid):
                     self.metrics.aborted.inc()
-                s.push(Event(finish="abort"))
+            hand_over([(s, Event(finish="abort")) for s in self._streams.values()])
             self._streams.clear()
             self._closed = True
         self.metrics.sample(sched)
@@ -189,6 +186,5 @@ class Inbox:
         with self._cond:
             self.error = message
             new, self._new = self._new, []
-        for s in [*new, *self._streams.values()]:
-            s.push(Event(error=message))
+        hand_over([(s, Event(error=message)) for s in [*new, *self._streams.values()]])
         self._streams.clear()
