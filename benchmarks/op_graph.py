@@ -36,7 +36,9 @@ def graph_model_spec(spec: ModelSpec, layers: int) -> ModelSpec:
 def graph_table(bench: Bench, specs: list[ModelSpec], grid: Grid) -> tuple[list, list]:
     """Per model and layer count: the engine's batch-1 decode step (its CUDA graph replayed,
     and the same step launched eagerly) and a piecewise step (its L + 1 graphs replayed with
-    eager attention between them, and the same step eagerly), from an idle GPU. ``device_ops``:
+    eager attention between them, and the same step eagerly), from an idle GPU; and the decode
+    graph replayed back to back (``decode_graph_queued``: its time when issued while the step
+    before runs, as steps 2..k of a multi-step window are). ``device_ops``:
     the kernels (and memsets) one step issues, counted with the profiler (cuda)."""
     from real_backend.weights import random_model
 
@@ -51,8 +53,12 @@ def graph_table(bench: Bench, specs: list[ModelSpec], grid: Grid) -> tuple[list,
             model = dataclasses.replace(full, spec=graph_model_spec(spec, n),
                                         layers=full.layers[:n])
             steps = _graph_steps(bench, model, grid)
+            if "decode_graph" in steps:  # steps 2..k: the replay queued behind a step
+                steps["decode_graph_queued"] = steps["decode_graph"]
             for mode, fn in steps.items():
                 dev_us, host_us, span = bench.span_time(fn)
+                if mode == "decode_graph_queued":
+                    dev_us = bench.queued_time(fn)
                 if bench.cuda and mode.endswith("eager") and len(ops.get(mode, {})) < 2:
                     ops.setdefault(mode, {})[n] = _count_device_ops(fn)
                 rows.append({"model": spec.name, "num_layers": n, "mode": mode,
@@ -65,7 +71,8 @@ def graph_table(bench: Bench, specs: list[ModelSpec], grid: Grid) -> tuple[list,
             release(bench)
         for row in rows:  # kernels per step: linear in the layer count (two counts profiled)
             if row["model"] == spec.name:
-                row["device_ops"] = _ops_at(ops.get(row["mode"].replace("graph", "eager"), {}),
+                eager = row["mode"].removesuffix("_queued").replace("graph", "eager")
+                row["device_ops"] = _ops_at(ops.get(eager, {}),
                                             row["num_layers"])
         del full
         release(bench)

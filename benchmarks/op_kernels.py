@@ -154,6 +154,9 @@ def _rotating(op: Callable, head: tuple, tables: list[torch.Tensor],
     return lambda: op(*head, next(turn), *tail)
 
 
+LONGEST_SHORT = 16  # tokens of the short sequences beside the long one in "longest" rows
+
+
 def decode_table(bench: Bench, specs: list[ModelSpec], grid: Grid,
                  kernels: Kernels) -> tuple[list, list]:
     rows, spans = [], []
@@ -167,6 +170,10 @@ def decode_table(bench: Bench, specs: list[ModelSpec], grid: Grid,
             points.append((b, c, "uniform", [c] * b))
             if b >= 4:  # served batches are ragged: lengths uniform over 1..2c-1 (mean c)
                 points.append((b, c, "ragged", rng.integers(1, 2 * c, b).tolist()))
+        for b, c in itertools.product(grid.longest_batches, grid.longest_contexts):
+            # one long sequence among short ones: the time of the program that reads it, which
+            # a served batch of very unequal contexts waits for ("context": its length)
+            points.append((b, c, "longest", [c] + [LONGEST_SHORT] * (b - 1)))
         points = [p for p in points if sum(p[3]) + BLOCK_SIZE * len(p[3]) <= cap]
         if not points:
             continue

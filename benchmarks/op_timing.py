@@ -150,6 +150,31 @@ class Bench:
                 dev.append(host[-1])
         return statistics.median(dev), statistics.median(host), (t0, time.perf_counter())
 
+    def queued_time(self, fn: Callable[[], object], queue: int = 8) -> float:
+        """Device us of one whole step issued while the step before it still runs (steps 2..k
+        of a window, whose launches wait in the stream): a step from an idle GPU, then
+        ``queue`` more issued behind it, timed from the first one's end; medians over ``reps``.
+        On the CPU: the wall time of one call."""
+        fn()
+        fn()
+        dev = []
+        for _ in range(self.reps):
+            if not self.cuda:
+                h0 = time.perf_counter()
+                fn()
+                dev.append((time.perf_counter() - h0) * 1e6)
+                continue
+            torch.cuda.synchronize(self.device)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            fn()
+            a.record()
+            for _ in range(queue):
+                fn()
+            b.record()
+            torch.cuda.synchronize(self.device)
+            dev.append(a.elapsed_time(b) * 1e3 / queue)
+        return statistics.median(dev)
+
     def start_clock(self) -> None:
         """Start sampling the SM clock (NVML); nothing where it cannot be had."""
         if self.cuda and self.sampler is None:

@@ -10,7 +10,8 @@ Tables (OUT_DIR/<table>.csv, each beside <table>.meta.json: GPU, versions, date,
                      fused qkv, o_proj, fused gate_up and down; the LM head over M <= 512
   attention_prefill  the engine's paged prefill attention: each model's (heads, KV heads,
                      head_dim) x sequences x query length x cached prefix
-  attention_decode   paged decode attention: head shapes x batch x context (uniform, ragged)
+  attention_decode   paged decode attention: head shapes x batch x context (uniform, ragged),
+                     and one long sequence among short ones (the program that reads it)
   per_layer_small    RMSNorm with its residual add, RoPE, SiLU-and-mul, KV slot write, the
                      piecewise steps' attention copy and the embedding, over tokens x sizes
   sampler            logits to fp32, greedy and random sampling over num_sampled x vocab;
@@ -84,6 +85,8 @@ class Grid:
     lm_head_m: list[int]
     decode_batches: list[int]
     decode_contexts: list[int]
+    longest_batches: list[int]  # a batch of short sequences and one long one (its splits)
+    longest_contexts: list[int]  # that long sequence's tokens
     prefill: list[tuple[int, int, int]]  # (sequences, query tokens each, cached prefix each)
     small_tokens: list[int]
     sampled: list[int]
@@ -99,6 +102,7 @@ def full_grid() -> Grid:
         lm_head_m=[1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 384, 512],
         decode_batches=[1, 2, 4, 8, 16, 32, 64, 128, 192, 256],
         decode_contexts=[128, 512, 1024, 2048, 4096],
+        longest_batches=[1, 4, 8, 16, 32, 64, 256], longest_contexts=[512, 1024, 2048, 4096, 8192],
         prefill=[(1, q, 0) for q in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)]
         + [(1, 512, 512), (1, 512, 2048), (1, 2048, 2048), (1, 128, 1024), (4, 512, 1024)]
         + [(2, 256, 0), (4, 128, 0), (4, 512, 0), (8, 64, 0), (8, 256, 0), (8, 512, 0),
@@ -110,7 +114,8 @@ def full_grid() -> Grid:
 
 def smoke_grid() -> Grid:
     return Grid(gemm_m=[1, 4, 16], lm_head_m=[1, 4], decode_batches=[1, 4],
-                decode_contexts=[16, 40], prefill=[(1, 8, 0), (2, 5, 16)], small_tokens=[1, 8],
+                decode_contexts=[16, 40], longest_batches=[1, 4], longest_contexts=[40],
+                prefill=[(1, 8, 0), (2, 5, 16)], small_tokens=[1, 8],
                 sampled=[1, 4], graph_layers=[1, 2], graph_context=20, piece_tokens=32)
 
 
@@ -125,7 +130,8 @@ def thin(values: list) -> list:
 def thinned(grid: Grid) -> Grid:
     return dataclasses.replace(
         grid, gemm_m=thin(grid.gemm_m), lm_head_m=thin(grid.lm_head_m),
-        decode_batches=thin(grid.decode_batches), prefill=thin(grid.prefill),
+        decode_batches=thin(grid.decode_batches), longest_batches=thin(grid.longest_batches),
+        prefill=thin(grid.prefill),
         small_tokens=thin(grid.small_tokens), sampled=thin(grid.sampled),
         graph_layers=thin(grid.graph_layers))
 
@@ -173,6 +179,8 @@ def estimate(table: str, specs: list[ModelSpec], grid: Grid, reps: int) -> float
             for b, c in itertools.product(grid.decode_batches, grid.decode_contexts):
                 est = roofline_us(4 * b * c * h * d, 4 * b * c * kvh * d)
                 total += _point_s(table, est, reps) * (2 if b >= 4 else 1)
+            for c in grid.longest_contexts * len(grid.longest_batches):
+                total += _point_s(table, roofline_us(4 * c * h * d, 4 * c * kvh * d), reps)
     elif table == "attention_prefill":
         for (h, kvh, d) in head_shapes(specs):
             total += EST_COMPILE_S

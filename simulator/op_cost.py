@@ -19,7 +19,8 @@ time scaled by the roofline (GEMMs: FLOPs or bytes) or by the bytes moved (other
 
 Launching comes from the graph table (truncated copies of every model, 1..L layers), as
 linear functions of the layer count fitted across its models once the kernels' own time is
-taken off: a CUDA-graph step costs t_kernels + g(L) (replay and the gaps between kernels); a
+taken off: a CUDA-graph step costs t_kernels + g(L) (replay and the gaps between kernels; steps
+2..k of a window, whose replay waits in the stream behind the step before, g_queued(L)); a
 piecewise step max(t_kernels + g(L), f_launch h_pw(L)) (the CPU replays L + 1 pieces with
 eager attention between them); an eager step max(t_kernels + g(L), f_launch h_eager(L)), with
 h the host's issue time of that step. Two served-vs-isolated coefficients of the hardware
@@ -35,6 +36,7 @@ the prefill attention.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -48,6 +50,7 @@ import yaml
 from experiments.paths import conf_dir
 from policies.model_spec import ModelSpec
 from policies.parallel import kv_heads_per_rank
+from policies.step_sizes import decode_splits
 from simulator.cost_model import StepShape, graph_tokens, piecewise_tokens
 from simulator.hardware import HardwareSpec
 
@@ -174,13 +177,16 @@ class PrefillCurve:
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """The graph table's launch terms (us) as a + b L: GPU-side gaps of a step (``gap``) and the
-    host's issue time of a piecewise, eager decode and eager prefill step."""
+    """The graph table's launch terms (us) as a + b L: GPU-side gaps of a step (``gap``; of a
+    decode graph queued behind the step before, as steps 2..k of a window run:
+    ``queued_gap``, None in tables without those rows) and the host's issue time of a
+    piecewise, eager decode and eager prefill step."""
 
     gap: tuple[float, float]
     piecewise_host: tuple[float, float]
     eager_decode_host: tuple[float, float]
     eager_prefill_host: tuple[float, float]
+    queued_gap: tuple[float, float] | None = None
 
 
 @dataclass(slots=True)
@@ -196,6 +202,11 @@ class OpTables:
     sampler: dict[tuple[str, int], Curve]  # (op, vocab) -> time over rows
     graph: pd.DataFrame
     launch: Launch | None = None
+    # the decode kernel's program that reads one sequence: time over the tokens it reads (the
+    # sequence's length over the key splits), from the "longest" rows; and the SM count the
+    # splits were chosen for (attention_decode.meta.json). Empty / None: tables without them.
+    decode_longest: dict[tuple[int, int, int], Curve] = dataclasses.field(default_factory=dict)
+    num_sms: int | None = None
 
 
 def resolve(path: str) -> Path:
@@ -217,6 +228,15 @@ def _read(path: Path, table: str, need: list[str]) -> pd.DataFrame:
     return df
 
 
+def _num_sms(meta: Path) -> int | None:
+    """The SM count a table was measured on (its meta file), or None."""
+    try:
+        n = json.loads(meta.read_text()).get("num_sms")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return int(n) if isinstance(n, int | float) and n > 0 else None
+
+
 @lru_cache(maxsize=8)
 def load_tables(path: str) -> OpTables:
     """The tables of directory ``path`` (relative to conf/ or absolute), checked; a missing or
@@ -233,7 +253,7 @@ def load_tables(path: str) -> OpTables:
     prefill = {tuple(int(v) for v in key): PrefillCurve(r) for key, r in p.groupby(heads)}
     d = _read(root, "attention_decode", heads + ["batch", "context", "ctx_dist", "kv_tokens",
                                                  "max_kv_tokens", "time_us"])
-    uniform, ragged = {}, {}
+    uniform, ragged, longest = {}, {}, {}
     for key, r in d.groupby(heads):
         key = tuple(int(v) for v in key)
         uniform[key] = Grid2(r[r["ctx_dist"] == "uniform"])
@@ -241,6 +261,10 @@ def load_tables(path: str) -> OpTables:
         if len(rg):
             ragged[key] = (Grid2(rg), Grid2(rg.assign(
                 time_us=rg["max_kv_tokens"] * rg["batch"] / rg["kv_tokens"])))
+        lg = r[r["ctx_dist"] == "longest"]
+        if len(lg) and "num_splits" in lg:
+            longest[key] = Curve((lg["max_kv_tokens"] / lg["num_splits"]).to_numpy(),
+                                 lg["time_us"].to_numpy())
     s = _read(root, "per_layer_small", ["op", "tokens", "hidden_size", "intermediate_size",
                                         "num_heads", "num_kv_heads", "head_dim", "vocab_size",
                                         "time_us"])
@@ -253,7 +277,8 @@ def load_tables(path: str) -> OpTables:
     sampler = {(op, int(v)): Curve(r["num_sampled"].to_numpy(), r["time_us"].to_numpy())
                for (op, v), r in sm.groupby(["op", "vocab_size"])}
     graph = _read(root, "graph", ["model", "num_layers", "mode", "time_us", "host_us"])
-    tables = OpTables(root, gemm, prefill, uniform, ragged, small, sampler, graph)
+    tables = OpTables(root, gemm, prefill, uniform, ragged, small, sampler, graph,
+                      decode_longest=longest, num_sms=_num_sms(root / "attention_decode.meta.json"))
     tables.launch = fit_launch(tables)
     return tables
 
@@ -302,11 +327,14 @@ def prefill_attention_us(t: OpTables, heads: tuple[int, int, int], tokens: int,
 
 
 def decode_attention_us(t: OpTables, heads: tuple[int, int, int], batch: int, kv_tokens: float,
-                        max_kv_tokens: float = 0.0) -> float:
+                        max_kv_tokens: float = 0.0, rows: int = 0) -> float:
     """Paged decode attention of ``batch`` sequences holding ``kv_tokens`` in all: the table at
     that batch and mean context, from its uniform contexts (longest = mean) toward its ragged
     ones as the longest sequence lies above the mean (unknown: uniform); a head shape the table
-    lacks: its nearest shape's time scaled by the KV bytes (KV heads x head_dim)."""
+    lacks: its nearest shape's time scaled by the KV bytes (KV heads x head_dim). Never less
+    than the program that reads the longest sequence (its length over the key splits of the
+    ``rows`` the kernel sees, a graph's padded batch; 0: ``batch``), from the "longest" rows:
+    a batch of very unequal contexts waits for it."""
     if batch <= 0 or kv_tokens <= 0:
         return 0.0
     key = heads if heads in t.decode_uniform else _nearest_heads(t.decode_uniform, *heads)
@@ -320,7 +348,12 @@ def decode_attention_us(t: OpTables, heads: tuple[int, int, int], batch: int, kv
         if r > 1.0:
             w = min((max_kv_tokens / mean - 1.0) / (r - 1.0), 1.0)
             time += w * (grid(batch, mean) - time)
-    return time * scale
+    time *= scale
+    longest = t.decode_longest.get(key)
+    if longest is not None and t.num_sms and max_kv_tokens > 0:
+        splits = decode_splits(rows or batch, heads[1], t.num_sms)
+        time = max(time, longest(max_kv_tokens / splits) * heads[2] / key[2])
+    return time
 
 
 def small_us(t: OpTables, op: str, tokens: int, sizes: tuple[int, ...]) -> float:
@@ -397,8 +430,9 @@ def kernel_times(t: OpTables, model: ModelSpec, shape: StepShape, tokens: int, t
     decode_seqs = shape.num_tokens - shape.num_prefill_tokens
     if decode_seqs > 0:
         prefill_kv = shape.prefill_kv_tokens or shape.num_prefill_tokens
+        rows = tokens if shape.num_prefill_tokens == 0 else decode_seqs  # a graph's padding
         attn += decode_attention_us(t, heads, decode_seqs, shape.kv_tokens - prefill_kv,
-                                    shape.max_kv_tokens)
+                                    shape.max_kv_tokens, rows)
     per_layer += attn
     per_layer += 2 * small_us(t, "add_rms_norm", tokens, (h, 0, 0, 0, 0, 0))
     per_layer += small_us(t, "rotary_embedding", tokens, (0, 0, *heads, 0))
@@ -467,10 +501,13 @@ def fit_launch(tables: OpTables) -> Launch:
     """The launch terms, each a least-squares line in the layer count over every model of the
     graph table: the decode graph's time beyond its kernels (gaps and replay), and the host's
     issue time of piecewise and eager steps."""
+    queued = (tables.graph["mode"] == "decode_graph_queued").any()
     return Launch(gap=_line(tables, "decode_graph", "time_us", True),
                   piecewise_host=_line(tables, "piecewise_graph", "host_us", False),
                   eager_decode_host=_line(tables, "decode_eager", "host_us", False),
-                  eager_prefill_host=_line(tables, "piecewise_eager", "host_us", False))
+                  eager_prefill_host=_line(tables, "piecewise_eager", "host_us", False),
+                  queued_gap=(_line(tables, "decode_graph_queued", "time_us", True)
+                              if queued else None))
 
 
 def _at(line: tuple[float, float], layers: int) -> float:
@@ -491,7 +528,8 @@ def op_step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
     tokens = padded or pieces or shape.num_tokens
     k = kernel_times(tables, model, shape, tokens, tp, pieces is not None,
                      slow * hw.op_compute_factor)
-    t = k.total * hw.op_kernel_factor + _at(launch.gap, L)
+    queued = not shape.is_first and padded is not None and launch.queued_gap is not None
+    t = k.total * hw.op_kernel_factor + _at(launch.queued_gap if queued else launch.gap, L)
     if padded is None:
         if pieces is not None:
             host = _at(launch.piecewise_host, L)

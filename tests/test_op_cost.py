@@ -25,6 +25,7 @@ from simulator.op_cost import (
     kernel_times,
     load_tables,
     prefill_attention_us,
+    sampler_us,
     small_us,
 )
 
@@ -242,3 +243,73 @@ def test_other_profiles_ignore_the_new_fields():
     assert step_time(shape, model("llama3_8b"), hw) == step_time(with_prefill_fields,
                                                                   model("llama3_8b"), hw)
     assert math.isfinite(step_time(shape, model("llama3_8b"), hw))
+
+
+def _copy_tables(dst: Path, drop_rows: dict[str, tuple[str, str]] | None = None) -> Path:
+    """The committed tables in ``dst``, with each table's rows whose ``column`` equals
+    ``value`` dropped (``drop_rows``: table -> (column, value))."""
+    for f in OPS.iterdir():
+        shutil.copy(f, dst / f.name)
+    for table, (column, value) in (drop_rows or {}).items():
+        df = pd.read_csv(dst / f"{table}.csv")
+        df[df[column] != value].to_csv(dst / f"{table}.csv", index=False)
+    return dst
+
+
+def test_decode_waits_for_the_program_that_reads_its_longest_sequence(tmp_path):
+    """With "longest" rows, a batch of very unequal contexts costs at least the program that
+    reads its longest sequence (its length over the key splits of the rows the kernel sees);
+    without them, or with equal contexts, the grids' price stands."""
+    (tmp_path / "base").mkdir()
+    base_dir = _copy_tables(tmp_path / "base", {"attention_decode": ("ctx_dist", "longest")})
+    base = load_tables(str(base_dir))
+    assert base.decode_longest == {}
+    d = pd.read_csv(base_dir / "attention_decode.csv")
+    x = np.array([512.0, 1024, 2048, 4096, 8192])
+    extra = pd.DataFrame({"num_heads": 32, "num_kv_heads": 8, "head_dim": 128,
+                          "used_by": "llama3_8b", "batch": 64, "context": x,
+                          "ctx_dist": "longest", "kv_tokens": x + 63 * 16, "max_kv_tokens": x,
+                          "num_splits": 1, "copies": 1, "calls": 1, "time_us": 5 + 0.05 * x,
+                          "launch_us": 1.0, "sm_mhz": 1980.0})
+    (tmp_path / "long").mkdir()
+    long_dir = _copy_tables(tmp_path / "long")
+    pd.concat([d, extra]).to_csv(long_dir / "attention_decode.csv", index=False)
+    t = load_tables(str(long_dir))
+    assert t.num_sms == 132
+    heads = (32, 8, 128)
+    plain = decode_attention_us(base, heads, 40, 40 * 300, 4096)
+    # 40 rows x 8 KV heads: one split on 132 SMs; 16 rows: three
+    assert decode_attention_us(t, heads, 40, 40 * 300, 4096) == pytest.approx(
+        max(plain, 5 + 0.05 * 4096), rel=1e-6)
+    assert 5 + 0.05 * 4096 > plain
+    assert decode_attention_us(t, heads, 16, 16 * 300, 4096) == pytest.approx(
+        max(decode_attention_us(base, heads, 16, 16 * 300, 4096), 5 + 0.05 * 4096 / 3),
+        rel=1e-2)
+    # the splits follow the rows the kernel sees: 16 real sequences padded to 40 rows
+    assert decode_attention_us(t, heads, 16, 16 * 300, 4096, rows=40) > \
+        decode_attention_us(t, heads, 16, 16 * 300, 4096)
+    # equal contexts: nothing waits for one sequence
+    assert decode_attention_us(t, heads, 256, 256 * 1024, 1024) == pytest.approx(
+        decode_attention_us(base, heads, 256, 256 * 1024, 1024), rel=1e-9)
+
+
+def test_later_steps_of_a_window_take_the_queued_graph_gap(tmp_path):
+    """Steps 2..k replay their decode graph queued behind the step before: with the graph
+    table's decode_graph_queued rows 100 us under its decode_graph rows, a later step costs
+    100 us less than step 1 plus advance_step; without those rows, step 1 plus advance_step."""
+    (tmp_path / "none").mkdir()
+    plain = _copy_tables(tmp_path / "none", {"graph": ("mode", "decode_graph_queued")})
+    (tmp_path / "queued").mkdir()
+    queued = _copy_tables(tmp_path / "queued", {"graph": ("mode", "decode_graph_queued")})
+    g = pd.read_csv(queued / "graph.csv")
+    q = g[g["mode"] == "decode_graph"].assign(mode="decode_graph_queued")
+    q["time_us"] -= 100.0
+    pd.concat([g, q]).to_csv(queued / "graph.csv", index=False)
+    spec = model("llama3_8b")
+    first = StepShape(64, 64, 0, 64, 0.0, 64 * 500, True, 500)
+    later = dataclasses.replace(first, is_first=False)
+    advance = sampler_us(load_tables(str(plain)), "advance_step", 64, 0)
+    for path, saved in ((plain, 0.0), (queued, 100.0)):
+        hw = ops_hw(op_tables=str(path))
+        step1, step2 = step_time(first, spec, hw), step_time(later, spec, hw)
+        assert (step2 - step1) * 1e6 == pytest.approx(advance - saved, abs=0.01), path.name
