@@ -16,14 +16,12 @@ from policies import ModelSpec
 from policies.parallel import ParallelConfig
 from simulator.cost_model import StepShape, step_cost, step_time
 from simulator.hardware import HardwareSpec
-from simulator.op_cost import (
+from simulator.op_cost import graph_kernels_us, kernel_times, load_tables
+from simulator.op_tables import (
     Curve,
     Grid2,
     decode_attention_us,
     gemm_us,
-    graph_kernels_us,
-    kernel_times,
-    load_tables,
     prefill_attention_us,
     sampler_us,
     small_us,
