@@ -1,7 +1,8 @@
 """The engine measured in-process and behind its HTTP server, under the same policies and requests.
 
     python benchmarks/server_suite.py OUT_DIR [--parts inprocess,server] [--prompts N]
-                                              [--poisson-prompts N] [--rates 20,40] [--smoke]
+                                              [--poisson-prompts N] [--rates 20,40]
+                                              [--fixed-output-len N] [--smoke]
 
 For single_step, multi_step k=8 and single_step + overlap on llama3_8b (random bf16):
 inprocess: python -m experiments.run's real backend, ShareGPT at t=0 (seed 0) and at each
@@ -12,8 +13,11 @@ server:    python -m experiments.serve under the same policy, driven by
 The in-process part runs in a child process, so that its kept runner has freed the GPU before
 the first server starts. A finished run is not repeated. A table is printed last: request
 throughput and median TTFT and TPOT in-process and client-measured, the client's over the
-in-process figure, and the front end's CPU time per SSE chunk. ``--smoke`` runs the tiny
-model on the CPU with a few prompts: a check of the script.
+in-process figure, and the front end's CPU time per SSE chunk. ``--fixed-output-len N`` gives
+every request N output tokens (directories end in ``_out<N>``): runs with many requests per
+token, which let experiments.fit_api tell the front end's per-request cost from its per-token
+and per-chunk ones. ``--rates none``: t=0 only. ``--smoke`` runs the tiny model on the CPU with
+a few prompts: a check of the script.
 """
 
 from __future__ import annotations
@@ -52,6 +56,16 @@ def workloads(args: argparse.Namespace) -> list[tuple[str, int, int]]:
     return [("inf", args.prompts, 0)] + [(r, args.poisson_prompts, 1) for r in args.rates]
 
 
+def output_len(args: argparse.Namespace) -> int | None:
+    return SMOKE_OUTPUT_LEN if args.smoke and not args.fixed_output_len \
+        else args.fixed_output_len
+
+
+def run_name(args: argparse.Namespace, tag: str, rate: str) -> str:
+    return f"{tag}_rate{rate}" + (f"_out{args.fixed_output_len}" if args.fixed_output_len
+                                  else "")
+
+
 def inprocess(args: argparse.Namespace, out: Path) -> None:
     from overlap_suite import overrides  # (it imports real_backend before CUDA starts)
 
@@ -60,11 +74,11 @@ def inprocess(args: argparse.Namespace, out: Path) -> None:
     for tag, policy, k, overlap in CONFIGS:
         for rate, prompts, seed in workloads(args):
             ov = overrides(policy, k, overlap, rate, seed, prompts, model=MODEL)
-            if args.smoke:
-                ov.append(f"workload.fixed_output_len={SMOKE_OUTPUT_LEN}")
+            if output_len(args):
+                ov.append(f"workload.fixed_output_len={output_len(args)}")
             t0 = time.perf_counter()
             try:
-                res = run_one(ov, out / "inprocess" / f"{tag}_rate{rate}")
+                res = run_one(ov, out / "inprocess" / run_name(args, tag, rate))
                 print(f"in-process {tag} rate {rate}: {res['request_throughput']:.2f} req/s "
                       f"({time.perf_counter() - t0:.0f} s)", flush=True)
             except Exception:  # keep the other measurements
@@ -96,7 +110,7 @@ def served(args: argparse.Namespace, out: Path) -> None:
         "PYTHONPATH", "")])}
     for tag, policy, k, overlap in CONFIGS:
         runs = [(r, n, s) for r, n, s in workloads(args)
-                if not (out / "client" / f"{tag}_rate{r}" / "result.json").exists()]
+                if not (out / "client" / run_name(args, tag, r) / "result.json").exists()]
         if not runs:
             continue
         port = free_port()
@@ -116,9 +130,11 @@ def served(args: argparse.Namespace, out: Path) -> None:
             for rate, prompts, seed in runs:
                 cmd = [sys.executable, "-m", "experiments.loadgen", "--url", url,
                        "--num-prompts", str(prompts), "--request-rate", rate,
-                       "--seed", str(seed), "--out", str(out / "client" / f"{tag}_rate{rate}")]
+                       "--seed", str(seed), "--out", str(out / "client" / run_name(args, tag, rate))]
+                if output_len(args):
+                    cmd += ["--fixed-output-len", str(output_len(args))]
                 if args.smoke:
-                    cmd += ["--fixed-output-len", str(SMOKE_OUTPUT_LEN), "--processes", "1"]
+                    cmd += ["--processes", "1"]
                 t1 = time.perf_counter()
                 p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
                 print(f"client {tag} rate {rate}: {(p.stdout or p.stderr).strip()} "
@@ -144,8 +160,8 @@ def table(args: argparse.Namespace, out: Path) -> list[str]:
              f"{'TTFT in':>8} {'client':>8} | {'TPOT in':>7} {'client':>7} | {'us/chunk':>8}"]
     for tag, *_ in CONFIGS:
         for rate, _, _ in workloads(args):
-            a = load(out / "inprocess" / f"{tag}_rate{rate}" / "result.json")
-            b = load(out / "client" / f"{tag}_rate{rate}" / "result.json")
+            a = load(out / "inprocess" / run_name(args, tag, rate) / "result.json")
+            b = load(out / "client" / run_name(args, tag, rate) / "result.json")
             if a is None or b is None:
                 lines.append(f"{tag:<22}{rate:>5} | missing: {'in-process' if a is None else ''}"
                              f" {'client' if b is None else ''}")
@@ -167,7 +183,9 @@ def main() -> None:
     ap.add_argument("--parts", default="inprocess,server")
     ap.add_argument("--prompts", type=int, default=1000)
     ap.add_argument("--poisson-prompts", type=int, default=500)
-    ap.add_argument("--rates", type=lambda s: s.split(","), default=["20", "40"])
+    ap.add_argument("--rates", type=lambda s: [] if s == "none" else s.split(","),
+                    default=["20", "40"])
+    ap.add_argument("--fixed-output-len", type=int, default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny model on cpu: check the script")
     args = ap.parse_args()
     parts = args.parts.split(",")
@@ -177,6 +195,8 @@ def main() -> None:
                          "server")
     if min(args.prompts, args.poisson_prompts) < 1:
         raise SystemExit("error: --prompts and --poisson-prompts must be >= 1")
+    if args.fixed_output_len is not None and args.fixed_output_len < 1:
+        raise SystemExit(f"error: --fixed-output-len must be >= 1, got {args.fixed_output_len}")
     if args.smoke:
         MODEL[:] = SMOKE_MODEL
     out = Path(args.out)
@@ -187,7 +207,9 @@ def main() -> None:
     if "inprocess" in parts:
         child = [sys.executable, __file__, str(out), "--parts", "_inprocess",
                  "--prompts", str(args.prompts), "--poisson-prompts", str(args.poisson_prompts),
-                 "--rates", ",".join(args.rates)] + (["--smoke"] if args.smoke else [])
+                 "--rates", ",".join(args.rates) or "none"] + (["--smoke"] if args.smoke else [])
+        if args.fixed_output_len:
+            child += ["--fixed-output-len", str(args.fixed_output_len)]
         subprocess.run(child, cwd=ROOT)
     if "server" in parts:
         served(args, out)
