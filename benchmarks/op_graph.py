@@ -56,9 +56,12 @@ def graph_table(bench: Bench, specs: list[ModelSpec], grid: Grid) -> tuple[list,
             if "decode_graph" in steps:  # steps 2..k: the replay queued behind a step
                 steps["decode_graph_queued"] = steps["decode_graph"]
             for mode, fn in steps.items():
-                dev_us, host_us, span = bench.span_time(fn)
-                if mode == "decode_graph_queued":
-                    dev_us = bench.queued_time(fn)
+                if mode == "decode_graph_queued":  # the same replay call: its host time too
+                    dev_us, span = bench.queued_time(fn)
+                    host_us = next(r["host_us"] for r in reversed(rows)
+                                   if r["mode"] == "decode_graph" and r["num_layers"] == n)
+                else:
+                    dev_us, host_us, span = bench.span_time(fn)
                 if bench.cuda and mode.endswith("eager") and len(ops.get(mode, {})) < 2:
                     ops.setdefault(mode, {})[n] = _count_device_ops(fn)
                 rows.append({"model": spec.name, "num_layers": n, "mode": mode,

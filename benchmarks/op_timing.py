@@ -150,14 +150,16 @@ class Bench:
                 dev.append(host[-1])
         return statistics.median(dev), statistics.median(host), (t0, time.perf_counter())
 
-    def queued_time(self, fn: Callable[[], object], queue: int = 8) -> float:
+    def queued_time(self, fn: Callable[[], object], queue: int = 8
+                    ) -> tuple[float, tuple[float, float]]:
         """Device us of one whole step issued while the step before it still runs (steps 2..k
         of a window, whose launches wait in the stream): a step from an idle GPU, then
-        ``queue`` more issued behind it, timed from the first one's end; medians over ``reps``.
-        On the CPU: the wall time of one call."""
+        ``queue`` more issued behind it, timed from the first one's end; median over ``reps``,
+        and the span it ran in. On the CPU: the wall time of one call."""
         fn()
         fn()
         dev = []
+        t0 = time.perf_counter()
         for _ in range(self.reps):
             if not self.cuda:
                 h0 = time.perf_counter()
@@ -173,7 +175,7 @@ class Bench:
             b.record()
             torch.cuda.synchronize(self.device)
             dev.append(a.elapsed_time(b) * 1e3 / queue)
-        return statistics.median(dev)
+        return statistics.median(dev), (t0, time.perf_counter())
 
     def start_clock(self) -> None:
         """Start sampling the SM clock (NVML); nothing where it cannot be had."""

@@ -102,7 +102,7 @@ def full_grid() -> Grid:
         lm_head_m=[1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 384, 512],
         decode_batches=[1, 2, 4, 8, 16, 32, 64, 128, 192, 256],
         decode_contexts=[128, 512, 1024, 2048, 4096],
-        longest_batches=[1, 4, 8, 16, 32, 64, 256], longest_contexts=[512, 1024, 2048, 4096, 8192],
+        longest_batches=[4, 8, 16, 32, 64, 256], longest_contexts=[512, 1024, 2048, 4096, 8192],
         prefill=[(1, q, 0) for q in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)]
         + [(1, 512, 512), (1, 512, 2048), (1, 2048, 2048), (1, 128, 1024), (4, 512, 1024)]
         + [(2, 256, 0), (4, 128, 0), (4, 512, 0), (8, 64, 0), (8, 256, 0), (8, 512, 0),
@@ -114,7 +114,7 @@ def full_grid() -> Grid:
 
 def smoke_grid() -> Grid:
     return Grid(gemm_m=[1, 4, 16], lm_head_m=[1, 4], decode_batches=[1, 4],
-                decode_contexts=[16, 40], longest_batches=[1, 4], longest_contexts=[40],
+                decode_contexts=[16, 40], longest_batches=[4], longest_contexts=[40],
                 prefill=[(1, 8, 0), (2, 5, 16)], small_tokens=[1, 8],
                 sampled=[1, 4], graph_layers=[1, 2], graph_context=20, piece_tokens=32)
 
@@ -207,7 +207,7 @@ def estimate(table: str, specs: list[ModelSpec], grid: Grid, reps: int) -> float
             layers = graph_layers(s, grid)
             weights = graph_model_spec(s, max(layers)).weight_bytes
             total += 2.0 + weights / 20e9  # random init, profiles of kernel counts
-            total += sum(0.2 + 0.015 * n for n in layers)
+            total += sum(0.25 + 0.02 * n for n in layers)  # (and the queued decode graph)
     return total
 
 # ---------------------------------------------------------------------------- the run

@@ -14,7 +14,9 @@ fit over the runs,
                     + api_per_request_us * requests,
 
 prices that work (single-step runs stream a chunk per token, multi-step ones a chunk per
-window, which tells the per-chunk and per-token terms apart), and the profile written is
+window, which tells the per-chunk and per-token terms apart; runs with a few output tokens a
+request, ``benchmarks/server_suite.py --fixed-output-len``, tell the per-request term from the
+per-token one), and the profile written is
 ``--base`` (the engine's own CPU costs) with those terms, ``api_server_on_critical_path: true`` (the front end shares the engine
 thread's interpreter lock, so its work delays the engine's) and ``api_chunk_per_window: true``
 (a multi-step window streams one chunk per request). Only CPU counters enter the fit, never a

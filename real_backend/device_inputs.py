@@ -1,7 +1,9 @@
-"""A window's inputs on the device: the static buffers that CUDA graphs and advance_step read
-(decode rows; the prefill graphs' padded prompts), and each window's ``WindowPlan``, built from
-its host arrays (window_inputs.HostPlan) with every host-to-device copy queued, never waited
-for: a pinned source stays in the plan's ``keep`` until its copy has run."""
+"""A window's inputs on the device: the static buffers its steps read, and its plan.
+
+The buffers are what CUDA graphs and advance_step read (decode rows; the prefill graphs' padded
+prompts). A window's ``WindowPlan`` is built from its host arrays (window_inputs.HostPlan) with
+every host-to-device copy queued, never waited for: a pinned source stays in the plan's
+``keep`` until its copy has run."""
 
 from __future__ import annotations
 

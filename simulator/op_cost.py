@@ -48,12 +48,11 @@ from simulator.cost_model import StepShape, graph_tokens, piecewise_tokens
 from simulator.hardware import HardwareSpec
 from simulator.op_tables import (
     CONF_DIR,
-    Launch,
     OpTables,
     decode_attention_us,
     gemm_us,
+    load_tables,
     prefill_attention_us,
-    read_tables,
     sampler_us,
     small_us,
 )
@@ -64,12 +63,24 @@ _US = 1e-6
 GRAPH_DECODE_CONTEXT, GRAPH_PIECE_TOKENS = 128, 32
 
 
-def load_tables(path: str) -> OpTables:
-    """op_tables.read_tables with the graph table's launch lines fitted (once per directory)."""
-    tables = read_tables(path)
-    if tables.launch is None:
-        tables.launch = fit_launch(tables)
-    return tables
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """The graph table's launch terms (us) as a + b L: GPU-side replay and gaps of a step
+    (``gap``; of a decode graph queued behind the step before, as steps 2..k of a window run:
+    ``queued_gap``, None in tables without those rows) and the host's issue time of a
+    piecewise, eager decode and eager prefill step."""
+
+    gap: tuple[float, float]
+    piecewise_host: tuple[float, float]
+    eager_decode_host: tuple[float, float]
+    eager_prefill_host: tuple[float, float]
+    queued_gap: tuple[float, float] | None = None
+
+
+@lru_cache(maxsize=8)
+def launch_terms(path: str) -> Launch:
+    """The launch terms of the tables in ``path`` (fitted once per directory)."""
+    return fit_launch(load_tables(path))
 
 
 # ---------------------------------------------------------------------------- a step
@@ -102,7 +113,9 @@ def kernel_times(t: OpTables, model: ModelSpec, shape: StepShape, tokens: int, t
     decode_seqs = shape.num_tokens - shape.num_prefill_tokens
     if decode_seqs > 0:
         prefill_kv = shape.prefill_kv_tokens or shape.num_prefill_tokens
-        rows = tokens if shape.num_prefill_tokens == 0 else decode_seqs  # a graph's padding
+        # the rows the kernel sees: a whole-step graph's padded batch (every row one token,
+        # one-token prefill chunks included), else the decoding rows themselves
+        rows = tokens if shape.num_tokens == shape.num_seqs and not piecewise else decode_seqs
         attn += decode_attention_us(t, heads, decode_seqs, shape.kv_tokens - prefill_kv,
                                     shape.max_kv_tokens, rows)
     per_layer += attn
@@ -193,7 +206,7 @@ def op_step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
     if shape.num_seqs == 0:
         return 0.0, 0.0
     tables = load_tables(hw.op_tables)
-    launch = tables.launch
+    launch = launch_terms(hw.op_tables)
     L, tp = model.num_layers, hw.tp
     padded = graph_tokens(shape, hw)
     pieces = None if padded is not None else piecewise_tokens(shape, hw)

@@ -1,12 +1,13 @@
 """The operator tables (benchmarks/operators.py's CSVs) read, and one op's time looked up in them.
 
-Each table is read once per directory (``read_tables``), checked (a missing or malformed table
+Each table is read once per directory (``load_tables``), checked (a missing or malformed table
 is a one-line error naming the file). Every lookup interpolates log-log along the table's grid
 (linear in the size past its largest point, flat below its smallest); a shape the table lacks
 takes its nearest shape's time scaled by the roofline (GEMMs: FLOPs or bytes) or by the bytes
 moved (other kernels). Decode attention is read at the batch and mean context, between the
-uniform and ragged contexts by the batch's longest sequence, and never below the program that
-reads that sequence (the "longest" rows). simulator/op_cost.py prices a step from these.
+uniform and ragged contexts by the batch's longest sequence; a batch of unequal contexts never
+below the program that reads its longest sequence (the "longest" rows). simulator/op_cost.py
+prices a step from these, and fits the graph table's launch terms.
 """
 
 from __future__ import annotations
@@ -26,12 +27,20 @@ from experiments.paths import conf_dir
 from policies.step_sizes import decode_splits
 
 CONF_DIR = conf_dir()  # one home: experiments/paths.py
+DECODE_KEY_BLOCK = 64  # keys per iteration of the decode kernel (triton_ops: BLOCK_N)
+
+
+def split_tokens(length: float, splits: int) -> float:
+    """The keys one decode-attention program reads of a sequence of ``length`` split
+    ``splits`` ways (the kernel rounds each split up to whole key blocks)."""
+    return math.ceil(math.ceil(length / splits) / DECODE_KEY_BLOCK) * DECODE_KEY_BLOCK
+
 
 class Curve:
     """Time (us) against one size, log-log interpolated between measured points; flat below the
     smallest point, proportional to the size past the largest."""
 
-    __slots__ = ("lx", "ly", "x_max", "y_max", "y_min")
+    __slots__ = ("lx", "ly", "x_min", "x_max", "y_max", "y_min")
 
     def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
         order = np.argsort(x)
@@ -41,7 +50,8 @@ class Curve:
         ux = np.unique(x)
         uy = np.array([np.median(y[x == v]) for v in ux])  # repeated sizes: their median
         self.lx, self.ly = np.log(ux).tolist(), np.log(uy).tolist()
-        self.x_max, self.y_max, self.y_min = float(ux[-1]), float(uy[-1]), float(uy[0])
+        self.x_min, self.x_max = float(ux[0]), float(ux[-1])
+        self.y_max, self.y_min = float(uy[-1]), float(uy[0])
 
     def __call__(self, v: float) -> float:
         if v <= 0:
@@ -139,20 +149,6 @@ class PrefillCurve:
         return max(t1 + b * (pairs - tokens * (tokens + 1) / 2), self.t1.y_min)
 
 
-@dataclass(frozen=True, slots=True)
-class Launch:
-    """The graph table's launch terms (us) as a + b L: GPU-side gaps of a step (``gap``; of a
-    decode graph queued behind the step before, as steps 2..k of a window run:
-    ``queued_gap``, None in tables without those rows) and the host's issue time of a
-    piecewise, eager decode and eager prefill step."""
-
-    gap: tuple[float, float]
-    piecewise_host: tuple[float, float]
-    eager_decode_host: tuple[float, float]
-    eager_prefill_host: tuple[float, float]
-    queued_gap: tuple[float, float] | None = None
-
-
 @dataclass(slots=True)
 class OpTables:
     """The tables of one directory, read once."""
@@ -165,7 +161,6 @@ class OpTables:
     small: dict[tuple, Curve]  # (op, *sizes) -> time over tokens
     sampler: dict[tuple[str, int], Curve]  # (op, vocab) -> time over rows
     graph: pd.DataFrame
-    launch: Launch | None = None
     # the decode kernel's program that reads one sequence: time over the tokens it reads (the
     # sequence's length over the key splits), from the "longest" rows; and the SM count the
     # splits were chosen for (attention_decode.meta.json). Empty / None: tables without them.
@@ -201,12 +196,10 @@ def _num_sms(meta: Path) -> int | None:
     return int(n) if isinstance(n, int | float) and n > 0 else None
 
 
-
 @lru_cache(maxsize=8)
-def read_tables(path: str) -> OpTables:
+def load_tables(path: str) -> OpTables:
     """The tables of directory ``path`` (relative to conf/ or absolute), checked; a missing or
-    malformed table is a one-line error naming the file. Their launch lines are op_cost's
-    (``launch``: None until simulator.op_cost.load_tables fits them)."""
+    malformed table is a one-line error naming the file."""
     root = resolve(path)
     if not root.is_dir():
         raise ValueError(f"hardware.op_tables: {root} is not a directory")
@@ -228,9 +221,12 @@ def read_tables(path: str) -> OpTables:
             ragged[key] = (Grid2(rg), Grid2(rg.assign(
                 time_us=rg["max_kv_tokens"] * rg["batch"] / rg["kv_tokens"])))
         lg = r[r["ctx_dist"] == "longest"]
+        if "num_splits" in lg:
+            lg = lg[lg["num_splits"] >= 1]  # a row without its splits cannot be placed
         if len(lg) and "num_splits" in lg:
-            longest[key] = Curve((lg["max_kv_tokens"] / lg["num_splits"]).to_numpy(),
-                                 lg["time_us"].to_numpy())
+            longest[key] = Curve(np.array([split_tokens(n, s) for n, s in
+                                           zip(lg["max_kv_tokens"], lg["num_splits"],
+                                               strict=True)]), lg["time_us"].to_numpy())
     s = _read(root, "per_layer_small", ["op", "tokens", "hidden_size", "intermediate_size",
                                         "num_heads", "num_kv_heads", "head_dim", "vocab_size",
                                         "time_us"])
@@ -245,7 +241,6 @@ def read_tables(path: str) -> OpTables:
     graph = _read(root, "graph", ["model", "num_layers", "mode", "time_us", "host_us"])
     return OpTables(root, gemm, prefill, uniform, ragged, small, sampler, graph,
                     decode_longest=longest, num_sms=_num_sms(root / "attention_decode.meta.json"))
-
 
 
 # ---------------------------------------------------------------------------- kernels
@@ -299,7 +294,7 @@ def decode_attention_us(t: OpTables, heads: tuple[int, int, int], batch: int, kv
     lacks: its nearest shape's time scaled by the KV bytes (KV heads x head_dim). Never less
     than the program that reads the longest sequence (its length over the key splits of the
     ``rows`` the kernel sees, a graph's padded batch; 0: ``batch``), from the "longest" rows:
-    a batch of very unequal contexts waits for it."""
+    a batch of unequal contexts waits for it."""
     if batch <= 0 or kv_tokens <= 0:
         return 0.0
     key = heads if heads in t.decode_uniform else _nearest_heads(t.decode_uniform, *heads)
@@ -315,9 +310,10 @@ def decode_attention_us(t: OpTables, heads: tuple[int, int, int], batch: int, kv
             time += w * (grid(batch, mean) - time)
     time *= scale
     longest = t.decode_longest.get(key)
-    if longest is not None and t.num_sms and max_kv_tokens > 0:
-        splits = decode_splits(rows or batch, heads[1], t.num_sms)
-        time = max(time, longest(max_kv_tokens / splits) * heads[2] / key[2])
+    if longest is not None and t.num_sms and max_kv_tokens > mean:
+        x = split_tokens(max_kv_tokens, decode_splits(rows or batch, heads[1], t.num_sms))
+        if x > longest.x_min:  # below its points the curve is the kernel's floor, not the program
+            time = max(time, longest(x) * heads[2] / key[2])
     return time
 
 

@@ -16,15 +16,17 @@ from policies import ModelSpec
 from policies.parallel import ParallelConfig
 from simulator.cost_model import StepShape, step_cost, step_time
 from simulator.hardware import HardwareSpec
-from simulator.op_cost import graph_kernels_us, kernel_times, load_tables
+from simulator.op_cost import graph_kernels_us, kernel_times, launch_terms
 from simulator.op_tables import (
     Curve,
     Grid2,
     decode_attention_us,
     gemm_us,
+    load_tables,
     prefill_attention_us,
     sampler_us,
     small_us,
+    split_tokens,
 )
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -215,7 +217,7 @@ def test_step_prices_every_kernel_and_the_factors_scale_them(tables):
     slow = step_time(prefill, spec, ops_hw(op_compute_factor=1.2))
     assert t_p * 1.1 < slow < t_p * 1.2
     # eager prefills above the piecewise graphs pay at least the host's launches
-    launch = tables.launch.eager_prefill_host
+    launch = launch_terms("calibration/h200_ops").eager_prefill_host
     assert t_p >= (launch[0] + launch[1] * spec.num_layers) * 1e-6
 
 
@@ -255,9 +257,9 @@ def _copy_tables(dst: Path, drop_rows: dict[str, tuple[str, str]] | None = None)
 
 
 def test_decode_waits_for_the_program_that_reads_its_longest_sequence(tmp_path):
-    """With "longest" rows, a batch of very unequal contexts costs at least the program that
-    reads its longest sequence (its length over the key splits of the rows the kernel sees);
-    without them, or with equal contexts, the grids' price stands."""
+    """With "longest" rows, a batch of unequal contexts costs at least the program that reads
+    its longest sequence (its keys over the key splits of the rows the kernel sees); without
+    them, or with equal contexts, the grids' price stands."""
     (tmp_path / "base").mkdir()
     base_dir = _copy_tables(tmp_path / "base", {"attention_decode": ("ctx_dist", "longest")})
     base = load_tables(str(base_dir))
@@ -276,19 +278,24 @@ def test_decode_waits_for_the_program_that_reads_its_longest_sequence(tmp_path):
     assert t.num_sms == 132
     heads = (32, 8, 128)
     plain = decode_attention_us(base, heads, 40, 40 * 300, 4096)
-    # 40 rows x 8 KV heads: one split on 132 SMs; 16 rows: three
-    assert decode_attention_us(t, heads, 40, 40 * 300, 4096) == pytest.approx(
-        max(plain, 5 + 0.05 * 4096), rel=1e-6)
+    # 40 rows x 8 KV heads: one split on 132 SMs, so the program reads all 4096 keys
     assert 5 + 0.05 * 4096 > plain
+    assert decode_attention_us(t, heads, 40, 40 * 300, 4096) == pytest.approx(
+        5 + 0.05 * 4096, rel=1e-6)
+    # 16 rows: three splits, each rounded up to whole 64-key blocks: 1408 keys a program
+    assert split_tokens(4096, 3) == 1408
     assert decode_attention_us(t, heads, 16, 16 * 300, 4096) == pytest.approx(
-        max(decode_attention_us(base, heads, 16, 16 * 300, 4096), 5 + 0.05 * 4096 / 3),
-        rel=1e-2)
+        max(decode_attention_us(base, heads, 16, 16 * 300, 4096), 5 + 0.05 * 1408), rel=1e-2)
     # the splits follow the rows the kernel sees: 16 real sequences padded to 40 rows
     assert decode_attention_us(t, heads, 16, 16 * 300, 4096, rows=40) > \
         decode_attention_us(t, heads, 16, 16 * 300, 4096)
-    # equal contexts: nothing waits for one sequence
-    assert decode_attention_us(t, heads, 256, 256 * 1024, 1024) == pytest.approx(
-        decode_attention_us(base, heads, 256, 256 * 1024, 1024), rel=1e-9)
+    # equal contexts: nothing waits for one sequence, even where the curve lies above the grid
+    assert 5 + 0.05 * split_tokens(4096, 5) > decode_attention_us(base, heads, 8, 8 * 4096, 4096)
+    assert decode_attention_us(t, heads, 8, 8 * 4096, 4096) == pytest.approx(
+        decode_attention_us(base, heads, 8, 8 * 4096, 4096), rel=1e-12)
+    # below the curve's first point (its launch floor) the grid's price stands
+    assert decode_attention_us(t, heads, 256, 256 * 100, 400) == pytest.approx(
+        decode_attention_us(base, heads, 256, 256 * 100, 400), rel=1e-12)
 
 
 def test_later_steps_of_a_window_take_the_queued_graph_gap(tmp_path):

@@ -66,6 +66,11 @@ def test_operators_smoke_writes_every_table(tmp_path):
         (tiny.hidden_size, tiny.intermediate_size), (tiny.vocab_size, tiny.hidden_size)}
     sampler = pd.read_csv(out / "sampler.csv")
     assert {"greedy", "random", "advance_step", "logits_fp32"} <= set(sampler["op"])
+    decode = pd.read_csv(out / "attention_decode.csv")
+    assert set(decode["ctx_dist"]) == {"uniform", "ragged", "longest"}
+    longest = decode[decode["ctx_dist"] == "longest"]  # one long sequence among short ones
+    assert (longest["max_kv_tokens"] == longest["context"]).all()
+    assert (longest["kv_tokens"] == longest["context"] + 16 * (longest["batch"] - 1)).all()
     graph = pd.read_csv(out / "graph.csv")  # the CPU has no graphs: the eager steps
     assert set(graph["mode"]) == {"decode_eager", "piecewise_eager"}
     assert sorted(set(graph["num_layers"])) == [1, 2]
