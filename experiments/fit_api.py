@@ -42,6 +42,7 @@ from simulator.overhead import OverheadSpec
 
 TERMS = ("api_per_chunk_us", "api_per_token_us", "api_per_request_us")
 COUNTS = ("sse_chunks", "tokens", "requests")
+SERVER_COUNTERS = ("sse_chunks", "requests", "front_end_cpu_s")  # /metrics (tokens: the client's)
 
 
 def client_runs(measured_dir: str | Path) -> list[dict[str, Any]]:
@@ -60,7 +61,7 @@ def client_runs(measured_dir: str | Path) -> list[dict[str, Any]]:
         server = meta.get("server") or {}
         if meta.get("backend") != "real-http":
             continue
-        missing = [k for k in ("sse_chunks", "requests", "front_end_cpu_s") if k not in server]
+        missing = [k for k in SERVER_COUNTERS if k not in server]
         if missing:
             raise ValueError(f"{path}: a client-measured run without the server's counters "
                              f"{', '.join(missing)} (measured before they existed?)")
@@ -68,8 +69,7 @@ def client_runs(measured_dir: str | Path) -> list[dict[str, Any]]:
                      "k": meta.get("k"), "overlap": meta.get("overlap"),
                      "request_rate": result.get("request_rate"),
                      "tokens": float(result.get("total_output_tokens", 0)),
-                     **{k: float(server[k]) for k in ("sse_chunks", "requests",
-                                                      "front_end_cpu_s")}})
+                     **{k: float(server[k]) for k in SERVER_COUNTERS}})
     if len(rows) < len(TERMS):
         raise ValueError(f"--measured-dir {root}: {len(rows)} client-measured runs with server "
                          f"counters; the fit needs at least {len(TERMS)}")

@@ -11,11 +11,14 @@ exactly these; the simulator prices exactly these. No torch here: the simulator 
 
 from __future__ import annotations
 
+import math
+
 DECODE_GRAPH_SIZES = (1, 2, 4, 8, *range(16, 257, 8))
 PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 192, 256, 384, 512)
 PREFILL_GRAPH_SEQS = (1, 2, 4, 8)
 # finer steps where launches dominate, coarser where padding would cost compute
 PIECEWISE_GRAPH_TOKENS = (*range(32, 513, 32), *range(576, 1025, 64), *range(1152, 2049, 128))
+DECODE_KEY_BLOCK = 64  # keys per iteration of the decode-attention kernel
 
 
 def decode_graph_sizes(max_num_seqs: int) -> list[int]:
@@ -53,3 +56,9 @@ def decode_splits(num_seqs: int, kv_heads: int, num_sms: int) -> int:
     multiprocessor, at most 16 (on an H200, llama3_8b shapes: batch 8 x 4000 tokens goes from
     133 to 53 us a layer; batch 256 keeps one split)."""
     return max(1, min(16, -(-2 * num_sms // max(num_seqs * kv_heads, 1))))
+
+
+def split_tokens(length: float, splits: int) -> int:
+    """The keys one decode-attention program reads of a sequence of ``length`` split
+    ``splits`` ways (each split rounded up to whole key blocks, as the kernel does)."""
+    return math.ceil(math.ceil(length / splits) / DECODE_KEY_BLOCK) * DECODE_KEY_BLOCK

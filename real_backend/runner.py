@@ -23,7 +23,7 @@ from real_backend.cuda_graphs import (
     capture_piecewise_graphs,
     capture_prefill_graphs,
 )
-from real_backend.device_inputs import DeviceInputs, WindowPlan
+from real_backend.device_inputs import DecodeBuffers, DeviceInputs, PrefillBuffers, WindowPlan
 from real_backend.kernels import select_kernels
 from real_backend.kv_cache import KVCache, allocate_kv_cache
 from real_backend.model import (
@@ -87,13 +87,22 @@ class ModelRunner:
         rows = max(max_num_seqs, decode_graph_sizes(max_num_seqs)[-1])  # room for graph padding
 
         self.inputs = DeviceInputs(self.device, rows, width, self.token_map)
-        self.buffers, self.prefill_buffers = self.inputs.decode, self.inputs.prefill
         self.prefill_graphs = PrefillGraphs()
         self.prefill_graph_replays = 0
         self.piecewise = PiecewiseGraphs()
         self.piecewise_replays = 0
         self.piecewise_capture_s = 0.0
         self.piece_buffers: PieceBuffers | None = None
+
+    @property
+    def buffers(self) -> DecodeBuffers:
+        """The static decode inputs (CUDA graphs and advance_step read them)."""
+        return self.inputs.decode
+
+    @property
+    def prefill_buffers(self) -> PrefillBuffers:
+        """The prefill graphs' static inputs."""
+        return self.inputs.prefill
 
     @property
     def clock(self) -> Callable[[], float]:

@@ -307,7 +307,8 @@ def decode_splits(num_seqs: int, kv_heads: int, device: torch.device) -> int:
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           *, num_splits: int | None = None, block_n: int = 64,
+                           *, num_splits: int | None = None,
+                           block_n: int = step_sizes.DECODE_KEY_BLOCK,
                            num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
     # tl.dot needs at least 16 rows: a lone query token pads its head group up to 16.
     group_pad = _pow2(q.shape[1] // k_cache.shape[2], 16)

@@ -32,7 +32,6 @@ terms; the power-limited clock (``slow``) stretches the compute-bound share of e
 the prefill attention.
 """
 
-
 from __future__ import annotations
 
 import dataclasses
@@ -184,8 +183,9 @@ def graph_kernels_us(tables: OpTables, name: str, layers: int, mode: str) -> flo
 
 def fit_launch(tables: OpTables) -> Launch:
     """The launch terms, each a least-squares line in the layer count over every model of the
-    graph table: the decode graph's time beyond its kernels (gaps and replay), and the host's
-    issue time of piecewise and eager steps."""
+    graph table: the decode graph's time beyond its kernels (gaps and replay), from an idle GPU
+    and queued behind a step where the table has those rows, and the host's issue time of
+    piecewise and eager steps."""
     queued = (tables.graph["mode"] == "decode_graph_queued").any()
     return Launch(gap=_line(tables, "decode_graph", "time_us", True),
                   piecewise_host=_line(tables, "piecewise_graph", "host_us", False),

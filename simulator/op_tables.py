@@ -24,16 +24,9 @@ import numpy as np
 import pandas as pd
 
 from experiments.paths import conf_dir
-from policies.step_sizes import decode_splits
+from policies.step_sizes import decode_splits, split_tokens
 
 CONF_DIR = conf_dir()  # one home: experiments/paths.py
-DECODE_KEY_BLOCK = 64  # keys per iteration of the decode kernel (triton_ops: BLOCK_N)
-
-
-def split_tokens(length: float, splits: int) -> float:
-    """The keys one decode-attention program reads of a sequence of ``length`` split
-    ``splits`` ways (the kernel rounds each split up to whole key blocks)."""
-    return math.ceil(math.ceil(length / splits) / DECODE_KEY_BLOCK) * DECODE_KEY_BLOCK
 
 
 class Curve:
@@ -223,10 +216,10 @@ def load_tables(path: str) -> OpTables:
         lg = r[r["ctx_dist"] == "longest"]
         if "num_splits" in lg:
             lg = lg[lg["num_splits"] >= 1]  # a row without its splits cannot be placed
-        if len(lg) and "num_splits" in lg:
-            longest[key] = Curve(np.array([split_tokens(n, s) for n, s in
-                                           zip(lg["max_kv_tokens"], lg["num_splits"],
-                                               strict=True)]), lg["time_us"].to_numpy())
+            if len(lg):
+                longest[key] = Curve(np.array([split_tokens(n, s) for n, s in
+                                               zip(lg["max_kv_tokens"], lg["num_splits"],
+                                                   strict=True)]), lg["time_us"].to_numpy())
     s = _read(root, "per_layer_small", ["op", "tokens", "hidden_size", "intermediate_size",
                                         "num_heads", "num_kv_heads", "head_dim", "vocab_size",
                                         "time_us"])

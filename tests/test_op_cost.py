@@ -14,6 +14,7 @@ import yaml
 
 from policies import ModelSpec
 from policies.parallel import ParallelConfig
+from policies.step_sizes import split_tokens
 from simulator.cost_model import StepShape, step_cost, step_time
 from simulator.hardware import HardwareSpec
 from simulator.op_cost import graph_kernels_us, kernel_times, launch_terms
@@ -26,7 +27,6 @@ from simulator.op_tables import (
     prefill_attention_us,
     sampler_us,
     small_us,
-    split_tokens,
 )
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
