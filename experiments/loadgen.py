@@ -42,11 +42,12 @@ class InputError(Exception):
 
 
 # the server's counters a run's result keeps (their change over the run): what the front end
-# received and streamed, and the CPU time of its threads (experiments.fit_api prices it)
+# received and streamed, the CPU time of its process (experiments.fit_api prices it) and of
+# the engine loop's thread
 COUNTERS = {"requests": "schedlab_requests_received_total",
             "sse_chunks": "schedlab_sse_chunks_total",
-            "front_end_cpu_s": ("schedlab_thread_cpu_seconds", "front_end"),
-            "engine_cpu_s": ("schedlab_thread_cpu_seconds", "engine")}
+            "front_end_cpu_s": "schedlab_front_end_cpu_seconds",
+            "engine_cpu_s": "schedlab_engine_thread_cpu_seconds"}
 
 
 def scrape(url: str) -> list[Any]:
@@ -72,16 +73,8 @@ def server_info(url: str) -> dict[str, str]:
 
 def server_counters(url: str) -> dict[str, float]:
     """COUNTERS now; one the server does not report (no per-thread CPU clock) is left out."""
-    samples = {}
-    for fam in scrape(url):
-        for s in fam.samples:
-            samples[s.name, s.labels.get("thread")] = s.value
-    out = {}
-    for key, name in COUNTERS.items():
-        name, thread = name if isinstance(name, tuple) else (name, None)
-        if (name, thread) in samples:
-            out[key] = samples[name, thread]
-    return out
+    samples = {s.name: s.value for fam in scrape(url) for s in fam.samples}
+    return {key: samples[name] for key, name in COUNTERS.items() if name in samples}
 
 
 def sharegpt_rows(num_prompts: int, seed: int, fixed_output_len: int | None,

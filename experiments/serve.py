@@ -3,7 +3,7 @@ OpenAI-compatible HTTP server (real_backend/serving), until SIGINT or SIGTERM.""
 
 from __future__ import annotations
 
-import contextlib
+import multiprocessing
 import os
 import signal
 import socket
@@ -11,12 +11,11 @@ import sys
 import threading
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import hydra
-import uvicorn
 from omegaconf import DictConfig
 
 from experiments.run import CONF_DIR, PolicyChoice, known_settings, plain
@@ -61,8 +60,10 @@ def listen(host: str, port: int) -> socket.socket:
 class Server:
     """The engine (weights, KV cache, scheduler) and its HTTP front end, built from a config.
 
-    The engine loop runs in a thread of its own over the Inbox; uvicorn's event loop runs the
-    front end in the main thread. Neither waits on the other (real_backend/serving/inbox.py).
+    The engine loop runs in a thread of this process over the Inbox; the front end (uvicorn)
+    runs in a process of its own, started by ``run()``, and the two talk over a pipe
+    (real_backend/serving/inbox.py, engine_client.py). Neither waits on the other, and the
+    front end's Python work never holds the engine's interpreter lock.
     """
 
     def __init__(self, cfg: Mapping[str, Any]) -> None:
@@ -70,9 +71,9 @@ class Server:
 
         from real_backend.config import BackendConfig
         from real_backend.engine import Clock, build_runner, check_overlap_backend
-        from real_backend.serving.app import ServedModel, build_app
+        from real_backend.serving.front_end import ServedModel
         from real_backend.serving.inbox import Inbox
-        from real_backend.serving.metrics import ServerMetrics
+        from real_backend.serving.metrics import EngineMetrics
         from real_backend.serving.tokenizer import Tokenizer
 
         self.host, self.port = check_server(cfg)
@@ -86,7 +87,9 @@ class Server:
         policy, policy_name, new_scheduler = choice.policy, choice.name, choice.new_scheduler
         backend = BackendConfig.from_mapping({k: v for k, v in plain(cfg["backend"]).items()
                                               if k != "name"})
-        tokenizer = Tokenizer(model.tokenizer, model.vocab_size)
+        self.served = ServedModel(model.name, model.max_model_len, model.vocab_size,
+                                  backend.sampling, model.tokenizer)
+        Tokenizer(model.tokenizer, model.vocab_size)  # a bad model.tokenizer fails here, at once
 
         probe = new_scheduler(1)
         check_overlap_backend(probe, backend)
@@ -95,17 +98,15 @@ class Server:
             self.clock = Clock()  # delivery times and arrival times on one clock
             self.runner = build_runner(model, backend, probe, self.clock)
             self.sched = new_scheduler(self.runner.kv_cache.num_blocks)
-            self.metrics = ServerMetrics({
+            self.metrics = EngineMetrics({
                 "model": model.name, "policy": policy_name,
                 "k": str(getattr(policy, "num_steps", 1)), "overlap": str(probe.overlap).lower(),
                 "num_blocks": str(self.runner.kv_cache.num_blocks),
                 "block_size": str(self.runner.block_size), "device": str(self.runner.device),
                 "device_name": (torch.cuda.get_device_name(self.runner.device)
                                 if self.runner.cuda else "cpu")})
-            self.inbox = Inbox(self.sched, self.metrics, self.clock)
-            served = ServedModel(model.name, model.max_model_len, model.vocab_size,
-                                 backend.sampling)
-            self.app = build_app(served, tokenizer, self.inbox, self.metrics)
+            self.conn, self.front_end_conn = multiprocessing.get_context("spawn").Pipe()
+            self.inbox = Inbox(self.conn, self.sched, self.metrics, self.clock)
         except BaseException:
             self.socket.close()
             raise
@@ -125,7 +126,7 @@ class Server:
 
         from real_backend.engine import serve_source
 
-        self.metrics.watch_thread("engine", threading.get_ident())
+        self.metrics.watch_engine_thread(threading.get_ident())
         if self.runner.cuda:
             torch.cuda.set_device(self.runner.device)  # per thread
         try:
@@ -134,53 +135,45 @@ class Server:
             self.engine_error = f"{type(err).__name__}: {err}"
             traceback.print_exc()
             self.inbox.fail(f"the engine stopped: {self.engine_error}")
-            self.uvicorn.should_exit = True
 
     def run(self) -> int:
-        """Serve until SIGINT or SIGTERM; 0 after a clean shutdown, 1 if the engine failed."""
-        config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=10,
-                                lifespan="off")
-        self.uvicorn = _Uvicorn(config, on_exit=self.inbox.close)
-        self.metrics.watch_thread("front_end", threading.get_ident())  # uvicorn's event loop
-        engine = threading.Thread(target=self._engine, name="engine", daemon=True)
-        engine.start()
-        # Requests are taken once the loop runs: its clock, which stamps their arrival, has
-        # started. Until then connections wait in the bound socket's backlog.
-        while not self.inbox.ready.wait(0.1) and engine.is_alive():
-            pass
-        if self.engine_error is None:
-            print(f"serving {self.banner}", flush=True)
-            self.uvicorn.run(sockets=[self.socket])
+        """Serve until SIGINT or SIGTERM; 0 after a clean shutdown, 1 if the engine or the
+        front end failed."""
+        from real_backend.serving.front_end import run_front_end
+
+        front_end = multiprocessing.get_context("spawn").Process(
+            target=run_front_end, name="schedlab-front-end", daemon=True,
+            args=(self.served, self.banner, self.front_end_conn, self.socket))
+        front_end.start()
+        self.front_end_conn.close()  # the front end's copies are its own now
         self.socket.close()
-        self.inbox.close()
-        engine.join(timeout=30)
-        if engine.is_alive():
-            print("error: the engine loop did not stop within 30 s", file=sys.stderr)
-            return 1
-        return 1 if self.engine_error else 0
+        stopping = []
 
+        def stop(sig: int, frame: Any) -> None:  # a clean shutdown, led by the front end
+            if not stopping and front_end.is_alive():
+                stopping.append(sig)
+                os.kill(front_end.pid, signal.SIGTERM)
 
-class _Uvicorn(uvicorn.Server):
-    """uvicorn's server with SIGINT and SIGTERM as a clean shutdown that exits 0: the inbox
-    closes first (requests in flight end with finish_reason "abort"), then uvicorn stops.
-    (uvicorn itself would raise the signal again once stopped, killing the process with it.)"""
-
-    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
-        super().__init__(config)
-        self.on_exit = on_exit
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        old = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        engine = threading.Thread(target=self._engine, name="engine", daemon=True)
         try:
-            yield
+            engine.start()
+            while engine.is_alive():  # ends once the front end has closed the inbox or gone
+                engine.join(0.5)
+            front_end.join(timeout=30)
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
-
-    def handle_exit(self, sig: int, frame: Any) -> None:
-        self.on_exit()
-        super().handle_exit(sig, frame)
+            self.conn.close()
+        if front_end.is_alive():
+            print("error: the front end did not stop within 30 s", file=sys.stderr)
+            front_end.kill()
+            return 1
+        if front_end.exitcode and not self.engine_error:
+            print(f"error: the front end exited with code {front_end.exitcode}",
+                  file=sys.stderr)
+            return 1
+        return 1 if self.engine_error else 0
 
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="serve")

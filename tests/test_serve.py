@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from experiments.measured import measured_from_dir
 from policies import Request, SchedulerConfig, make_scheduler
 from real_backend.serving.inbox import Inbox
-from real_backend.serving.metrics import ServerMetrics
+from real_backend.serving.metrics import EngineMetrics
 from real_backend.serving.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -353,50 +353,114 @@ def test_a_busy_port_exits_2_in_one_line_before_serving(tmp_path):
 class FakeClock:
     def __init__(self) -> None:
         self.now = 0.0
+        self.t0 = 100.0
 
     def __call__(self) -> float:
         return self.now
 
 
-def test_a_request_arrives_when_submitted_not_when_the_engine_takes_it():
+def pipe_inbox(sched, metrics=None):
+    from multiprocessing import Pipe
+
+    engine_end, front_end = Pipe()
     clock = FakeClock()
+    return Inbox(engine_end, sched, metrics or EngineMetrics({}), clock), front_end, clock
+
+
+def received(conn) -> list[tuple]:
+    out = []
+    while conn.poll(0.2):
+        out.append(conn.recv())
+    return out
+
+
+def test_the_engine_takes_requests_and_aborts_in_the_order_they_were_sent():
     sched = make_scheduler("single_step", {}, SchedulerConfig(), 16, 4096)
-    inbox = Inbox(sched, ServerMetrics({}), clock)
-    req = Request(0, 0.0, 3, 2, [1, 2, 3])
+    inbox, front, _ = pipe_inbox(sched)
+    front.send(("add", Request(0, 1.5, 3, 2, [1, 2, 3])))
+    front.send(("add", Request(1, 1.6, 3, 2, [1, 2, 3])))
+    front.send(("abort", 0))
+    front.send(("add", Request(2, 1.7, 9000, 2, [1] * 9000)))  # more KV than the cache has
+    inbox.release(sched, 4.0)
+    ready, events = received(front)
+    assert ready == ("ready", 100.0)  # the engine clock's origin, for arrival stamps
+    assert events[0] == "events"
+    by_id = {e[0]: e for e in events[1]}
+    assert by_id[0][4] and by_id[1][4]  # accepted, each
+    assert by_id[2][3] and not by_id[2][4]  # the scheduler's refusal, as the error
+    assert sched.num_waiting == 1  # 0 was aborted before it ran; 2 was refused
+    assert inbox.metrics.aborted._value.get() == 1
 
-    async def submit_while_the_engine_is_busy() -> None:
-        clock.now = 1.5
-        inbox.submit(req)
-        clock.now = 4.0  # the window in flight ends; the engine takes the inbox
-        inbox.release(sched, clock())
 
-    assert not inbox.ready.is_set()
-    asyncio.run(submit_while_the_engine_is_busy())
-    assert req.arrival_time == 1.5 and sched.num_waiting == 1 and inbox.ready.is_set()
-
-
-def test_a_window_s_tokens_reach_every_stream_even_if_bookkeeping_fails():
-    """delivered(): the events gathered before a failure still reach their streams, the
-    finished request's among them (it has left the inbox, so fail() could not reach it)."""
-    clock = FakeClock()
+def test_a_window_s_tokens_reach_the_front_end_even_if_bookkeeping_fails():
+    """delivered(): the events gathered before a failure still leave, the finished request's
+    among them (it has left the inbox, so fail() could not reach it)."""
     sched = make_scheduler("single_step", {}, SchedulerConfig(), 16, 4096)
-    metrics = ServerMetrics({})
-    inbox = Inbox(sched, metrics, clock)
-    reqs = [Request(i, 0.0, 3, 1, [1, 2, 3]) for i in range(2)]
+    metrics = EngineMetrics({})
+    inbox, front, clock = pipe_inbox(sched, metrics)
+    for i in range(2):
+        front.send(("add", Request(i, 0.0, 3, 1, [1, 2, 3])))
+    inbox.release(sched, clock())
+    received(front)
+    batch = sched.schedule(clock())
+    sched.update(batch, [1.0])
 
     def broken(req: Request) -> None:
         raise RuntimeError("histogram broke")
 
-    async def serve_one_window() -> list[list]:
-        streams = [inbox.submit(r) for r in reqs]
-        inbox.release(sched, clock())
-        batch = sched.schedule(clock())
-        sched.update(batch, [1.0])
-        metrics.request_done = broken
-        with pytest.raises(RuntimeError, match="histogram broke"):
-            inbox.delivered(batch, [])
-        await asyncio.sleep(0)  # the event loop runs the handed-over callbacks
-        return [[s.queue.get_nowait() for _ in range(s.queue.qsize())] for s in streams]
+    metrics.request_done = broken
+    with pytest.raises(RuntimeError, match="histogram broke"):
+        inbox.delivered(batch, [])
+    ((kind, events),) = received(front)
+    assert kind == "events" and events[0][0] == 0 and events[0][2] == "length"
 
-    got = asyncio.run(serve_one_window())
-    assert got[0][0].accepted and got[0][-1].finish == "length"  # its end reached it
+
+def test_closing_aborts_what_runs_and_a_gone_front_end_closes_the_inbox():
+    sched = make_scheduler("single_step", {}, SchedulerConfig(), 16, 4096)
+    inbox, front, clock = pipe_inbox(sched)
+    front.send(("add", Request(0, 0.0, 3, 50, [1, 2, 3])))
+    front.send(("close",))
+    front.send(("add", Request(1, 0.0, 3, 5, [1, 2, 3])))  # sent after the close
+    inbox.release(sched, clock())
+    _, (_, events) = received(front)
+    assert [(e[0], e[2], e[3] is not None) for e in events] == [
+        (0, None, False), (0, "abort", False), (1, None, True)]
+    assert not inbox.open and not sched.has_unfinished
+
+    sched = make_scheduler("single_step", {}, SchedulerConfig(), 16, 4096)
+    inbox, front, clock = pipe_inbox(sched)
+    front.send(("add", Request(0, 0.0, 3, 50, [1, 2, 3])))
+    front.close()  # the front-end process died
+    inbox.release(sched, clock())
+    assert not inbox.open and not sched.has_unfinished
+    inbox.wait(sched, clock)  # returns at once: nothing more can come
+
+
+def test_the_front_end_stamps_arrivals_on_the_engine_clock_and_routes_events():
+    from multiprocessing import Pipe
+
+    from real_backend.serving.engine_client import EngineClient
+
+    engine_end, front_end = Pipe()
+    client = EngineClient(front_end)
+    engine_end.send(("ready", time.perf_counter() - 5.0))
+    assert client.wait_ready()
+
+    async def one_request() -> tuple:
+        client.attach(asyncio.get_running_loop())
+        req = Request(7, 0.0, 3, 2, [1, 2, 3])
+        stream = client.submit(req)
+        kind, sent = await asyncio.to_thread(engine_end.recv)
+        engine_end.send(("events", [(7, (), None, None, True), (7, (5, 6), "length", None,
+                                                                  False)]))
+        got = [await stream.queue.get(), await stream.queue.get()]
+        engine_end.close()  # the engine goes away: the client fails and says so
+        await asyncio.sleep(0.1)
+        client.stop_sending()
+        return kind, sent, req, got
+
+    kind, sent, req, got = asyncio.run(one_request())
+    assert kind == "add" and sent.request_id == 7
+    assert 5.0 <= req.arrival_time < 10.0  # on the engine clock, not this process's
+    assert got[0].accepted and got[1].token_ids == (5, 6) and got[1].finish == "length"
+    assert client.error == "the engine stopped" and not client.accepting

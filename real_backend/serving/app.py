@@ -1,14 +1,14 @@
 """The HTTP front end (FastAPI): OpenAI's /v1/completions and /v1/chat/completions (SSE
-streaming included), /v1/models, /health and /metrics, over the engine thread's inbox."""
+streaming included), /v1/models, /health and /metrics, over the pipe to the engine process."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,9 +16,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from policies.request import Request as EngineRequest
-from real_backend.sampling import SamplingParams
-from real_backend.serving.inbox import Event, Inbox, Stream
-from real_backend.serving.metrics import ServerMetrics
+from real_backend.serving.engine_client import EngineClient, Event, Stream
+from real_backend.serving.front_end import ServedModel
+from real_backend.serving.metrics import FrontEndMetrics
 from real_backend.serving.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -31,17 +31,14 @@ from real_backend.serving.protocol import (
 from real_backend.serving.tokenizer import Tokenizer
 
 
-@dataclass(frozen=True, slots=True)
-class ServedModel:
-    name: str
-    max_model_len: int
-    vocab_size: int
-    sampling: SamplingParams
+def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
+              metrics: FrontEndMetrics) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.attach(asyncio.get_running_loop())
+        yield
 
-
-def build_app(model: ServedModel, tokenizer: Tokenizer, inbox: Inbox,
-              metrics: ServerMetrics) -> FastAPI:
-    app = FastAPI(title="schedlab", docs_url=None, redoc_url=None)
+    app = FastAPI(title="schedlab", docs_url=None, redoc_url=None, lifespan=lifespan)
     ids = itertools.count()
     created = int(time.time())
 
@@ -51,8 +48,8 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, inbox: Inbox,
 
     @app.get("/health")
     async def health() -> Response:
-        if inbox.error:
-            return JSONResponse({"status": "error", "error": inbox.error}, status_code=503)
+        if engine.error:
+            return JSONResponse({"status": "error", "error": engine.error}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
@@ -63,7 +60,8 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, inbox: Inbox,
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.text() + await engine.engine_metrics(),
+                        media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -104,7 +102,7 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, inbox: Inbox,
         engine_req = EngineRequest(next(ids), 0.0, n, max_tokens, prompt_ids, eos_token_id=stop)
         metrics.received.inc()
         try:
-            stream = inbox.submit(engine_req)
+            stream = engine.submit(engine_req)
         except RuntimeError as err:
             raise APIError(str(err), status=503, kind="service_unavailable") from None
         done = False
@@ -129,14 +127,14 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, inbox: Inbox,
         finally:
             if not done:  # refused, failed, the client gone, or the handler cancelled
                 watcher.cancel()
-                inbox.abort(engine_req.request_id)
+                engine.abort(engine_req.request_id)
 
     async def _watch(http: Request, stream: Stream) -> None:
         """The client's hang-up, seen as it happens (not at the next write): the request is
         aborted, and its reader told to stop."""
         while (await http.receive())["type"] != "http.disconnect":
             pass
-        inbox.abort(stream.request.request_id)
+        engine.abort(stream.request.request_id)
         stream.queue.put_nowait(Event(error=GONE))
 
     async def _collect(stream: Stream, stop: int | None) -> tuple[str, str, int]:
@@ -185,7 +183,7 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, inbox: Inbox,
         finally:
             watcher.cancel()
             if not finished:  # the generator was closed early (a write to a gone client)
-                inbox.abort(stream.request.request_id)
+                engine.abort(stream.request.request_id)
 
     return app
 

@@ -1,6 +1,7 @@
-"""The server's Prometheus metrics: queue lengths, KV usage, TTFT and TPOT histograms, windows,
-preemptions and aborts, requests received and SSE chunks sent, and the CPU time of the front end's
-and the engine's threads, in a registry of the server's own."""
+"""The server's Prometheus metrics, in two registries: the engine process's (queue lengths, KV
+usage, TTFT and TPOT histograms, windows, preemptions and aborts, the engine thread's CPU time)
+and the front-end process's (requests received, SSE chunks sent, its own CPU time). GET /metrics
+shows both: the front end asks the engine for its text over the pipe between them."""
 
 from __future__ import annotations
 
@@ -18,9 +19,29 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 7.5, 10.0, 20.0, 40.0, 80.0)
 
 
-class ServerMetrics:
-    """Written by the engine thread (prometheus_client's metrics are thread-safe), read by
-    the front end's GET /metrics."""
+def thread_cpu_reader(ident: int):
+    """A function that reads the CPU seconds of thread ``ident`` (threading.get_ident()), its
+    last reading once the thread has ended; None where the platform has no per-thread CPU
+    clock."""
+    try:
+        clock = time.pthread_getcpuclockid(ident)
+    except (AttributeError, OSError):
+        return None
+    last = [0.0]
+
+    def read() -> float:
+        try:
+            last[0] = time.clock_gettime(clock)
+        except OSError:  # the thread has ended: its last reading
+            pass
+        return last[0]
+
+    return read
+
+
+class EngineMetrics:
+    """The engine's side, written by the engine thread and rendered there when the front end
+    asks (``text()``)."""
 
     def __init__(self, info: dict[str, str]) -> None:
         self.registry = r = CollectorRegistry()
@@ -42,33 +63,16 @@ class ServerMetrics:
         self.finished = Counter("schedlab_requests_finished", "requests finished", registry=r)
         self.aborted = Counter("schedlab_requests_aborted",
                                "requests aborted (client gone, or shutdown)", registry=r)
-        self.received = Counter("schedlab_requests_received",
-                                "completion requests taken by the front end", registry=r)
-        self.sse_chunks = Counter("schedlab_sse_chunks",
-                                  "SSE chunks streamed that carry output tokens", registry=r)
-        self.thread_cpu = Gauge("schedlab_thread_cpu_seconds",
-                                "CPU seconds used by the front end's and the engine's threads",
-                                ["thread"], registry=r)
+        self.engine_cpu = Gauge("schedlab_engine_thread_cpu_seconds",
+                                "CPU seconds used by the engine loop's thread", registry=r)
         self._preemptions_seen = 0
 
-    def watch_thread(self, name: str, ident: int) -> None:
-        """Report the CPU time of thread ``ident`` (threading.get_ident()) as ``name``. The
-        front end's share is what experiments.fit_api prices per request and per chunk. Where
-        the platform has no per-thread CPU clock, nothing is reported."""
-        try:
-            clock = time.pthread_getcpuclockid(ident)
-        except (AttributeError, OSError):
-            return
-        last = [0.0]
-
-        def read() -> float:
-            try:
-                last[0] = time.clock_gettime(clock)
-            except OSError:  # the thread has ended: its last reading
-                pass
-            return last[0]
-
-        self.thread_cpu.labels(name).set_function(read)
+    def watch_engine_thread(self, ident: int) -> None:
+        """Report the CPU time of the engine loop's thread (nothing where the platform has no
+        per-thread CPU clock)."""
+        read = thread_cpu_reader(ident)
+        if read is not None:
+            self.engine_cpu.set_function(read)
 
     def sample(self, sched: Scheduler) -> None:
         """The scheduler's queues and cache now; its counters since the last sample."""
@@ -92,6 +96,24 @@ class ServerMetrics:
             self.ttft.observe(times[0] - req.arrival_time)
         if len(times) > 1:
             self.tpot.observe((times[-1] - times[0]) / (len(times) - 1))
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class FrontEndMetrics:
+    """The front end's side: what it received and streamed, and the CPU time of its whole
+    process (HTTP parsing, tokenization, detokenization, SSE; what experiments.fit_api
+    prices per request, per chunk and per token)."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.received = Counter("schedlab_requests_received",
+                                "completion requests taken by the front end", registry=r)
+        self.sse_chunks = Counter("schedlab_sse_chunks",
+                                  "SSE chunks streamed that carry output tokens", registry=r)
+        Gauge("schedlab_front_end_cpu_seconds", "CPU seconds used by the front-end process",
+              registry=r).set_function(time.process_time)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)
