@@ -6,8 +6,8 @@
 Reads every client-measured result (``python -m experiments.loadgen``'s result.json) under
 ``--measured-dir``. Each records what the server's front end did over the run (its /metrics
 counters): requests received, SSE chunks streamed with output tokens, and the CPU seconds of
-the front end's thread (uvicorn's event loop: HTTP parsing, tokenization, detokenization,
-JSON, socket writes), and the output tokens the client received. A non-negative least-squares
+the front-end process (uvicorn's event loop: HTTP parsing, tokenization, detokenization,
+JSON, socket writes; and the pipe to the engine), and the output tokens the client received. A non-negative least-squares
 fit over the runs,
 
     front_end_cpu_s = api_per_chunk_us * sse_chunks + api_per_token_us * tokens
@@ -17,9 +17,10 @@ prices that work (single-step runs stream a chunk per token, multi-step ones a c
 window, which tells the per-chunk and per-token terms apart; runs with a few output tokens a
 request, ``benchmarks/server_suite.py --fixed-output-len``, tell the per-request term from the
 per-token one), and the profile written is
-``--base`` (the engine's own CPU costs) with those terms, ``api_server_on_critical_path: true`` (the front end shares the engine
-thread's interpreter lock, so its work delays the engine's) and ``api_chunk_per_window: true``
-(a multi-step window streams one chunk per request). Only CPU counters enter the fit, never a
+``--base`` (the engine's own CPU costs) with those terms, ``api_server_on_critical_path:
+false`` (the front end runs in a process of its own: its work delays each token's delivery
+and each request's admission, not the engine) and ``api_chunk_per_window: true`` (a
+multi-step window streams one chunk per request). Only CPU counters enter the fit, never a
 latency or throughput, so comparing the simulator with the same runs' client-measured metrics
 (``experiments.validate --measured-dir``) is not scored on what was fitted.
 """
@@ -126,7 +127,8 @@ def profile_text(base: dict[str, Any], terms: dict[str, float], rows: list[dict[
              f"# (numpy {np.__version__}, scipy {scipy.__version__}).",
              "# schedlab's engine behind its HTTP server (python -m experiments.serve): the "
              "engine's CPU costs",
-             f"# from {base['name']}, plus the front end's, fitted on its thread's CPU time over "
+             f"# from {base['name']}, plus the front end's (a process of its own), fitted on its "
+             f"CPU time over "
              f"{len(rows)} client-measured runs:",
              "#   front_end_cpu_s = api_per_chunk_us * sse_chunks + api_per_token_us * tokens",
              "#                   + api_per_request_us * requests",
@@ -137,7 +139,7 @@ def profile_text(base: dict[str, Any], terms: dict[str, float], rows: list[dict[
                      f"({r['sse_chunks']:.0f}, {r['tokens']:.0f}, {r['requests']:.0f})")
     values = {k: v for k, v in base.items() if k != "name"}
     values.update({t: round(v, 3) for t, v in terms.items()},
-                  api_server_on_critical_path=True, api_chunk_per_window=True)
+                  api_server_on_critical_path=False, api_chunk_per_window=True)
     OverheadSpec.from_dict({"name": name, **values})  # a profile the simulator takes
     lines.append(f"# fit error (RMS relative): {100 * errors['all']:.1f}% with every term, "
                  + ", ".join(f"{100 * errors[t]:.1f}% without {t}" for t in TERMS))

@@ -43,9 +43,9 @@ processing call per step but streams per window (c: the requests a window delive
 to, at its last step), as schedlab's HTTP server does.
 
 The bracketed API-server terms land on the engine thread when ``api_server_on_critical_path``
-(vLLM <= 0.5: one asyncio process; schedlab's server, whose front end shares the engine
-thread's interpreter lock); otherwise on a separate serial process (vLLM 0.6's
-multiprocessing front end) that delays delivery without stalling the engine. The same holds
+(vLLM <= 0.5: one asyncio process); otherwise on a separate serial process (vLLM 0.6's
+multiprocessing front end; schedlab's server, whose front end has a process of its own) that
+delays delivery without stalling the engine. The same holds
 for ``api_per_request_us``, the front end's work on each request it receives (parsing,
 tokenization, submission): the request reaches the scheduler once that work is done, on the
 engine thread or on the API-server process.

@@ -69,7 +69,7 @@ def test_writes_a_profile_the_simulator_takes(tmp_path):
     spec = OverheadSpec.from_dict(written)
     assert spec.name == "schedlab_h200_server"
     assert spec.api_per_chunk_us == pytest.approx(terms["api_per_chunk_us"], abs=1e-3)
-    assert spec.api_server_on_critical_path and spec.api_chunk_per_window
+    assert not spec.api_server_on_critical_path and spec.api_chunk_per_window
     # the engine's own costs are the base profile's
     assert spec.schedule_base_us == base["schedule_base_us"]
     assert spec.schedule_overlap_us == base["schedule_overlap_us"]

@@ -19,26 +19,6 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 7.5, 10.0, 20.0, 40.0, 80.0)
 
 
-def thread_cpu_reader(ident: int):
-    """A function that reads the CPU seconds of thread ``ident`` (threading.get_ident()), its
-    last reading once the thread has ended; None where the platform has no per-thread CPU
-    clock."""
-    try:
-        clock = time.pthread_getcpuclockid(ident)
-    except (AttributeError, OSError):
-        return None
-    last = [0.0]
-
-    def read() -> float:
-        try:
-            last[0] = time.clock_gettime(clock)
-        except OSError:  # the thread has ended: its last reading
-            pass
-        return last[0]
-
-    return read
-
-
 class EngineMetrics:
     """The engine's side, written by the engine thread and rendered there when the front end
     asks (``text()``)."""
@@ -68,11 +48,23 @@ class EngineMetrics:
         self._preemptions_seen = 0
 
     def watch_engine_thread(self, ident: int) -> None:
-        """Report the CPU time of the engine loop's thread (nothing where the platform has no
-        per-thread CPU clock)."""
-        read = thread_cpu_reader(ident)
-        if read is not None:
-            self.engine_cpu.set_function(read)
+        """Report the CPU time of the engine loop's thread, ``ident`` (threading.get_ident()),
+        its last reading once it has ended; nothing where the platform has no per-thread CPU
+        clock."""
+        try:
+            clock = time.pthread_getcpuclockid(ident)
+        except (AttributeError, OSError):
+            return
+        last = [0.0]
+
+        def read() -> float:
+            try:
+                last[0] = time.clock_gettime(clock)
+            except OSError:  # the thread has ended: its last reading
+                pass
+            return last[0]
+
+        self.engine_cpu.set_function(read)
 
     def sample(self, sched: Scheduler) -> None:
         """The scheduler's queues and cache now; its counters since the last sample."""
