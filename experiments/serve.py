@@ -62,8 +62,8 @@ class Server:
 
     The engine loop runs in a thread of this process over the Inbox; the front end (uvicorn)
     runs in a process of its own, started by ``run()``, and the two talk over a pipe
-    (real_backend/serving/inbox.py, engine_client.py). Neither waits on the other, and the
-    front end's Python work never holds the engine's interpreter lock.
+    (real_backend/serving/inbox.py, engine_client.py). The front end's Python work never
+    holds the engine's interpreter lock.
     """
 
     def __init__(self, cfg: Mapping[str, Any]) -> None:
@@ -144,17 +144,33 @@ class Server:
         front_end = multiprocessing.get_context("spawn").Process(
             target=run_front_end, name="schedlab-front-end", daemon=True,
             args=(self.served, self.banner, self.front_end_conn, self.socket))
-        front_end.start()
+        signals = {"seen": 0, "passed": 0}  # stop signals received, and passed on
+
+        def stop(sig: int | None = None, frame: Any = None) -> None:
+            """The first signal: a clean shutdown, led by the front end; the next one (a front
+            end that does not stop): kill it, and the engine closes as its pipe ends."""
+            if sig is not None:
+                signals["seen"] += 1
+            if front_end.pid is None or not front_end.is_alive():
+                return  # not started yet: passed on once it is
+            if signals["passed"] == 0:
+                os.kill(front_end.pid, signal.SIGTERM)
+            else:
+                front_end.kill()
+            signals["passed"] += 1
+
+        # The front end starts with SIGINT ignored, inherited before its Python starts: a
+        # terminal's Ctrl-C reaches both processes, and this one passes it on as SIGTERM.
+        old = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+               signal.SIGTERM: signal.signal(signal.SIGTERM, stop)}
+        try:
+            front_end.start()
+        finally:
+            signal.signal(signal.SIGINT, stop)
+        if signals["seen"] and not signals["passed"]:  # it came while the process started
+            stop()
         self.front_end_conn.close()  # the front end's copies are its own now
         self.socket.close()
-        stopping = []
-
-        def stop(sig: int, frame: Any) -> None:  # a clean shutdown, led by the front end
-            if not stopping and front_end.is_alive():
-                stopping.append(sig)
-                os.kill(front_end.pid, signal.SIGTERM)
-
-        old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
         engine = threading.Thread(target=self._engine, name="engine", daemon=True)
         try:
             engine.start()
@@ -169,7 +185,9 @@ class Server:
             print("error: the front end did not stop within 30 s", file=sys.stderr)
             front_end.kill()
             return 1
-        if front_end.exitcode and not self.engine_error:
+        # stopped by the signal passed on before it could take it (still starting): clean
+        clean = signals["passed"] == 1 and front_end.exitcode == -signal.SIGTERM
+        if front_end.exitcode and not clean and not self.engine_error:
             print(f"error: the front end exited with code {front_end.exitcode}",
                   file=sys.stderr)
             return 1

@@ -66,10 +66,11 @@ def serve_command(tmp: Path, port: int, *overrides: str) -> list[str]:
             *overrides]
 
 
-def start(tmp: Path, *overrides: str) -> Server:
+def start(tmp: Path, *overrides: str, new_session: bool = False) -> Server:
     port = free_port()
     proc = subprocess.Popen(serve_command(tmp, port, *overrides), cwd=ROOT, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=new_session)
     server = Server(proc, port)
     server.run_dir = tmp
     deadline = time.monotonic() + 60
@@ -281,6 +282,23 @@ def test_guidellm_drives_the_server(server, tmp_path):
     assert row["num_prompts"] == 24 and row["cache_sizes"] == [BLOCKS]
 
 
+def test_a_burst_larger_than_the_pipe_s_buffer_is_served(server):
+    """Hundreds of requests at once: the adds fill the pipe to the engine, and the engine's
+    events come back while the front end is still sending."""
+    async def burst() -> list[int]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60,
+                                     limits=httpx.Limits(max_connections=400)) as client:
+            async def one(i: int) -> int:
+                r = await client.post("/v1/completions", json={
+                    "prompt": list(range(1, 40 + i % 50)), "max_tokens": 2,
+                    "ignore_eos": True})
+                return r.json()["usage"]["completion_tokens"]
+
+            return await asyncio.gather(*(one(i) for i in range(300)))
+
+    assert asyncio.run(burst()) == [2] * 300
+
+
 def test_sigterm_ends_open_streams_and_exits_0(server):
     with httpx.Client(base_url=server.url, timeout=30) as client:
         with client.stream("POST", "/v1/completions", json={
@@ -316,6 +334,77 @@ def test_overlap_streams_per_token_and_aborts_in_flight(tmp_path):
         assert r.json()["usage"]["completion_tokens"] == 4  # the engine goes on serving
         s.proc.send_signal(signal.SIGINT)
         assert s.proc.wait(timeout=15) == 0
+    finally:
+        stop(s)
+
+
+def front_end_pid(pid: int, timeout: float = 30) -> int:
+    """The server's front-end process (a spawned child of ``pid``; Linux)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            try:
+                cmd = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
+                return int(child)
+        time.sleep(0.05)
+    raise AssertionError("no front-end process")
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Linux /proc")
+
+
+@needs_proc
+def test_ctrl_c_from_a_terminal_reaches_both_processes_and_exits_0(tmp_path):
+    s = start(tmp_path, new_session=True)
+    try:
+        front = front_end_pid(s.proc.pid)
+        os.killpg(s.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        assert s.proc.wait(timeout=20) == 0, s.proc.stdout.read()
+        assert not Path(f"/proc/{front}").exists() or b"zombie" in Path(
+            f"/proc/{front}/status").read_bytes().lower()
+    finally:
+        stop(s)
+
+
+@needs_proc
+def test_a_stop_signal_while_the_front_end_starts_is_a_clean_shutdown(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen(serve_command(tmp_path, port), cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        front_end_pid(proc.pid, timeout=60)  # spawned: still importing, most likely
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@needs_proc
+def test_a_front_end_that_dies_ends_the_server_with_exit_1(tmp_path):
+    s = start(tmp_path)
+    try:
+        os.kill(front_end_pid(s.proc.pid), signal.SIGKILL)
+        assert s.proc.wait(timeout=20) == 1
+        assert "the front end exited with code -9" in s.proc.stdout.read()
+    finally:
+        stop(s)
+
+
+@needs_proc
+def test_a_front_end_that_does_not_stop_is_killed_by_a_second_signal(tmp_path):
+    s = start(tmp_path)
+    try:
+        front = front_end_pid(s.proc.pid)
+        os.kill(front, signal.SIGSTOP)  # wedged: it takes no signal, reads no pipe
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(1)
+        assert s.proc.poll() is None
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(timeout=20) == 1
     finally:
         stop(s)
 
@@ -464,3 +553,38 @@ def test_the_front_end_stamps_arrivals_on_the_engine_clock_and_routes_events():
     assert 5.0 <= req.arrival_time < 10.0  # on the engine clock, not this process's
     assert got[0].accepted and got[1].token_ids == (5, 6) and got[1].finish == "length"
     assert client.error == "the engine stopped" and not client.accepting
+
+
+def test_an_engine_failure_reaches_every_stream_and_pending_metrics_query():
+    from multiprocessing import Pipe
+
+    from real_backend.serving.engine_client import EngineClient
+
+    engine_end, front_end = Pipe()
+    client = EngineClient(front_end)
+    failed = []
+    client.on_fail = lambda: failed.append(True)
+    engine_end.send(("ready", time.perf_counter()))
+    assert client.wait_ready()
+
+    async def fail_mid_run() -> tuple:
+        client.attach(asyncio.get_running_loop())
+        a = client.submit(Request(1, 0.0, 3, 5, [1, 2, 3]))
+        b = client.submit(Request(2, 0.0, 3, 5, [1, 2, 3]))
+        client.abort(2)  # gone here: the engine's later events for it are dropped
+        metrics = asyncio.ensure_future(client.engine_metrics())
+        for _ in range(4):  # add, add, abort, metrics
+            await asyncio.to_thread(engine_end.recv)
+        engine_end.send(("events", [(2, (9,), None, None, False)]))
+        engine_end.send(("fail", "the engine stopped: CUDA error"))
+        got = await a.queue.get()
+        text = await asyncio.wait_for(metrics, 5)
+        client.stop_sending()
+        return got, b.queue.qsize(), text
+
+    got, b_events, text = asyncio.run(fail_mid_run())
+    assert got.error == "the engine stopped: CUDA error" and got.unavailable
+    assert b_events == 0 and text == b"" and failed == [True]
+    assert not client.accepting
+    with pytest.raises(RuntimeError, match="CUDA error"):
+        client.submit(Request(3, 0.0, 3, 5, [1, 2, 3]))

@@ -109,8 +109,9 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
         watcher = asyncio.create_task(_watch(http, stream))
         try:
             first = await stream.queue.get()
-            if first.error:
-                raise APIError(first.error)
+            if first.error:  # the scheduler's refusal, or the server's state
+                raise (APIError(first.error, 503, "service_unavailable") if first.unavailable
+                       else APIError(first.error))
             rid = f"{'chatcmpl' if chat else 'cmpl'}-{engine_req.request_id}"
             if req.stream:
                 done = True  # the stream's generator owns the request (and the watcher) now

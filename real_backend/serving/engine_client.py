@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import queue
+import socket
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -25,6 +28,7 @@ from typing import Any
 from policies.request import Request
 
 METRICS_TIMEOUT_S = 10.0  # how long GET /metrics waits for the engine's text
+SHUTTING_DOWN = "the server is shutting down"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +41,7 @@ class Event:
     finish: str | None = None
     error: str | None = None
     accepted: bool = False
+    unavailable: bool = False  # the error is the server's state (failed, shutting down)
 
 
 @dataclass(slots=True, eq=False)
@@ -61,7 +66,7 @@ class EngineClient:
         self._tokens = itertools.count()
         self._outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._sender = threading.Thread(target=self._send_loop, name="to-engine", daemon=True)
-        self._receiver: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---------------------------------------------------------------- start and stop
     def wait_ready(self) -> bool:
@@ -82,29 +87,50 @@ class EngineClient:
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start sending to the engine, and handing its messages to ``loop`` (once it runs)."""
-        self._receiver = threading.Thread(target=self._receive_loop, args=(loop,),
-                                          name="from-engine", daemon=True)
-        self._receiver.start()
+        self._loop = loop
+        threading.Thread(target=self._receive_loop, name="from-engine", daemon=True).start()
         self._sender.start()
 
     def _send_loop(self) -> None:
-        while (message := self._outbox.get()) is not None:
-            try:
+        try:
+            while (message := self._outbox.get()) is not None:
                 self.conn.send(message)
-            except OSError:  # the engine has gone; the receiver sees the pipe's end
-                return
+        except OSError:  # the engine has gone; the receiver sees the pipe's end
+            pass
+        except BaseException:  # noqa: BLE001 (the thread's end: the server cannot go on)
+            self._broken("the front end could not send to the engine")
 
-    def _receive_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _receive_loop(self) -> None:
+        loop = self._loop
         try:
             while True:
                 loop.call_soon_threadsafe(self._dispatch, self.conn.recv())
         except (EOFError, OSError):
-            pass
+            message = "the engine stopped"
         except RuntimeError:  # the event loop has closed: nobody is listening any more
             return
+        except BaseException:  # noqa: BLE001 (the thread's end: the server cannot go on)
+            self._broken("the front end could not read the engine's messages")
+            return
         try:
-            loop.call_soon_threadsafe(self._fail, "the engine stopped")
+            loop.call_soon_threadsafe(self._fail, message)
         except RuntimeError:
+            pass
+
+    def _broken(self, message: str) -> None:
+        """A pipe thread failed: say why, fail every request, and shut the pipe down, so that
+        the engine sees its end (and closes) rather than waiting on a front end that no
+        longer reads or sends. (Shut down, not closed: the other thread may be blocked on
+        it, which a close would not wake.)"""
+        traceback.print_exc()
+        try:
+            self._loop.call_soon_threadsafe(self._fail, message)
+        except RuntimeError:
+            pass
+        try:
+            with socket.socket(fileno=os.dup(self.conn.fileno())) as pipe:
+                pipe.shutdown(socket.SHUT_RDWR)
+        except OSError:
             pass
 
     def close(self) -> None:
@@ -128,7 +154,7 @@ class EngineClient:
     def submit(self, request: Request) -> Stream:
         """Send ``request`` to the scheduler, arrived now (from the event loop)."""
         if not self.accepting:
-            raise RuntimeError(self.error or "the server is shutting down")
+            raise RuntimeError(self.error or SHUTTING_DOWN)
         request.arrival_time = self.clock()
         stream = Stream(request)
         self._streams[request.request_id] = stream
@@ -140,8 +166,9 @@ class EngineClient:
             self._outbox.put(("abort", request_id))
 
     async def engine_metrics(self) -> bytes:
-        """The engine's Prometheus text (empty when it does not answer in time)."""
-        if self.error is not None:
+        """The engine's Prometheus text (empty once it is closing, has failed, or does not
+        answer in time)."""
+        if self.error is not None or self._closing:
             return b""
         token = next(self._tokens)
         future = asyncio.get_running_loop().create_future()
@@ -165,7 +192,8 @@ class EngineClient:
                     continue
                 if finish or error:
                     del streams[rid]
-                stream.queue.put_nowait(Event(token_ids, finish, error, accepted))
+                stream.queue.put_nowait(Event(token_ids, finish, error, accepted,
+                                              unavailable=error == SHUTTING_DOWN))
         elif kind == "metrics":
             future = self._metrics.get(message[1])
             if future is not None and not future.done():
@@ -178,7 +206,7 @@ class EngineClient:
         first = self.error is None
         self.error = self.error or message
         for stream in self._streams.values():
-            stream.queue.put_nowait(Event(error=message))
+            stream.queue.put_nowait(Event(error=message, unavailable=True))
         self._streams.clear()
         for future in self._metrics.values():
             if not future.done():

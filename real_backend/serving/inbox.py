@@ -7,9 +7,11 @@ runs (the engine clock's origin, a ``time.perf_counter`` reading, which is the s
 every process of the host), ``("events", [(id, token_ids, finish, error, accepted), ...])``
 once per loop iteration that has any, ``("metrics", token, text)`` and ``("fail", message)``.
 
-The engine never waits on the front end: ``release()`` takes only the messages already in the
-pipe, and a window's tokens for every request leave in one message. The front end never
-touches the scheduler.
+The engine does not wait for the front end's messages: ``release()`` takes only those already
+in the pipe. Its own leave as one message per loop iteration (a window's tokens for every
+request), written to the pipe; the front end's receiver thread reads them at once, so the
+write waits only if the front end stops reading. The front end never touches the
+scheduler.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from policies.batch import Batch
 from policies.request import Request, RequestState
 from policies.scheduler import Scheduler
 from real_backend.engine import Clock
+from real_backend.serving.engine_client import SHUTTING_DOWN
 from real_backend.serving.metrics import EngineMetrics
 
 # an event: (request id, new token ids, finish reason or None, error or None, accepted)
 EventTuple = tuple[int, tuple[int, ...], str | None, str | None, bool]
-SHUTTING_DOWN = "the server is shutting down"
 
 
 class Inbox:
