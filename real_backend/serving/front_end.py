@@ -42,9 +42,8 @@ def run_front_end(model: ServedModel, banner: str, conn: Connection,
     from real_backend.serving.metrics import FrontEndMetrics
     from real_backend.serving.tokenizer import Tokenizer
 
-    # SIGINT from a terminal reaches the whole process group: the engine process turns it
-    # into a SIGTERM here, so it is handled once
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGINT is ignored here, as inherited from the engine process (experiments/serve.py),
+    # which passes a terminal's Ctrl-C on as SIGTERM
     client = EngineClient(conn)
     app = build_app(model, Tokenizer(model.tokenizer, model.vocab_size), client,
                     FrontEndMetrics())

@@ -91,22 +91,23 @@ class Inbox:
             if kind == "add":
                 events.append(self._add(sched, message[1]))
             elif kind == "abort":
-                rid = message[1]
-                if self._sent.pop(rid, None) is not None:
-                    if sched.abort(rid):
-                        self.metrics.aborted.inc()
+                if self._sent.pop(message[1], None) is not None:
+                    self._abort(sched, message[1])
             elif kind == "metrics":
                 self.metrics.sample(sched)
                 self._send(("metrics", message[1], self.metrics.text()))
             elif kind == "close" and not self._closed:
                 for rid in self._sent:
-                    if sched.abort(rid):
-                        self.metrics.aborted.inc()
+                    self._abort(sched, rid)
                     events.append((rid, (), "abort", None, False))
                 self._sent.clear()
                 self._closed = True
         self._emit(events)
         self.metrics.sample(sched)
+
+    def _abort(self, sched: Scheduler, rid: int) -> None:
+        if sched.abort(rid):
+            self.metrics.aborted.inc()
 
     def _add(self, sched: Scheduler, req: Request) -> EventTuple:
         rid = req.request_id
