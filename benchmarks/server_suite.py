@@ -2,11 +2,11 @@
 
     python benchmarks/server_suite.py OUT_DIR [--parts inprocess,server] [--prompts N]
                                               [--poisson-prompts N] [--rates 20,40]
-                                              [--fixed-output-len N] [--smoke]
+                                              [--fixed-output-len N] [--seed N] [--smoke]
 
 For single_step, multi_step k=8 and single_step + overlap on llama3_8b (random bf16):
-inprocess: python -m experiments.run's real backend, ShareGPT at t=0 (seed 0) and at each
-           Poisson rate (seed 1), each in OUT_DIR/inprocess/<config>_rate<r>;
+inprocess: python -m experiments.run's real backend, ShareGPT at t=0 (``--seed``, 0 by default)
+           and at each Poisson rate (seed 1), each in OUT_DIR/inprocess/<config>_rate<r>;
 server:    python -m experiments.serve under the same policy, driven by
            python -m experiments.loadgen (guidellm) with the same ShareGPT requests (guidellm
            draws its own Poisson arrival times), each result in OUT_DIR/client/<config>_rate<r>.
@@ -16,7 +16,10 @@ throughput and median TTFT and TPOT in-process and client-measured, the client's
 in-process figure, and the front end's CPU time per SSE chunk. ``--fixed-output-len N`` gives
 every request N output tokens (directories end in ``_out<N>``): runs with many requests per
 token, which let experiments.fit_api tell the front end's per-request cost from its per-token
-and per-chunk ones. ``--rates none``: t=0 only. ``--smoke`` runs the tiny model on the CPU with
+and per-chunk ones. ``--seed N`` draws the t=0 prompts with another seed (directories end in
+``_seed<N>``): calibration runs on other requests than the validation runs'. ``--rates none``:
+t=0 only. A server that served one run leaves its per-window CPU phases (``steps.csv``, written
+at shutdown) in that run's client directory too, next to the in-process run's. ``--smoke`` runs the tiny model on the CPU with
 a few prompts: a check of the script.
 """
 
@@ -26,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -53,7 +57,7 @@ def policy_overrides(policy: str, k: int | None, overlap: bool) -> list[str]:
 
 def workloads(args: argparse.Namespace) -> list[tuple[str, int, int]]:
     """(rate, prompts, seed): t=0, then each Poisson rate."""
-    return [("inf", args.prompts, 0)] + [(r, args.poisson_prompts, 1) for r in args.rates]
+    return [("inf", args.prompts, args.seed)] + [(r, args.poisson_prompts, 1) for r in args.rates]
 
 
 def output_len(args: argparse.Namespace) -> int | None:
@@ -62,8 +66,9 @@ def output_len(args: argparse.Namespace) -> int | None:
 
 
 def run_name(args: argparse.Namespace, tag: str, rate: str) -> str:
-    return f"{tag}_rate{rate}" + (f"_out{args.fixed_output_len}" if args.fixed_output_len
-                                  else "")
+    return (f"{tag}_rate{rate}" + (f"_out{args.fixed_output_len}" if args.fixed_output_len
+                                   else "")
+            + (f"_seed{args.seed}" if args.seed and rate == "inf" else ""))
 
 
 def inprocess(args: argparse.Namespace, out: Path) -> None:
@@ -146,6 +151,10 @@ def served(args: argparse.Namespace, out: Path) -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
             log.close()
+        steps = out / "server" / tag / "steps.csv"
+        run_dir = out / "client" / run_name(args, tag, runs[0][0])
+        if len(runs) == 1 and steps.exists() and run_dir.is_dir():  # the server's one run
+            shutil.copyfile(steps, run_dir / "steps.csv")
 
 
 def load(path: Path) -> dict | None:
@@ -186,6 +195,7 @@ def main() -> None:
     ap.add_argument("--rates", type=lambda s: [] if s == "none" else s.split(","),
                     default=["20", "40"])
     ap.add_argument("--fixed-output-len", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0, help="the t=0 workload's seed")
     ap.add_argument("--smoke", action="store_true", help="tiny model on cpu: check the script")
     args = ap.parse_args()
     parts = args.parts.split(",")
@@ -195,6 +205,8 @@ def main() -> None:
                          "server")
     if min(args.prompts, args.poisson_prompts) < 1:
         raise SystemExit("error: --prompts and --poisson-prompts must be >= 1")
+    if args.seed < 0:
+        raise SystemExit(f"error: --seed must be >= 0, got {args.seed}")
     if args.fixed_output_len is not None and args.fixed_output_len < 1:
         raise SystemExit(f"error: --fixed-output-len must be >= 1, got {args.fixed_output_len}")
     if args.smoke:
@@ -205,9 +217,10 @@ def main() -> None:
         inprocess(args, out)
         return
     if "inprocess" in parts:
-        child = [sys.executable, __file__, str(out), "--parts", "_inprocess",
+        child = ([sys.executable, __file__, str(out), "--parts", "_inprocess",
                  "--prompts", str(args.prompts), "--poisson-prompts", str(args.poisson_prompts),
-                 "--rates", ",".join(args.rates) or "none"] + (["--smoke"] if args.smoke else [])
+                 "--rates", ",".join(args.rates) or "none", "--seed", str(args.seed)]
+                 + (["--smoke"] if args.smoke else []))
         if args.fixed_output_len:
             child += ["--fixed-output-len", str(args.fixed_output_len)]
         subprocess.run(child, cwd=ROOT)

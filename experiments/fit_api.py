@@ -1,6 +1,7 @@
 """The API-server terms of the simulator's overhead model, fitted on schedlab's HTTP server.
 
-    python -m experiments.fit_api --measured-dir docs/validation/measured/server \\
+    python -m experiments.fit_api --measured-dir docs/validation/measured/server/calibration/client \\
+        --inprocess-dir docs/validation/measured/server/calibration/inprocess \\
         --base schedlab_h200 --name schedlab_h200_server
 
 Reads every client-measured result (``python -m experiments.loadgen``'s result.json) under
@@ -20,9 +21,18 @@ per-token one), and the profile written is
 ``--base`` (the engine's own CPU costs) with those terms, ``api_server_on_critical_path:
 false`` (the front end runs in a process of its own: its work delays each token's delivery
 and each request's admission, not the engine) and ``api_chunk_per_window: true`` (a
-multi-step window streams one chunk per request). Only CPU counters enter the fit, never a
-latency or throughput, so comparing the simulator with the same runs' client-measured metrics
-(``experiments.validate --measured-dir``) is not scored on what was fitted.
+multi-step window streams one chunk per request).
+
+``--inprocess-dir`` holds in-process runs of the same workloads (``benchmarks/server_suite.py``
+writes both, under one name). For each client run whose directory keeps the server's
+per-window CPU phases (``steps.csv``), the engine thread's ``update()`` time per window is
+fitted as a + b * num_seqs in both runs; the server's excess is the hand-over of each window's
+tokens to the front end, ``handoff_per_window_us`` (a) and ``handoff_per_chunk_us`` (b; every
+sequence of a window streams one chunk), averaged over the pairs, weighted by their windows.
+
+Fit on calibration runs (other prompts than the validation runs', ``--seed``, and 8-token
+outputs): only CPU counters and CPU phases enter it, never a latency or throughput, and the
+runs that ``experiments.validate`` scores play no part in it.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from experiments.calibrate import load_conf
 from experiments.files import write_text_atomic
@@ -42,6 +53,7 @@ from experiments.run import CONF_DIR
 from simulator.overhead import OverheadSpec
 
 TERMS = ("api_per_chunk_us", "api_per_token_us", "api_per_request_us")
+HANDOFF = ("handoff_per_window_us", "handoff_per_chunk_us")
 COUNTS = ("sse_chunks", "tokens", "requests")
 SERVER_COUNTERS = ("sse_chunks", "requests", "front_end_cpu_s")  # /metrics (tokens: the client's)
 
@@ -112,14 +124,70 @@ def unset_terms(errors: dict[str, float], terms: dict[str, float]) -> list[str]:
     return [t for t in TERMS if terms[t] == 0.0 or errors[t] - errors["all"] < 0.01]
 
 
+def read_steps(run_dir: Path) -> pd.DataFrame | None:
+    """A run's per-window CPU phases (steps.csv, or steps.csv.gz as committed); None: none."""
+    for name in ("steps.csv", "steps.csv.gz"):
+        path = run_dir / name
+        if path.exists():
+            try:
+                steps = pd.read_csv(path)
+            except (OSError, ValueError, EOFError) as err:
+                raise ValueError(f"{path}: unreadable steps ({err})") from None
+            missing = {"num_seqs", "update_s"} - set(steps.columns)
+            if missing:
+                raise ValueError(f"{path}: no column {sorted(missing)[0]}")
+            return steps
+    return None
+
+
+def update_line(steps: pd.DataFrame) -> np.ndarray:
+    """update() seconds per window as a + b * num_seqs (least squares), in us."""
+    a = np.column_stack([np.ones(len(steps)), steps["num_seqs"].to_numpy(dtype=float)])
+    return np.linalg.lstsq(a, steps["update_s"].to_numpy(dtype=float) * 1e6, rcond=None)[0]
+
+
+def handoff_pairs(measured_dir: str | Path, inprocess_dir: str | Path) -> list[dict[str, Any]]:
+    """For each client run under ``measured_dir`` with the server's steps.csv, the in-process
+    run of the same name under ``inprocess_dir``: both runs' update() lines, and the windows."""
+    root, other = Path(measured_dir), Path(inprocess_dir)
+    if not other.is_dir():
+        raise ValueError(f"--inprocess-dir {other}: not a directory")
+    pairs = []
+    for result in sorted(root.rglob("result.json")):
+        served = read_steps(result.parent)
+        if served is None:
+            continue
+        run = str(result.parent.relative_to(root))
+        alone = read_steps(other / run)
+        if alone is None:
+            raise ValueError(f"--inprocess-dir {other}: no in-process run {run} (steps.csv) "
+                             f"for the client run {result.parent}")
+        pairs.append({"run": run, "windows": len(served), "server": update_line(served),
+                      "inprocess": update_line(alone)})
+    if not pairs:
+        raise ValueError(f"--measured-dir {root}: no client run keeps the server's steps.csv")
+    return pairs
+
+
+def fit_handoff(pairs: list[dict[str, Any]]) -> dict[str, float]:
+    """The server's update() excess over in-process, per window and per chunk (us, >= 0),
+    averaged over the pairs weighted by their windows."""
+    w = np.array([p["windows"] for p in pairs], dtype=float)
+    excess = np.array([p["server"] - p["inprocess"] for p in pairs])
+    mean = (excess * w[:, None]).sum(axis=0) / w.sum()
+    return {t: max(float(v), 0.0) for t, v in zip(HANDOFF, mean, strict=True)}
+
+
 def predicted_cpu_s(terms: dict[str, float], row: dict[str, Any]) -> float:
     return sum(terms[t] * row[c] for t, c in zip(TERMS, COUNTS, strict=True)) * 1e-6
 
 
 def profile_text(base: dict[str, Any], terms: dict[str, float], rows: list[dict[str, Any]],
-                 errors: dict[str, float], name: str, command: str) -> str:
+                 errors: dict[str, float], name: str, command: str,
+                 pairs: list[dict[str, Any]] | None = None) -> str:
     """The overhead profile's YAML: a header saying where each number comes from (``errors``:
-    fit_errors), then ``base`` with the API-server terms."""
+    fit_errors; ``pairs``: handoff_pairs), then ``base`` with the API-server terms (and the
+    hand-over's, with ``pairs``)."""
     import scipy
 
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -140,6 +208,18 @@ def profile_text(base: dict[str, Any], terms: dict[str, float], rows: list[dict[
     values = {k: v for k, v in base.items() if k != "name"}
     values.update({t: round(v, 3) for t, v in terms.items()},
                   api_server_on_critical_path=False, api_chunk_per_window=True)
+    if pairs:
+        handoff = fit_handoff(pairs)
+        values.update({t: round(v, 3) for t, v in handoff.items()})
+        lines += ["# the engine thread's hand-over of each window's tokens to the front end: "
+                  "update() us per window",
+                  "# as a + b * num_seqs, behind the server against in-process (windows):"]
+        lines += [f"#   {p['run']}: {p['server'][0]:.1f} + {p['server'][1]:.3f} n against "
+                  f"{p['inprocess'][0]:.1f} + {p['inprocess'][1]:.3f} n ({p['windows']})"
+                  for p in pairs]
+        lines.append(f"#   weighted mean excess: handoff_per_window_us "
+                     f"{handoff['handoff_per_window_us']:.1f}, handoff_per_chunk_us "
+                     f"{handoff['handoff_per_chunk_us']:.3f}")
     OverheadSpec.from_dict({"name": name, **values})  # a profile the simulator takes
     lines.append(f"# fit error (RMS relative): {100 * errors['all']:.1f}% with every term, "
                  + ", ".join(f"{100 * errors[t]:.1f}% without {t}" for t in TERMS))
@@ -156,6 +236,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--measured-dir", required=True,
                     help="client-measured runs (experiments.loadgen's result.json files)")
+    ap.add_argument("--inprocess-dir", default=None,
+                    help="in-process runs of the same workloads, under the client runs' names: "
+                         "fits the engine thread's hand-over (handoff_*); without it, 0")
     ap.add_argument("--base", default="schedlab_h200",
                     help="the overhead profile with the engine's own CPU costs")
     ap.add_argument("--name", default="schedlab_h200_server", help="the new profile's name")
@@ -167,15 +250,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     try:
         rows = client_runs(args.measured_dir)
         terms, errors = fit_api(rows), fit_errors(rows)
+        pairs = (handoff_pairs(args.measured_dir, args.inprocess_dir)
+                 if args.inprocess_dir else None)
         base = load_conf("overhead", args.base, args.conf_dir)
-        text = profile_text(base, terms, rows, errors, args.name, command)
+        text = profile_text(base, terms, rows, errors, args.name, command, pairs)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     out = Path(args.conf_dir) / "overhead" / f"{args.name}.yaml"
     write_text_atomic(out, text)
-    print(f"{len(rows)} runs: " + ", ".join(f"{t} {v:.3f}" for t, v in terms.items())
-          + f" -> {out}")
+    handoff = fit_handoff(pairs) if pairs else {}
+    print(f"{len(rows)} runs: " + ", ".join(f"{t} {v:.3f}" for t, v in
+                                             {**terms, **handoff}.items()) + f" -> {out}")
     for t in unset_terms(errors, terms):
         print(f"note: {t} is not set by these runs (its count moves with another's: add runs "
               "with another output length, e.g. loadgen --fixed-output-len)", file=sys.stderr)

@@ -42,6 +42,12 @@ a single-step run costs the same under either setting. ``api_chunk_per_window`` 
 processing call per step but streams per window (c: the requests a window delivers tokens
 to, at its last step), as schedlab's HTTP server does.
 
+When the front end has a process of its own, the engine thread also hands it each window's
+tokens (schedlab's server: one pipe message per window, built in ``update()``), at the step that
+streams them:
+
+    per step with c > 0 chunks:  handoff_per_window_us + handoff_per_chunk_us * c
+
 The bracketed API-server terms land on the engine thread when ``api_server_on_critical_path``
 (vLLM <= 0.5: one asyncio process); otherwise on a separate serial process (vLLM 0.6's
 multiprocessing front end; schedlab's server, whose front end has a process of its own) that
@@ -69,7 +75,8 @@ _COSTS = ("schedule_base_us", "schedule_per_seq_us", "schedule_per_token_us",
           "schedule_multi_step_per_seq_us", "schedule_overlap_us", "schedule_mixed_us",
           "schedule_mixed_per_seq_us", "schedule_prefill_per_layer_us",
           "output_pythonize_per_seq_us", "output_per_token_us",
-          "api_per_chunk_us", "api_per_request_us")
+          "api_per_chunk_us", "api_per_request_us", "handoff_per_window_us",
+          "handoff_per_chunk_us")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +111,9 @@ class OverheadSpec:
     # the API server streams one chunk per request per window (schedlab's server), not one per
     # token; output_per_window implies it
     api_chunk_per_window: bool = False
+    # the engine thread's hand-over of a step's chunks to a front end in another process
+    handoff_per_window_us: float = 0.0  # per step that streams any chunk: one message
+    handoff_per_chunk_us: float = 0.0  # ... and per chunk in it
 
     def __post_init__(self) -> None:
         for name in _COSTS:
@@ -186,6 +196,8 @@ def window_output_times(spec: OverheadSpec, seqs: list[int], delivered: list[int
         t += spec.output_pythonize_per_seq_us * n + spec.output_per_token_us * d
         if api:
             t += spec.api_per_chunk_us * c + spec.api_per_token_us * d
+        if c:
+            t += spec.handoff_per_window_us + spec.handoff_per_chunk_us * c
         call_us[j] = t
     if per_window and seqs[0]:  # the window's sequences all take part in step 1
         call_us[-1] += spec.output_base_us + spec.output_per_seq_us * seqs[0]

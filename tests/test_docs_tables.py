@@ -90,3 +90,29 @@ def test_readme_summary_is_the_worst_csv_error_per_load(table):
         assert int(claim.group(1)) == len(table.groupby(["policy", "k", "rate"]))
         for name, target in TARGETS.items():
             assert (table.loc[table["metric"] == name, "rel_error"].abs() <= target).all(), name
+
+
+def test_readme_server_table_is_the_server_validation_csv():
+    """docs/validation/README.md's table for the engine behind its HTTP server is what
+    experiments.validate wrote to server/off and server/on, every cell."""
+    text = (VALIDATION / "README.md").read_text()
+    section = text[text.index("## The engine behind its HTTP server"):]
+    header, rows = markdown_rows(section, "configuration")
+    metrics = [SUMMARY_METRICS[h] for h in header[2:]]
+    names = {"single_step": ("off", "single_step", 1), "multi_step k=8": ("off", "multi_step", 8),
+             "single_step + overlap": ("on", "single_step", 1)}
+    seen, missed = set(), 0
+    for row in rows:
+        part, policy, k = names[row[0]]
+        df = pd.read_csv(VALIDATION / "server" / part / "validation.csv")
+        df["k"] = df["k"].fillna(1).astype(int)
+        df["rate"] = df["request_rate"].map(lambda r: "t=0" if math.isinf(r) else f"{r:g}")
+        err = df.set_index(["policy", "k", "rate", "metric"])["rel_error"]
+        for metric, cell in zip(metrics, row[2:], strict=True):
+            value = err[(policy, k, row[1], metric)]
+            over = abs(value) > TARGETS[metric]  # an error over target is shown in bold
+            assert cell == (f"**{pct(value)}**" if over else pct(value)), (row[0], row[1], metric)
+            missed += over
+        seen.add((row[0], row[1]))
+    assert len(seen) == 6
+    assert ("All six configurations meet the targets" in section) == (missed == 0)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -89,18 +90,77 @@ def test_bad_input_is_one_line(tmp_path, capsys):
 
 
 def test_refitting_the_committed_runs_gives_the_committed_profile(tmp_path):
-    """conf/overhead/schedlab_h200_server.yaml is what fit_api makes of the client-measured
-    runs in docs/validation/measured/server/client."""
+    """conf/overhead/schedlab_h200_server.yaml is what fit_api makes of the calibration runs
+    in docs/validation/measured/server/calibration; the validation runs (client/) play no
+    part in it."""
     conf = tmp_path / "conf"
     (conf / "overhead").mkdir(parents=True)
     for name in ("schedlab_h200",):
         (conf / "overhead" / f"{name}.yaml").write_text(
             (CONF / "overhead" / f"{name}.yaml").read_text())
-    runs = CONF.parent / "docs" / "validation" / "measured" / "server" / "client"
-    fit_api.main(["--measured-dir", str(runs), "--conf-dir", str(conf)])
+    calibration = CONF.parent / "docs" / "validation" / "measured" / "server" / "calibration"
+    fit_api.main(["--measured-dir", str(calibration / "client"),
+                  "--inprocess-dir", str(calibration / "inprocess"), "--conf-dir", str(conf)])
     refit = yaml.safe_load((conf / "overhead" / "schedlab_h200_server.yaml").read_text())
     committed = yaml.safe_load((CONF / "overhead" / "schedlab_h200_server.yaml").read_text())
     assert refit == committed
+    assert committed["handoff_per_window_us"] > 0 and committed["handoff_per_chunk_us"] > 0
+    validation = {p.parent.name for p in (calibration.parent / "client").rglob("result.json")}
+    assert validation and not validation & {p.parent.name for p in calibration.rglob(
+        "result.json")}
+
+
+WINDOW_US, CHUNK_HANDOFF_US = 80.0, 1.5
+
+
+def write_steps(d: Path, base_us: float, per_seq_us: float, gz: bool = False) -> None:
+    """A run's steps.csv whose update() time is base_us + per_seq_us * num_seqs (+ noise)."""
+    rng = np.random.default_rng(len(str(d)))
+    n = rng.integers(1, 257, size=400)
+    update = (base_us + per_seq_us * n) * 1e-6 * (1 + 0.02 * rng.normal(size=n.size))
+    d.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame({"window": np.arange(1, n.size + 1), "k": 1, "num_seqs": n,
+                          "update_s": update})
+    frame.to_csv(d / ("steps.csv.gz" if gz else "steps.csv"), index=False)
+
+
+def test_recovers_the_handoff_from_paired_runs(tmp_path):
+    """The server's update() excess over the in-process run of the same name, per window and
+    per chunk, whatever each run's own line is."""
+    client, alone = tmp_path / "client", tmp_path / "inprocess"
+    synthetic_runs(client)
+    for i, (base, slope) in enumerate([(10.0, 1.2), (30.0, 2.0)]):
+        write_steps(client / f"run{i}", base + WINDOW_US, slope + CHUNK_HANDOFF_US, gz=True)
+        write_steps(alone / f"run{i}", base, slope)
+    pairs = fit_api.handoff_pairs(client, alone)
+    assert [p["run"] for p in pairs] == ["run0", "run1"]  # runs without steps: no pair
+    handoff = fit_api.fit_handoff(pairs)
+    assert handoff["handoff_per_window_us"] == pytest.approx(WINDOW_US, rel=0.1)
+    assert handoff["handoff_per_chunk_us"] == pytest.approx(CHUNK_HANDOFF_US, rel=0.05)
+    conf = tmp_path / "conf"
+    (conf / "overhead").mkdir(parents=True)
+    (conf / "overhead" / "schedlab_h200.yaml").write_text(
+        (CONF / "overhead" / "schedlab_h200.yaml").read_text())
+    fit_api.main(["--measured-dir", str(client), "--inprocess-dir", str(alone),
+                  "--conf-dir", str(conf)])
+    spec = OverheadSpec.from_dict(yaml.safe_load(
+        (conf / "overhead" / "schedlab_h200_server.yaml").read_text()))
+    assert spec.handoff_per_chunk_us == pytest.approx(handoff["handoff_per_chunk_us"], abs=1e-3)
+
+
+def test_a_client_run_without_its_in_process_pair_is_one_line(tmp_path, capsys):
+    client, alone = tmp_path / "client", tmp_path / "inprocess"
+    synthetic_runs(client)
+    write_steps(client / "run0", 90.0, 2.0)
+    alone.mkdir()
+    with pytest.raises(SystemExit) as exc:
+        fit_api.main(["--measured-dir", str(client), "--inprocess-dir", str(alone),
+                      "--conf-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "no in-process run run0" in err and len(err.splitlines()) == 1
+    (client / "run0" / "steps.csv").write_text("window,k\n1,1\n")
+    with pytest.raises(ValueError, match="no column num_seqs"):
+        fit_api.handoff_pairs(client, alone)
 
 
 def test_a_term_the_runs_cannot_set_is_named(tmp_path):

@@ -117,6 +117,25 @@ def test_front_end_request_work_in_its_own_process_delays_entry_only():
     assert second.token_times[0] == pytest.approx(plain[1].token_times[0] + shift, abs=1e-12)
 
 
+def test_handing_tokens_to_a_front_end_process_costs_the_engine_per_chunk_step():
+    """handoff_*: the engine thread builds one message per step that streams chunks (per window
+    when the server streams a window as one chunk), so each token waits for every hand-over
+    before it, and a multi-step window pays once."""
+    serve = dataclasses.replace(HAND, api_per_token_us=0.0, api_server_on_critical_path=False,
+                                api_chunk_per_window=True)
+    each = (70 + 3) * US  # one window's message with one chunk
+    with_handoff = dataclasses.replace(serve, handoff_per_window_us=70.0,
+                                       handoff_per_chunk_us=3.0)
+    for policy, k, gaps in (("single_step", 1, [1, 2, 3]), ("multi_step", 4, [1, 2, 2, 2, 2])):
+        plain, handed = Request(0, 0.0, 100, len(gaps)), Request(0, 0.0, 100, len(gaps))
+        base = run(policy, [plain], k=k, overhead=serve)
+        res = run(policy, [handed], k=k, overhead=with_handoff)
+        assert handed.token_times == pytest.approx(
+            [t + n * each for t, n in zip(plain.token_times, gaps, strict=True)], abs=1e-12)
+        busy = [r.cpu_busy_fraction * r.duration for r in (base, res)]
+        assert busy[1] == pytest.approx(busy[0] + gaps[-1] * each, abs=1e-12)
+
+
 def test_async_output_processing_runs_after_the_next_schedule():
     """vLLM 0.6 order: schedule window n+1, launch it, then process window n's outputs."""
     spec = dataclasses.replace(HAND, async_output_processing=True,
