@@ -7,9 +7,11 @@
 For single_step, multi_step k=8 and single_step + overlap on llama3_8b (random bf16):
 inprocess: python -m experiments.run's real backend, ShareGPT at t=0 (``--seed``, 0 by default)
            and at each Poisson rate (seed 1), each in OUT_DIR/inprocess/<config>_rate<r>;
-server:    python -m experiments.serve under the same policy, driven by
-           python -m experiments.loadgen (guidellm) with the same ShareGPT requests (guidellm
-           draws its own Poisson arrival times), each result in OUT_DIR/client/<config>_rate<r>.
+server:    python -m experiments.serve under the same policy, a fresh server for each run, driven
+           by python -m experiments.loadgen (guidellm) with the same ShareGPT requests
+           (guidellm draws its own Poisson arrival times), each result in
+           OUT_DIR/client/<config>_rate<r>, with the server's per-window CPU phases
+           (steps.csv, written at its shutdown) beside it.
 The in-process part runs in a child process, so that its kept runner has freed the GPU before
 the first server starts. A finished run is not repeated. A table is printed last: request
 throughput and median TTFT and TPOT in-process and client-measured, the client's over the
@@ -18,8 +20,7 @@ every request N output tokens (directories end in ``_out<N>``): runs with many r
 token, which let experiments.fit_api tell the front end's per-request cost from its per-token
 and per-chunk ones. ``--seed N`` draws the t=0 prompts with another seed (directories end in
 ``_seed<N>``): calibration runs on other requests than the validation runs'. ``--rates none``:
-t=0 only. A server that served one run leaves its per-window CPU phases (``steps.csv``, written
-at shutdown) in that run's client directory too, next to the in-process run's. ``--smoke`` runs the tiny model on the CPU with
+t=0 only. ``--smoke`` runs the tiny model on the CPU with
 a few prompts: a check of the script.
 """
 
@@ -111,50 +112,54 @@ def wait_serving(proc: subprocess.Popen, url: str, timeout: float) -> bool:
 
 
 def served(args: argparse.Namespace, out: Path) -> None:
+    """A fresh server for each client run, so that its per-window phases (steps.csv, written
+    at a clean shutdown) are that run's alone; they are copied into the run's directory."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
         "PYTHONPATH", "")])}
     for tag, policy, k, overlap in CONFIGS:
-        runs = [(r, n, s) for r, n, s in workloads(args)
-                if not (out / "client" / run_name(args, tag, r) / "result.json").exists()]
-        if not runs:
-            continue
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        log = open(out / f"serve_{tag}.log", "w")
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "experiments.serve", *MODEL,
-             *policy_overrides(policy, k, overlap), f"server.port={port}",
-             f"hydra.run.dir={out / 'server' / tag}"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            if not wait_serving(proc, url, 300):
-                print(f"server {tag}: not serving (see {log.name})", flush=True)
+        for rate, prompts, seed in workloads(args):
+            name = run_name(args, tag, rate)
+            run_dir = out / "client" / name
+            if (run_dir / "result.json").exists():
                 continue
-            print(f"server {tag}: up in {time.perf_counter() - t0:.0f} s", flush=True)
-            for rate, prompts, seed in runs:
+            server_dir = out / "server" / name
+            (server_dir / "steps.csv").unlink(missing_ok=True)  # never an older server's
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            log = open(out / f"serve_{name}.log", "w")
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "experiments.serve", *MODEL,
+                 *policy_overrides(policy, k, overlap), f"server.port={port}",
+                 f"hydra.run.dir={server_dir}"],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                if not wait_serving(proc, url, 300):
+                    print(f"server {name}: not serving (see {log.name})", flush=True)
+                    continue
+                print(f"server {name}: up in {time.perf_counter() - t0:.0f} s", flush=True)
                 cmd = [sys.executable, "-m", "experiments.loadgen", "--url", url,
                        "--num-prompts", str(prompts), "--request-rate", rate,
-                       "--seed", str(seed), "--out", str(out / "client" / run_name(args, tag, rate))]
+                       "--seed", str(seed), "--out", str(run_dir)]
                 if output_len(args):
                     cmd += ["--fixed-output-len", str(output_len(args))]
                 if args.smoke:
                     cmd += ["--processes", "1"]
                 t1 = time.perf_counter()
                 p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-                print(f"client {tag} rate {rate}: {(p.stdout or p.stderr).strip()} "
+                print(f"client {name}: {(p.stdout or p.stderr).strip()} "
                       f"({time.perf_counter() - t1:.0f} s)", flush=True)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
-        steps = out / "server" / tag / "steps.csv"
-        run_dir = out / "client" / run_name(args, tag, runs[0][0])
-        if len(runs) == 1 and steps.exists() and run_dir.is_dir():  # the server's one run
-            shutil.copyfile(steps, run_dir / "steps.csv")
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                log.close()
+            steps = server_dir / "steps.csv"
+            if proc.returncode == 0 and steps.exists() and (run_dir / "result.json").exists():
+                shutil.copyfile(steps, run_dir / "steps.csv")
 
 
 def load(path: Path) -> dict | None:

@@ -1,6 +1,7 @@
 """The API-server terms of the simulator's overhead model, fitted on schedlab's HTTP server.
 
-    python -m experiments.fit_api --measured-dir docs/validation/measured/server/calibration/client \\
+    python -m experiments.fit_api \\
+        --measured-dir docs/validation/measured/server/calibration/client \\
         --inprocess-dir docs/validation/measured/server/calibration/inprocess \\
         --base schedlab_h200 --name schedlab_h200_server
 
@@ -8,8 +9,8 @@ Reads every client-measured result (``python -m experiments.loadgen``'s result.j
 ``--measured-dir``. Each records what the server's front end did over the run (its /metrics
 counters): requests received, SSE chunks streamed with output tokens, and the CPU seconds of
 the front-end process (uvicorn's event loop: HTTP parsing, tokenization, detokenization,
-JSON, socket writes; and the pipe to the engine), and the output tokens the client received. A non-negative least-squares
-fit over the runs,
+JSON, socket writes; and the pipe to the engine), and the output tokens the client received.
+A non-negative least-squares fit over the runs,
 
     front_end_cpu_s = api_per_chunk_us * sse_chunks + api_per_token_us * tokens
                     + api_per_request_us * requests,
@@ -23,16 +24,19 @@ false`` (the front end runs in a process of its own: its work delays each token'
 and each request's admission, not the engine) and ``api_chunk_per_window: true`` (a
 multi-step window streams one chunk per request).
 
-``--inprocess-dir`` holds in-process runs of the same workloads (``benchmarks/server_suite.py``
-writes both, under one name). For each client run whose directory keeps the server's
-per-window CPU phases (``steps.csv``), the engine thread's ``update()`` time per window is
-fitted as a + b * num_seqs in both runs; the server's excess is the hand-over of each window's
-tokens to the front end, ``handoff_per_window_us`` (a) and ``handoff_per_chunk_us`` (b; every
-sequence of a window streams one chunk), averaged over the pairs, weighted by their windows.
+``--inprocess-dir`` holds in-process runs of the same configurations and workloads, under the
+client runs' names (``benchmarks/server_suite.py`` writes both). For each client run whose
+directory keeps the server's per-window CPU phases (``steps.csv``), the engine thread's
+``update_s`` per decode window (its bookkeeping, and behind the server the one pipe message
+that hands the window's tokens to the front end) is fitted as a + b * num_seqs in both runs;
+the server's excess is ``handoff_per_window_us`` (a) and ``handoff_per_chunk_us`` (b: every
+sequence of a decode window gets a token), averaged over the pairs weighted by their decode
+windows. A pair with fewer than MIN_WINDOWS decode windows in a run is left out (the header
+says so).
 
-Fit on calibration runs (other prompts than the validation runs', ``--seed``, and 8-token
-outputs): only CPU counters and CPU phases enter it, never a latency or throughput, and the
-runs that ``experiments.validate`` scores play no part in it.
+Fit on calibration runs (other prompts than the validation runs': ``--seed``): only CPU
+counters and CPU phases enter it, never a latency or throughput, and the runs that
+``experiments.validate`` scores play no part in it.
 """
 
 from __future__ import annotations
@@ -124,54 +128,97 @@ def unset_terms(errors: dict[str, float], terms: dict[str, float]) -> list[str]:
     return [t for t in TERMS if terms[t] == 0.0 or errors[t] - errors["all"] < 0.01]
 
 
-def read_steps(run_dir: Path) -> pd.DataFrame | None:
-    """A run's per-window CPU phases (steps.csv, or steps.csv.gz as committed); None: none."""
+MIN_WINDOWS = 100  # decode windows a run needs for its update() line (fewer: noise)
+# what a client run and its in-process twin must share (result.json's schedlab section)
+PAIRED = ("policy", "k", "overlap", "model")
+PAIRED_WORKLOAD = ("kind", "num_prompts", "seed", "request_rate", "fixed_output_len")
+
+
+def read_steps(run_dir: Path) -> tuple[Path, pd.DataFrame] | None:
+    """A run's per-window CPU phases (steps.csv, or steps.csv.gz as committed) and their path;
+    None: the run has none."""
     for name in ("steps.csv", "steps.csv.gz"):
         path = run_dir / name
-        if path.exists():
-            try:
-                steps = pd.read_csv(path)
-            except (OSError, ValueError, EOFError) as err:
-                raise ValueError(f"{path}: unreadable steps ({err})") from None
-            missing = {"num_seqs", "update_s"} - set(steps.columns)
-            if missing:
-                raise ValueError(f"{path}: no column {sorted(missing)[0]}")
-            return steps
+        if not path.exists():
+            continue
+        try:
+            steps = pd.read_csv(path)
+        except (OSError, ValueError, EOFError) as err:
+            raise ValueError(f"{path}: unreadable steps ({err})") from None
+        for col in ("num_seqs", "num_prefill_seqs", "update_s"):
+            if col not in steps.columns:
+                raise ValueError(f"{path}: no column {col}")
+            steps[col] = pd.to_numeric(steps[col], errors="coerce")
+            if steps[col].isna().any() or (steps[col] < 0).any():
+                raise ValueError(f"{path}: column {col} must hold numbers >= 0")
+        return path, steps
     return None
 
 
-def update_line(steps: pd.DataFrame) -> np.ndarray:
-    """update() seconds per window as a + b * num_seqs (least squares), in us."""
-    a = np.column_stack([np.ones(len(steps)), steps["num_seqs"].to_numpy(dtype=float)])
-    return np.linalg.lstsq(a, steps["update_s"].to_numpy(dtype=float) * 1e6, rcond=None)[0]
+def update_line(steps: pd.DataFrame) -> np.ndarray | None:
+    """update() us per decode window as a + b * num_seqs (least squares); None: fewer than
+    MIN_WINDOWS decode windows, or one batch size. Decode windows only: a window with prompts
+    does other bookkeeping per sequence, and the two runs of a pair need not mix the kinds
+    alike."""
+    decode = steps[steps["num_prefill_seqs"] == 0]
+    if len(decode) < MIN_WINDOWS or decode["num_seqs"].nunique() < 2:
+        return None
+    a = np.column_stack([np.ones(len(decode)), decode["num_seqs"].to_numpy(dtype=float)])
+    return np.linalg.lstsq(a, decode["update_s"].to_numpy(dtype=float) * 1e6, rcond=None)[0]
 
 
-def handoff_pairs(measured_dir: str | Path, inprocess_dir: str | Path) -> list[dict[str, Any]]:
-    """For each client run under ``measured_dir`` with the server's steps.csv, the in-process
-    run of the same name under ``inprocess_dir``: both runs' update() lines, and the windows."""
+def _schedlab(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text()).get("schedlab") or {}
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: unreadable result ({err})") from None
+
+
+def handoff_pairs(rows: list[dict[str, Any]], measured_dir: str | Path,
+                  inprocess_dir: str | Path) -> list[dict[str, Any]]:
+    """For each client run (``rows``: client_runs) with the server's steps.csv, the in-process
+    run of the same name under ``inprocess_dir``, which must be the same configuration and
+    workload: both runs' update() lines over their decode windows."""
     root, other = Path(measured_dir), Path(inprocess_dir)
     if not other.is_dir():
         raise ValueError(f"--inprocess-dir {other}: not a directory")
     pairs = []
-    for result in sorted(root.rglob("result.json")):
-        served = read_steps(result.parent)
+    for row in rows:
+        served = read_steps(root / row["run"])
         if served is None:
             continue
-        run = str(result.parent.relative_to(root))
-        alone = read_steps(other / run)
+        twin = other / row["run"]
+        alone = read_steps(twin)
         if alone is None:
-            raise ValueError(f"--inprocess-dir {other}: no in-process run {run} (steps.csv) "
-                             f"for the client run {result.parent}")
-        pairs.append({"run": run, "windows": len(served), "server": update_line(served),
-                      "inprocess": update_line(alone)})
-    if not pairs:
-        raise ValueError(f"--measured-dir {root}: no client run keeps the server's steps.csv")
+            raise ValueError(f"--inprocess-dir {other}: no in-process run {row['run']} "
+                             f"(steps.csv) for the client run {root / row['run']}")
+        a, b = _schedlab(root / row["run"] / "result.json"), _schedlab(twin / "result.json")
+        wa, wb = a.get("workload") or {}, b.get("workload") or {}
+        differ = ([f for f in PAIRED if a.get(f) != b.get(f)]
+                  + [f"workload.{f}" for f in PAIRED_WORKLOAD if wa.get(f) != wb.get(f)])
+        if differ:
+            raise ValueError(f"{twin / 'result.json'}: not the run of {root / row['run']} "
+                             f"in-process ({differ[0]} differs)")
+        lines = update_line(served[1]), update_line(alone[1])
+        pairs.append({"run": row["run"], "windows": int((served[1]["num_prefill_seqs"] == 0)
+                                                        .sum()),
+                      "server": lines[0], "inprocess": lines[1]})
+    if not any(usable(p) for p in pairs):
+        raise ValueError(f"--measured-dir {root}: no client run keeps the server's steps.csv "
+                         f"with {MIN_WINDOWS} or more decode windows over 2 or more batch "
+                         "sizes, in it and in its in-process run")
     return pairs
+
+
+def usable(pair: dict[str, Any]) -> bool:
+    """Both runs of the pair have an update() line (enough decode windows)."""
+    return pair["server"] is not None and pair["inprocess"] is not None
 
 
 def fit_handoff(pairs: list[dict[str, Any]]) -> dict[str, float]:
     """The server's update() excess over in-process, per window and per chunk (us, >= 0),
-    averaged over the pairs weighted by their windows."""
+    averaged over the pairs weighted by their decode windows."""
+    pairs = [p for p in pairs if usable(p)]
     w = np.array([p["windows"] for p in pairs], dtype=float)
     excess = np.array([p["server"] - p["inprocess"] for p in pairs])
     mean = (excess * w[:, None]).sum(axis=0) / w.sum()
@@ -211,15 +258,24 @@ def profile_text(base: dict[str, Any], terms: dict[str, float], rows: list[dict[
     if pairs:
         handoff = fit_handoff(pairs)
         values.update({t: round(v, 3) for t, v in handoff.items()})
-        lines += ["# the engine thread's hand-over of each window's tokens to the front end: "
-                  "update() us per window",
-                  "# as a + b * num_seqs, behind the server against in-process (windows):"]
-        lines += [f"#   {p['run']}: {p['server'][0]:.1f} + {p['server'][1]:.3f} n against "
-                  f"{p['inprocess'][0]:.1f} + {p['inprocess'][1]:.3f} n ({p['windows']})"
-                  for p in pairs]
+        lines += ["# the engine thread's hand-over of each window's tokens to the front end "
+                  "(update() and the pipe",
+                  "# message): us per decode window as a + b * num_seqs, behind the server "
+                  "against in-process (decode windows):"]
+        for p in pairs:
+            if usable(p):
+                lines.append(f"#   {p['run']}: {p['server'][0]:.1f} + {p['server'][1]:.3f} n "
+                             f"against {p['inprocess'][0]:.1f} + {p['inprocess'][1]:.3f} n "
+                             f"({p['windows']})")
+            else:
+                lines.append(f"#   {p['run']}: left out, under {MIN_WINDOWS} decode windows "
+                             "or one batch size in a run")
+        excess = np.array([p["server"] - p["inprocess"] for p in pairs if usable(p)])
         lines.append(f"#   weighted mean excess: handoff_per_window_us "
-                     f"{handoff['handoff_per_window_us']:.1f}, handoff_per_chunk_us "
-                     f"{handoff['handoff_per_chunk_us']:.3f}")
+                     f"{handoff['handoff_per_window_us']:.1f} (pairs "
+                     f"{excess[:, 0].min():.1f} to {excess[:, 0].max():.1f}), "
+                     f"handoff_per_chunk_us {handoff['handoff_per_chunk_us']:.3f} "
+                     f"({excess[:, 1].min():.3f} to {excess[:, 1].max():.3f})")
     OverheadSpec.from_dict({"name": name, **values})  # a profile the simulator takes
     lines.append(f"# fit error (RMS relative): {100 * errors['all']:.1f}% with every term, "
                  + ", ".join(f"{100 * errors[t]:.1f}% without {t}" for t in TERMS))
@@ -250,7 +306,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     try:
         rows = client_runs(args.measured_dir)
         terms, errors = fit_api(rows), fit_errors(rows)
-        pairs = (handoff_pairs(args.measured_dir, args.inprocess_dir)
+        pairs = (handoff_pairs(rows, args.measured_dir, args.inprocess_dir)
                  if args.inprocess_dir else None)
         base = load_conf("overhead", args.base, args.conf_dir)
         text = profile_text(base, terms, rows, errors, args.name, command, pairs)

@@ -42,11 +42,14 @@ a single-step run costs the same under either setting. ``api_chunk_per_window`` 
 processing call per step but streams per window (c: the requests a window delivers tokens
 to, at its last step), as schedlab's HTTP server does.
 
-When the front end has a process of its own, the engine thread also hands it each window's
-tokens (schedlab's server: one pipe message per window, built in ``update()``), at the step that
-streams them:
+When the front end has a process of its own (``api_server_on_critical_path`` false), the
+engine thread also hands it the tokens to stream, after its bookkeeping: one pipe message per
+step that streams c > 0 chunks, with one event per chunk,
 
-    per step with c > 0 chunks:  handoff_per_window_us + handoff_per_chunk_us * c
+    handoff_per_window_us + handoff_per_chunk_us * c
+
+With ``api_chunk_per_window`` (schedlab's server: one message per window, an event per request
+that got tokens) that is once per window, at its last step.
 
 The bracketed API-server terms land on the engine thread when ``api_server_on_critical_path``
 (vLLM <= 0.5: one asyncio process); otherwise on a separate serial process (vLLM 0.6's
@@ -111,8 +114,8 @@ class OverheadSpec:
     # the API server streams one chunk per request per window (schedlab's server), not one per
     # token; output_per_window implies it
     api_chunk_per_window: bool = False
-    # the engine thread's hand-over of a step's chunks to a front end in another process
-    handoff_per_window_us: float = 0.0  # per step that streams any chunk: one message
+    # the engine thread's hand-over of the tokens to stream to a front end in another process
+    handoff_per_window_us: float = 0.0  # per message: a window's (a step's, streamed per step)
     handoff_per_chunk_us: float = 0.0  # ... and per chunk in it
 
     def __post_init__(self) -> None:
@@ -196,7 +199,7 @@ def window_output_times(spec: OverheadSpec, seqs: list[int], delivered: list[int
         t += spec.output_pythonize_per_seq_us * n + spec.output_per_token_us * d
         if api:
             t += spec.api_per_chunk_us * c + spec.api_per_token_us * d
-        if c:
+        elif c:  # the front end in its own process: one message to it
             t += spec.handoff_per_window_us + spec.handoff_per_chunk_us * c
         call_us[j] = t
     if per_window and seqs[0]:  # the window's sequences all take part in step 1

@@ -105,23 +105,38 @@ def test_refitting_the_committed_runs_gives_the_committed_profile(tmp_path):
     committed = yaml.safe_load((CONF / "overhead" / "schedlab_h200_server.yaml").read_text())
     assert refit == committed
     assert committed["handoff_per_window_us"] > 0 and committed["handoff_per_chunk_us"] > 0
-    validation = {p.parent.name for p in (calibration.parent / "client").rglob("result.json")}
-    assert validation and not validation & {p.parent.name for p in calibration.rglob(
-        "result.json")}
+    # no calibration run shares its requests with a validation run: another seed at t=0
+    def workloads(root: Path) -> set[tuple]:
+        out = set()
+        for path in root.rglob("result.json"):
+            w = json.loads(path.read_text())["schedlab"]["workload"]
+            out.add((w["seed"], w["num_prompts"], str(w["request_rate"])))
+        return out
+
+    validation, fitted = workloads(calibration.parent / "client"), workloads(calibration)
+    assert validation and fitted and not {s for s, *_ in validation} & {s for s, *_ in fitted}
 
 
 WINDOW_US, CHUNK_HANDOFF_US = 80.0, 1.5
 
 
-def write_steps(d: Path, base_us: float, per_seq_us: float, gz: bool = False) -> None:
-    """A run's steps.csv whose update() time is base_us + per_seq_us * num_seqs (+ noise)."""
+def write_steps(d: Path, base_us: float, per_seq_us: float, gz: bool = False,
+                windows: int = 400) -> None:
+    """A run's steps.csv whose decode windows' update() time is base_us + per_seq_us *
+    num_seqs (+ noise); every tenth window a prefill one, dearer (not on the line); and, for an
+    in-process run, the result.json of the same configuration as write_run's."""
     rng = np.random.default_rng(len(str(d)))
-    n = rng.integers(1, 257, size=400)
-    update = (base_us + per_seq_us * n) * 1e-6 * (1 + 0.02 * rng.normal(size=n.size))
+    n = rng.integers(1, 257, size=windows)
+    prefill = (np.arange(windows) % 10 == 0).astype(int)
+    update = ((base_us + per_seq_us * n) * (1 + 0.02 * rng.normal(size=n.size))
+              + 500 * prefill) * 1e-6
     d.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame({"window": np.arange(1, n.size + 1), "k": 1, "num_seqs": n,
-                          "update_s": update})
+                          "num_prefill_seqs": prefill, "update_s": update})
     frame.to_csv(d / ("steps.csv.gz" if gz else "steps.csv"), index=False)
+    if not (d / "result.json").exists():
+        meta = {"backend": "real", "policy": "single_step", "k": 1, "overlap": False}
+        (d / "result.json").write_text(json.dumps({"schedlab": meta}))
 
 
 def test_recovers_the_handoff_from_paired_runs(tmp_path):
@@ -132,7 +147,7 @@ def test_recovers_the_handoff_from_paired_runs(tmp_path):
     for i, (base, slope) in enumerate([(10.0, 1.2), (30.0, 2.0)]):
         write_steps(client / f"run{i}", base + WINDOW_US, slope + CHUNK_HANDOFF_US, gz=True)
         write_steps(alone / f"run{i}", base, slope)
-    pairs = fit_api.handoff_pairs(client, alone)
+    pairs = fit_api.handoff_pairs(fit_api.client_runs(client), client, alone)
     assert [p["run"] for p in pairs] == ["run0", "run1"]  # runs without steps: no pair
     handoff = fit_api.fit_handoff(pairs)
     assert handoff["handoff_per_window_us"] == pytest.approx(WINDOW_US, rel=0.1)
@@ -158,9 +173,31 @@ def test_a_client_run_without_its_in_process_pair_is_one_line(tmp_path, capsys):
                       "--conf-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "no in-process run run0" in err and len(err.splitlines()) == 1
+    rows = fit_api.client_runs(client)
+    write_steps(alone / "run0", 10.0, 1.0)
+    assert len(fit_api.handoff_pairs(rows, client, alone)) == 1
     (client / "run0" / "steps.csv").write_text("window,k\n1,1\n")
-    with pytest.raises(ValueError, match="no column num_seqs"):
-        fit_api.handoff_pairs(client, alone)
+    with pytest.raises(ValueError, match="run0/steps.csv: no column num_seqs"):
+        fit_api.handoff_pairs(rows, client, alone)
+    (client / "run0" / "steps.csv").write_text(
+        "num_seqs,num_prefill_seqs,update_s\n4,0,0.001\n5,0,abc\n")
+    with pytest.raises(ValueError, match="run0/steps.csv: column update_s must hold numbers"):
+        fit_api.handoff_pairs(rows, client, alone)
+    # too few decode windows: the pair is left out, and with no pair left the fit stops
+    write_steps(client / "run0", 90.0, 2.0, windows=50)
+    with pytest.raises(ValueError, match="no client run keeps the server's steps.csv with 100"):
+        fit_api.handoff_pairs(rows, client, alone)
+    write_steps(client / "run1", 90.0, 2.0)
+    write_steps(alone / "run1", 10.0, 1.0)
+    pairs = fit_api.handoff_pairs(rows, client, alone)
+    assert [fit_api.usable(p) for p in pairs] == [False, True]
+    assert fit_api.fit_handoff(pairs)["handoff_per_chunk_us"] == pytest.approx(1.0, rel=0.1)
+    # a twin of another configuration or workload is not a pair
+    twin = json.loads((alone / "run1" / "result.json").read_text())
+    twin["schedlab"]["k"] = 8
+    (alone / "run1" / "result.json").write_text(json.dumps(twin))
+    with pytest.raises(ValueError, match=r"run1/result.json: not the run of .* \(k differs\)"):
+        fit_api.handoff_pairs(rows, client, alone)
 
 
 def test_a_term_the_runs_cannot_set_is_named(tmp_path):
@@ -184,3 +221,22 @@ def test_a_term_the_runs_cannot_set_is_named(tmp_path):
     synthetic_runs(tmp_path / "mixed")
     rows = fit_api.client_runs(tmp_path / "mixed")
     assert fit_api.unset_terms(fit_api.fit_errors(rows), fit_api.fit_api(rows)) == []
+
+
+def test_server_suite_names_calibration_runs_by_their_seed():
+    """benchmarks/server_suite.py --seed: the t=0 prompts come from that seed and the run's
+    directory says so (Poisson runs keep seed 1), so calibration and validation runs never
+    share a directory; fit_api pairs a client run with the in-process run of its name."""
+    import argparse
+    import sys
+
+    sys.path.insert(0, str(CONF.parent / "benchmarks"))
+    import server_suite
+
+    args = argparse.Namespace(prompts=1000, poisson_prompts=400, rates=["20"], seed=2,
+                              fixed_output_len=8, smoke=False)
+    assert server_suite.workloads(args) == [("inf", 1000, 2), ("20", 400, 1)]
+    assert server_suite.run_name(args, "single_step", "inf") == "single_step_rateinf_out8_seed2"
+    assert server_suite.run_name(args, "single_step", "20") == "single_step_rate20_out8"
+    plain = argparse.Namespace(**{**vars(args), "seed": 0, "fixed_output_len": None})
+    assert server_suite.run_name(plain, "multi_step_k8", "inf") == "multi_step_k8_rateinf"

@@ -117,23 +117,39 @@ def test_front_end_request_work_in_its_own_process_delays_entry_only():
     assert second.token_times[0] == pytest.approx(plain[1].token_times[0] + shift, abs=1e-12)
 
 
-def test_handing_tokens_to_a_front_end_process_costs_the_engine_per_chunk_step():
-    """handoff_*: the engine thread builds one message per step that streams chunks (per window
-    when the server streams a window as one chunk), so each token waits for every hand-over
-    before it, and a multi-step window pays once."""
+def test_handing_tokens_to_a_front_end_process_costs_the_engine_per_window():
+    """handoff_*: the engine thread sends the front end one message per window, with one event
+    per request that got tokens, so every later token waits for each hand-over before it; a
+    multi-step window pays once (once a step when streamed per step, the what-if); a front end
+    on the engine thread (one process) has no pipe to pay for."""
     serve = dataclasses.replace(HAND, api_per_token_us=0.0, api_server_on_critical_path=False,
                                 api_chunk_per_window=True)
-    each = (70 + 3) * US  # one window's message with one chunk
     with_handoff = dataclasses.replace(serve, handoff_per_window_us=70.0,
                                        handoff_per_chunk_us=3.0)
-    for policy, k, gaps in (("single_step", 1, [1, 2, 3]), ("multi_step", 4, [1, 2, 2, 2, 2])):
-        plain, handed = Request(0, 0.0, 100, len(gaps)), Request(0, 0.0, 100, len(gaps))
-        base = run(policy, [plain], k=k, overhead=serve)
-        res = run(policy, [handed], k=k, overhead=with_handoff)
-        assert handed.token_times == pytest.approx(
-            [t + n * each for t, n in zip(plain.token_times, gaps, strict=True)], abs=1e-12)
+    each = (70 + 2 * 3) * US  # one window's message, two requests' events
+
+    def pair() -> list[Request]:
+        return [Request(0, 0.0, 100, 5), Request(1, 0.0, 100, 5)]
+
+    # the windows before each of the 5 tokens: single_step 1..5; multi_step k=4: the prefill
+    # window, then one window of 4 steps
+    for policy, k, windows, per_step in (("single_step", 1, [1, 2, 3, 4, 5], False),
+                                         ("multi_step", 4, [1, 2, 2, 2, 2], False),
+                                         ("multi_step", 4, [1, 2, 3, 4, 5], True)):
+        plain, handed = pair(), pair()
+        base = run(policy, plain, k=k, overhead=serve, stream_per_step=per_step)
+        res = run(policy, handed, k=k, overhead=with_handoff, stream_per_step=per_step)
+        for a, b in zip(plain, handed, strict=True):
+            assert b.token_times == pytest.approx(
+                [t + n * each for t, n in zip(a.token_times, windows, strict=True)], abs=1e-12)
         busy = [r.cpu_busy_fraction * r.duration for r in (base, res)]
-        assert busy[1] == pytest.approx(busy[0] + gaps[-1] * each, abs=1e-12)
+        assert busy[1] == pytest.approx(busy[0] + windows[-1] * each, abs=1e-12)
+    one_process = dataclasses.replace(with_handoff, api_server_on_critical_path=True)
+    plain, handed = pair(), pair()
+    run("single_step", plain, overhead=dataclasses.replace(one_process, handoff_per_window_us=0.0,
+                                                           handoff_per_chunk_us=0.0))
+    run("single_step", handed, overhead=one_process)
+    assert [r.token_times for r in handed] == [r.token_times for r in plain]
 
 
 def test_async_output_processing_runs_after_the_next_schedule():
