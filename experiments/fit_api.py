@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import zlib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,7 @@ def read_steps(run_dir: Path) -> tuple[Path, pd.DataFrame] | None:
             continue
         try:
             steps = pd.read_csv(path)
-        except (OSError, ValueError, EOFError) as err:
+        except (OSError, ValueError, EOFError, zlib.error) as err:  # zlib: a corrupt .gz
             raise ValueError(f"{path}: unreadable steps ({err})") from None
         for col in ("num_seqs", "num_prefill_seqs", "update_s"):
             if col not in steps.columns:

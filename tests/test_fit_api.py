@@ -3,6 +3,7 @@ client-measured results made from known coefficients, written as a profile the s
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -183,6 +184,13 @@ def test_a_client_run_without_its_in_process_pair_is_one_line(tmp_path, capsys):
         "num_seqs,num_prefill_seqs,update_s\n4,0,0.001\n5,0,abc\n")
     with pytest.raises(ValueError, match="run0/steps.csv: column update_s must hold numbers"):
         fit_api.handoff_pairs(rows, client, alone)
+    steps = client / "run0" / "steps.csv"
+    data = gzip.compress(b"num_seqs,num_prefill_seqs,update_s\n" + b"4,0,0.001\n" * 2000)
+    steps.unlink()
+    (client / "run0" / "steps.csv.gz").write_bytes(data[:20] + bytes(50) + data[70:])
+    with pytest.raises(ValueError, match=r"run0/steps.csv.gz: unreadable steps"):
+        fit_api.handoff_pairs(rows, client, alone)
+    (client / "run0" / "steps.csv.gz").unlink()
     # too few decode windows: the pair is left out, and with no pair left the fit stops
     write_steps(client / "run0", 90.0, 2.0, windows=50)
     with pytest.raises(ValueError, match="no client run keeps the server's steps.csv with 100"):
