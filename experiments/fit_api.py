@@ -71,10 +71,7 @@ def client_runs(measured_dir: str | Path) -> list[dict[str, Any]]:
         raise ValueError(f"--measured-dir {root}: not a directory")
     rows = []
     for path in sorted(root.rglob("result.json")):
-        try:
-            result = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise ValueError(f"{path}: unreadable result ({err})") from None
+        result = read_result(path)
         meta = result.get("schedlab") or {}
         server = meta.get("server") or {}
         if meta.get("backend") != "real-http":
@@ -83,8 +80,9 @@ def client_runs(measured_dir: str | Path) -> list[dict[str, Any]]:
         if missing:
             raise ValueError(f"{path}: a client-measured run without the server's counters "
                              f"{', '.join(missing)} (measured before they existed?)")
-        rows.append({"run": str(path.parent.relative_to(root)), "policy": meta.get("policy"),
-                     "k": meta.get("k"), "overlap": meta.get("overlap"),
+        rows.append({"run": str(path.parent.relative_to(root)), "meta": meta,
+                     "policy": meta.get("policy"), "k": meta.get("k"),
+                     "overlap": meta.get("overlap"),
                      "request_rate": result.get("request_rate"),
                      "tokens": float(result.get("total_output_tokens", 0)),
                      **{k: float(server[k]) for k in SERVER_COUNTERS}})
@@ -92,6 +90,13 @@ def client_runs(measured_dir: str | Path) -> list[dict[str, Any]]:
         raise ValueError(f"--measured-dir {root}: {len(rows)} client-measured runs with server "
                          f"counters; the fit needs at least {len(TERMS)}")
     return rows
+
+
+def read_result(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: unreadable result ({err})") from None
 
 
 def fit_api(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -168,13 +173,6 @@ def update_line(steps: pd.DataFrame) -> np.ndarray | None:
     return np.linalg.lstsq(a, decode["update_s"].to_numpy(dtype=float) * 1e6, rcond=None)[0]
 
 
-def _schedlab(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text()).get("schedlab") or {}
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: unreadable result ({err})") from None
-
-
 def handoff_pairs(rows: list[dict[str, Any]], measured_dir: str | Path,
                   inprocess_dir: str | Path) -> list[dict[str, Any]]:
     """For each client run (``rows``: client_runs) with the server's steps.csv, the in-process
@@ -193,7 +191,7 @@ def handoff_pairs(rows: list[dict[str, Any]], measured_dir: str | Path,
         if alone is None:
             raise ValueError(f"--inprocess-dir {other}: no in-process run {row['run']} "
                              f"(steps.csv) for the client run {root / row['run']}")
-        a, b = _schedlab(root / row["run"] / "result.json"), _schedlab(twin / "result.json")
+        a, b = row["meta"], read_result(twin / "result.json").get("schedlab") or {}
         wa, wb = a.get("workload") or {}, b.get("workload") or {}
         differ = ([f for f in PAIRED if a.get(f) != b.get(f)]
                   + [f"workload.{f}" for f in PAIRED_WORKLOAD if wa.get(f) != wb.get(f)])
@@ -216,13 +214,19 @@ def usable(pair: dict[str, Any]) -> bool:
     return pair["server"] is not None and pair["inprocess"] is not None
 
 
+def excess(pairs: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """Each usable pair's update() excess behind the server, [per window, per sequence] (us),
+    and its decode windows."""
+    used = [p for p in pairs if usable(p)]
+    return (np.array([p["server"] - p["inprocess"] for p in used]),
+            np.array([p["windows"] for p in used], dtype=float))
+
+
 def fit_handoff(pairs: list[dict[str, Any]]) -> dict[str, float]:
     """The server's update() excess over in-process, per window and per chunk (us, >= 0),
     averaged over the pairs weighted by their decode windows."""
-    pairs = [p for p in pairs if usable(p)]
-    w = np.array([p["windows"] for p in pairs], dtype=float)
-    excess = np.array([p["server"] - p["inprocess"] for p in pairs])
-    mean = (excess * w[:, None]).sum(axis=0) / w.sum()
+    x, w = excess(pairs)
+    mean = (x * w[:, None]).sum(axis=0) / w.sum()
     return {t: max(float(v), 0.0) for t, v in zip(HANDOFF, mean, strict=True)}
 
 
@@ -232,10 +236,11 @@ def predicted_cpu_s(terms: dict[str, float], row: dict[str, Any]) -> float:
 
 def profile_text(base: dict[str, Any], terms: dict[str, float], rows: list[dict[str, Any]],
                  errors: dict[str, float], name: str, command: str,
-                 pairs: list[dict[str, Any]] | None = None) -> str:
+                 pairs: list[dict[str, Any]] | None = None,
+                 handoff: dict[str, float] | None = None) -> str:
     """The overhead profile's YAML: a header saying where each number comes from (``errors``:
-    fit_errors; ``pairs``: handoff_pairs), then ``base`` with the API-server terms (and the
-    hand-over's, with ``pairs``)."""
+    fit_errors; ``pairs``: handoff_pairs), then ``base`` with the API-server terms (and
+    ``handoff``, fit_handoff of ``pairs``)."""
     import scipy
 
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -257,7 +262,6 @@ def profile_text(base: dict[str, Any], terms: dict[str, float], rows: list[dict[
     values.update({t: round(v, 3) for t, v in terms.items()},
                   api_server_on_critical_path=False, api_chunk_per_window=True)
     if pairs:
-        handoff = fit_handoff(pairs)
         values.update({t: round(v, 3) for t, v in handoff.items()})
         lines += ["# the engine thread's hand-over of each window's tokens to the front end "
                   "(update() and the pipe",
@@ -271,12 +275,12 @@ def profile_text(base: dict[str, Any], terms: dict[str, float], rows: list[dict[
             else:
                 lines.append(f"#   {p['run']}: left out, under {MIN_WINDOWS} decode windows "
                              "or one batch size in a run")
-        excess = np.array([p["server"] - p["inprocess"] for p in pairs if usable(p)])
+        x, _ = excess(pairs)
         lines.append(f"#   weighted mean excess: handoff_per_window_us "
                      f"{handoff['handoff_per_window_us']:.1f} (pairs "
-                     f"{excess[:, 0].min():.1f} to {excess[:, 0].max():.1f}), "
+                     f"{x[:, 0].min():.1f} to {x[:, 0].max():.1f}), "
                      f"handoff_per_chunk_us {handoff['handoff_per_chunk_us']:.3f} "
-                     f"({excess[:, 1].min():.3f} to {excess[:, 1].max():.3f})")
+                     f"({x[:, 1].min():.3f} to {x[:, 1].max():.3f})")
     OverheadSpec.from_dict({"name": name, **values})  # a profile the simulator takes
     lines.append(f"# fit error (RMS relative): {100 * errors['all']:.1f}% with every term, "
                  + ", ".join(f"{100 * errors[t]:.1f}% without {t}" for t in TERMS))
@@ -309,14 +313,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         terms, errors = fit_api(rows), fit_errors(rows)
         pairs = (handoff_pairs(rows, args.measured_dir, args.inprocess_dir)
                  if args.inprocess_dir else None)
+        handoff = fit_handoff(pairs) if pairs else {}
         base = load_conf("overhead", args.base, args.conf_dir)
-        text = profile_text(base, terms, rows, errors, args.name, command, pairs)
+        text = profile_text(base, terms, rows, errors, args.name, command, pairs, handoff)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     out = Path(args.conf_dir) / "overhead" / f"{args.name}.yaml"
     write_text_atomic(out, text)
-    handoff = fit_handoff(pairs) if pairs else {}
     print(f"{len(rows)} runs: " + ", ".join(f"{t} {v:.3f}" for t, v in
                                              {**terms, **handoff}.items()) + f" -> {out}")
     for t in unset_terms(errors, terms):
