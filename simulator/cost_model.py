@@ -219,11 +219,12 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
         t += _roofline(lm, h * V * d / tp / mem_rate, hw)
         t += hw.sampler_us * _US + n_s * V * hw.sampler_bytes_per_logit / mem_rate
     n_kernels = hw.kernels_per_layer * L
+    split = split_merge_kernels(shape, model, hw)
     if graph:
         t += (hw.cuda_graph_replay_us + n_kernels * hw.graph_kernel_us) * _US
     elif pieces:
         # The CPU replays L + 1 pieces and launches each layer's attention between them.
-        eager = hw.piecewise_eager_kernels_per_layer * L
+        eager = (hw.piecewise_eager_kernels_per_layer + split) * L
         t += ((L + 1) * hw.cuda_graph_replay_us + (n_kernels + eager) * hw.graph_kernel_us) * _US
         t = max(t, (L + 1 + eager) * hw.kernel_launch_us * _US)
     else:
@@ -231,7 +232,7 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
         # when launching is the slower of the two (small prefills are launch-bound).
         if 0 < shape.num_prefill_tokens < shape.num_tokens:  # mixed: both attention paths
             n_kernels += hw.mixed_kernels_per_layer * L
-        t = max(t, n_kernels * hw.kernel_launch_us * _US)
+        t = max(t, (n_kernels + split * L) * hw.kernel_launch_us * _US)
     if not shape.is_first:
         t += hw.advance_step_us * _US
     if tp > 1:
@@ -241,6 +242,16 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
         if n_s:
             t += lat + (tp - 1) / tp * n_s * V * d / link
     return t, min(busy, t)
+
+
+def split_merge_kernels(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> float:
+    """Kernels a layer launches besides when the step's decode attention splits each sequence's
+    keys (``decode_splits`` of its decoding sequences > 1): ``decode_split_kernels_per_layer``."""
+    decoding = shape.num_tokens - shape.num_prefill_tokens  # one token per decoding sequence
+    if not hw.decode_split_kernels_per_layer or decoding <= 0:
+        return 0.0
+    splits = decode_splits(decoding, kv_heads_per_rank(model, hw.tp), hw.num_sms)
+    return hw.decode_split_kernels_per_layer if splits > 1 else 0.0
 
 
 def stage_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec, slow: float = 1.0) -> float:

@@ -54,6 +54,9 @@ class HardwareSpec:
     # (schedlab's engine: 2048; vLLM V0: 0)
     piecewise_graph_max_tokens: int = 0
     piecewise_eager_kernels_per_layer: float = 4.0  # KV write, prefill/decode attention, copies
+    # launched per layer besides, in an eager or piecewise step whose decode attention splits its
+    # keys (few decoding sequences): the merge of the splits (schedlab's engine: 1; 0: none)
+    decode_split_kernels_per_layer: float = 0.0
     advance_step_us: float = 15.0  # multi-step: the advance_step kernel before steps 2..k
     sampler_us: float = 50.0
     sampler_bytes_per_logit: float = 12.0  # fp32 logits written, read by softmax, read by argmax
@@ -99,7 +102,8 @@ class HardwareSpec:
                      "advance_step_us", "sampler_us", "sampler_bytes_per_logit",
                      "allreduce_latency_us", "p2p_latency_us", "activation_reserve_gib",
                      "clock_power_slowdown", "clock_heat_slowdown",
-                     "mixed_kernels_per_layer", "piecewise_eager_kernels_per_layer"):
+                     "mixed_kernels_per_layer", "piecewise_eager_kernels_per_layer",
+                     "decode_split_kernels_per_layer"):
             if getattr(self, name) < 0:
                 raise ValueError(f"hardware.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("op_kernel_factor", "op_compute_factor"):

@@ -137,6 +137,29 @@ def test_kernel_launch_us_is_measured_on_served_piecewise_windows(data):
     assert "kernel_launch_us" not in fixed_terms(data[data["kind"] != "served"], MODEL, H200)
 
 
+def test_a_served_window_whose_decode_attention_splits_counts_the_merge_launches():
+    """Each window is priced per launch it makes: with few decoding sequences (their keys
+    split) a piecewise window launches (L + 1) + 5 L, not (L + 1) + 4 L."""
+    L = MODEL.num_layers
+    hw = dataclasses.replace(H200, piecewise_graph_max_tokens=2048, prefill_graph_max_tokens=512,
+                             decode_split_kernels_per_layer=1.0)
+    rows = []
+    for i in range(12):
+        decoding = 20 if i % 3 else 100  # 20 x 8 KV heads < 2 x 132 SMs: split; 100: not
+        units = L + 1 + (5 if decoding == 20 else 4) * L
+        shape = {"k": 1, "num_tokens": 170 + decoding, "num_seqs": 1 + decoding,
+                 "num_prefill_tokens": 170, "num_sampled": 1 + decoding,
+                 "attn_pairs": 14535.0, "kv_tokens": 170 + 300 * decoding, "is_first": True,
+                 "max_kv_tokens": 300, "policy": "chunked_prefill", "served_window": i}
+        rows.append({"kind": "served_step", "step": 0, "gpu_s": 0.01, **shape})
+        rows.append({"kind": "served", "launch_s": units * 50e-6, **shape})
+    data = pd.DataFrame(rows)
+    assert measured_launch_us(data, MODEL, hw) == pytest.approx(50.0)
+    # counted as if no window split, the split windows' launches look 25% slower each
+    blind = dataclasses.replace(hw, decode_split_kernels_per_layer=0.0)
+    assert measured_launch_us(data, MODEL, blind) == pytest.approx(50.0 * (6 * L + 1) / (5 * L + 1), rel=1e-3)
+
+
 def test_one_bootstrap_resample_is_refused():
     with pytest.raises(SystemExit) as exc:
         calibrate.main(["--data", str(DATA), "--bootstrap", "1"])
