@@ -30,7 +30,7 @@ import pandas as pd
 from experiments.fit_cpu import MIN_SERVED_WINDOWS, _nnls, fit_overhead
 from experiments.measure import SHAPE_COLS
 from policies import ModelSpec
-from simulator.cost_model import StepShape, piecewise_tokens, split_merge_kernels, step_time
+from simulator.cost_model import StepShape, piecewise_eager_kernels, piecewise_tokens, step_time
 from simulator.hardware import HardwareSpec
 
 # (key, lower bound, upper bound): the cost-model coefficients the calibration sets, fitted
@@ -98,9 +98,9 @@ def served_first_steps(data: pd.DataFrame) -> pd.DataFrame:
 
 def measured_launch_us(data: pd.DataFrame, spec: ModelSpec, hw: HardwareSpec) -> float | None:
     """``kernel_launch_us`` from served piecewise windows: the CPU time to queue step 1 over
-    the launches the cost model's floor counts for a piecewise step, (L + 1) replays and
-    L n_e eager kernels, n_e with the split merge where the window's decode attention splits
-    (``simulator.cost_model.step_cost``); the median over the windows. None: no such
+    the launches the cost model's floor counts for that window's piecewise step, (L + 1)
+    replays and L n_e eager kernels (``simulator.cost_model.piecewise_eager_kernels``: more in
+    a mixed step, more where its decode attention splits); the median over the windows. None: no such
     windows (older data, or the CPU, where there are no graphs)."""
     steps = served_first_steps(data)
     if steps.empty:
@@ -111,8 +111,7 @@ def measured_launch_us(data: pd.DataFrame, spec: ModelSpec, hw: HardwareSpec) ->
         shape = _shape(r)
         if piecewise_tokens(shape, hw) is None or pd.isna(r.launch_s):
             continue
-        eager = hw.piecewise_eager_kernels_per_layer + split_merge_kernels(shape, spec, hw)
-        per_unit.append(r.launch_s / (L + 1 + eager * L))
+        per_unit.append(r.launch_s / (L + 1 + piecewise_eager_kernels(shape, spec, hw) * L))
     if len(per_unit) < MIN_SERVED_WINDOWS:
         return None
     return float(f"{float(np.median(per_unit)) * 1e6:.4g}")

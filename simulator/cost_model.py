@@ -13,8 +13,10 @@ the coefficients by least squares (the two rooflines by choosing each step's bin
          + t_replay + N_k * t_graph_kernel                            (CUDA graph), or for
                                   eager steps the whole sum so far is max(sum, N_k * t_launch),
                                   or for piecewise graphs (L + 1) t_replay + N_k t_graph_kernel
-                                  and at least (L + 1 + L n_e) t_launch (n_e: eager attention
-                                  kernels between pieces)
+                                  and at least (L + 1 + L n_e) t_launch (n_e: eager kernels
+                                  a layer launches between pieces, ``piecewise_eager_kernels``);
+                                  eager and piecewise steps whose decode attention splits its
+                                  keys launch its merge besides in every layer
            + t_advance_step            (steps 2..k of a multi-step window)
            + (2L+1) (t_ar + 2 (tp-1)/tp * T h d / (N * eta_ar))       TP all-reduces (tp > 1)
            + t_ar + (tp-1)/tp * N_s V d / (N * eta_ar)                logits gather (tp > 1)
@@ -224,7 +226,7 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
         t += (hw.cuda_graph_replay_us + n_kernels * hw.graph_kernel_us) * _US
     elif pieces:
         # The CPU replays L + 1 pieces and launches each layer's attention between them.
-        eager = (hw.piecewise_eager_kernels_per_layer + split) * L
+        eager = piecewise_eager_kernels(shape, model, hw) * L
         t += ((L + 1) * hw.cuda_graph_replay_us + (n_kernels + eager) * hw.graph_kernel_us) * _US
         t = max(t, (L + 1 + eager) * hw.kernel_launch_us * _US)
     else:
@@ -245,13 +247,25 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
 
 
 def split_merge_kernels(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> float:
-    """Kernels a layer launches besides when the step's decode attention splits each sequence's
-    keys (``decode_splits`` of its decoding sequences > 1): ``decode_split_kernels_per_layer``."""
+    """In an eager or piecewise step: the kernels each layer adds to merge the key splits of its
+    decode attention, ``decode_split_kernels_per_layer`` when the decoding sequences split
+    (``decode_splits`` > 1), else 0. (A CUDA-graph step launches none of its own.)"""
     decoding = shape.num_tokens - shape.num_prefill_tokens  # one token per decoding sequence
     if not hw.decode_split_kernels_per_layer or decoding <= 0:
         return 0.0
     splits = decode_splits(decoding, kv_heads_per_rank(model, hw.tp), hw.num_sms)
     return hw.decode_split_kernels_per_layer if splits > 1 else 0.0
+
+
+def piecewise_eager_kernels(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> float:
+    """The eager kernels a piecewise step launches per layer between its graph pieces, as the
+    engine does (real_backend/attention.py): the KV write, attention and the copy into the
+    pieces' buffer; both attentions and their concatenation in a step with prefill and decode
+    rows; and the merge of split decode attention."""
+    mixed = 0 < shape.num_prefill_tokens < shape.num_tokens
+    return (hw.piecewise_eager_kernels_per_layer
+            + (hw.piecewise_mixed_kernels_per_layer if mixed else 0.0)
+            + split_merge_kernels(shape, model, hw))
 
 
 def stage_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec, slow: float = 1.0) -> float:

@@ -53,9 +53,15 @@ class HardwareSpec:
     # piecewise graphs: L + 1 graphs between attentions, each layer's attention launched eagerly
     # (schedlab's engine: 2048; vLLM V0: 0)
     piecewise_graph_max_tokens: int = 0
-    piecewise_eager_kernels_per_layer: float = 4.0  # KV write, prefill/decode attention, copies
+    # eager kernels a layer launches between the pieces (schedlab's engine): the KV write, the
+    # attention and the copy into the pieces' buffer; with prefill and decode rows both, the
+    # other attention and the concatenation of the two besides
+    piecewise_eager_kernels_per_layer: float = 3.0
+    piecewise_mixed_kernels_per_layer: float = 2.0
     # launched per layer besides, in an eager or piecewise step whose decode attention splits its
-    # keys (few decoding sequences): the merge of the splits (schedlab's engine: 1; 0: none)
+    # keys (few decoding sequences): the merge of the splits (schedlab's engine: 1; 0: none).
+    # The operator-table profile (op_tables) issues its steps from measured host times and
+    # reads none of these counts.
     decode_split_kernels_per_layer: float = 0.0
     advance_step_us: float = 15.0  # multi-step: the advance_step kernel before steps 2..k
     sampler_us: float = 50.0
@@ -103,7 +109,7 @@ class HardwareSpec:
                      "allreduce_latency_us", "p2p_latency_us", "activation_reserve_gib",
                      "clock_power_slowdown", "clock_heat_slowdown",
                      "mixed_kernels_per_layer", "piecewise_eager_kernels_per_layer",
-                     "decode_split_kernels_per_layer"):
+                     "piecewise_mixed_kernels_per_layer", "decode_split_kernels_per_layer"):
             if getattr(self, name) < 0:
                 raise ValueError(f"hardware.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("op_kernel_factor", "op_compute_factor"):

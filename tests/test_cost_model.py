@@ -22,6 +22,7 @@ from policies.step_sizes import (
 from simulator.cost_model import (
     StepShape,
     graph_tokens,
+    piecewise_eager_kernels,
     piecewise_tokens,
     split_merge_kernels,
     stage_time,
@@ -237,12 +238,14 @@ def test_piecewise_graphs_cover_what_no_whole_step_graph_does():
     assert step_time(big, model(), hw) > step_time(big, model(), eager)  # GPU-bound: padding costs
 
 
-def test_a_step_whose_decode_attention_splits_launches_the_merge_per_layer():
-    """Few decoding sequences split their keys (decode_splits > 1), and each layer of an eager
-    or piecewise step then launches the splits' merge too: one more kernel per layer at the
-    launch floor (llama3_8b: 8 KV heads, 132 SMs; 33 sequences or more keep one split)."""
+def test_a_piecewise_step_launches_per_layer_what_the_engine_does():
+    """Between its graph pieces a step launches, per layer, the KV write, its attention and the
+    copy into the pieces' buffer (3); with prefill and decode rows both, the other attention and
+    the concatenation (5); when few decoding sequences split their keys (decode_splits > 1),
+    the merge of the splits besides (6). Eager steps add the merge to their floor too.
+    (llama3_8b: 8 KV heads, 132 SMs: 33 decoding sequences or more keep one split.)"""
     hw = hardware("h200", prefill_graph_max_tokens=512, piecewise_graph_max_tokens=2048,
-                  kernel_launch_us=40.0, decode_split_kernels_per_layer=1.0)
+                  kernel_launch_us=400.0, decode_split_kernels_per_layer=1.0)
     m = model()
     L = m.num_layers
 
@@ -250,16 +253,21 @@ def test_a_step_whose_decode_attention_splits_launches_the_merge_per_layer():
         return StepShape(170 + decoding, 1 + decoding, 170, 1 + decoding, 170 * 171 / 2,
                          170 + decoding * 300, True, 300)
 
+    prefill = StepShape(600, 1, 600, 1, 600 * 601 / 2, 600, True)
     assert split_merge_kernels(mixed(25), m, hw) == 1.0  # 25 x 8 < 264 programs: 2 splits
     assert split_merge_kernels(mixed(33), m, hw) == 0.0  # 33 x 8 >= 264: one split
-    assert split_merge_kernels(StepShape(170, 1, 170, 1, 14535.0, 170, True), m, hw) == 0.0
+    assert split_merge_kernels(prefill, m, hw) == 0.0
     assert split_merge_kernels(mixed(25), m, hardware()) == 0.0  # vLLM profiles: none
-    # launch-bound (a slow launch): the floor is (L + 1) replays and L (4 + 1) eager kernels
-    slow = dataclasses.replace(hw, kernel_launch_us=400.0)
-    assert step_time(mixed(25), m, slow) == pytest.approx((L + 1 + 5 * L) * 400e-6)
-    assert step_time(mixed(40), m, slow) == pytest.approx((L + 1 + 4 * L) * 400e-6)
+    # tensor parallelism: the rank's KV heads decide (40 x 4 < 264 split, 40 x 8 does not)
+    assert split_merge_kernels(mixed(40), m, dataclasses.replace(hw, tp=2)) == 1.0
+    assert split_merge_kernels(mixed(40), m, hw) == 0.0
+    assert [piecewise_eager_kernels(s, m, hw) for s in (prefill, mixed(40), mixed(25))] == [
+        3.0, 5.0, 6.0]
+    # launch-bound (a slow launch): the floor is (L + 1) replays and L n_e eager kernels
+    for shape, n_e in ((prefill, 3), (mixed(40), 5), (mixed(25), 6)):
+        assert step_time(shape, m, hw) == pytest.approx((L + 1 + n_e * L) * 400e-6)
     # eager (no piecewise graphs): the merge adds L kernels to the eager floor
-    eager = dataclasses.replace(slow, piecewise_graph_max_tokens=0)
+    eager = dataclasses.replace(hw, piecewise_graph_max_tokens=0)
     n = hw.kernels_per_layer * L
     assert step_time(mixed(25), m, eager) == pytest.approx((n + L) * 400e-6)
     assert step_time(mixed(40), m, eager) == pytest.approx(n * 400e-6)

@@ -4,7 +4,6 @@ step times made from known coefficients recovers them, and the held terms come f
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +20,10 @@ from experiments.fit import (
     fit_gpu,
     fixed_terms,
     measured_launch_us,
+    served_first_steps,
 )
 from policies import ModelSpec
-from simulator.cost_model import step_time
+from simulator.cost_model import piecewise_tokens, step_time
 from simulator.hardware import HardwareSpec
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -123,15 +123,28 @@ def test_fit_on_synthetic_steps_recovers_the_coefficients(data, noise, tolerance
 
 
 def test_kernel_launch_us_is_measured_on_served_piecewise_windows(data):
-    """The launch cost is not fitted where served launch times exist: it is their median per
-    launch the cost model counts for a piecewise step, (L + 1) + 4 L, and follows the data."""
+    """The launch cost is not fitted where served launch times exist: it is the median, over
+    served piecewise windows, of each window's launch time per launch the cost model counts
+    for it (L + 1 replays and L n_e eager kernels, n_e as the engine launches them), and it
+    follows the data."""
     L = MODEL.num_layers
     launch = measured_launch_us(data, MODEL, H200)
-    assert launch == pytest.approx(39.98, rel=1e-3)
+    assert launch == pytest.approx(34.49, rel=1e-3)
     doubled = data.assign(launch_s=data["launch_s"] * 2)
     assert measured_launch_us(doubled, MODEL, H200) == pytest.approx(2 * launch, rel=1e-3)
     assert fixed_terms(data, MODEL, H200)["kernel_launch_us"][0] == launch
-    assert math.isclose(launch * (L + 1 + 4 * L), 6436.0, rel_tol=0.01)  # 6.4 ms a step
+    # the engine's counts give mixed windows (5 a layer) and prefill-only ones (3) one launch
+    # cost between them (a count of 4 for both would put them 30% apart)
+    steps = served_first_steps(data)
+    piecewise = steps[[piecewise_tokens(_shape(r), H200) is not None
+                       for r in steps.itertuples()]]
+    mixed = piecewise["num_prefill_tokens"].between(1, piecewise["num_tokens"] - 1)
+    only_prefill = piecewise["num_prefill_tokens"] == piecewise["num_tokens"]
+    assert mixed.sum() > 50 and only_prefill.sum() > 20
+    per_mixed = piecewise.loc[mixed, "launch_s"].median() / (6 * L + 1) * 1e6
+    per_prefill = piecewise.loc[only_prefill, "launch_s"].median() / (4 * L + 1) * 1e6
+    assert per_mixed == pytest.approx(launch, rel=0.05)
+    assert per_prefill == pytest.approx(launch, rel=0.05)
     # older data, without served windows: the launch cost is fitted
     assert measured_launch_us(data[data["kind"] != "served"], MODEL, H200) is None
     assert "kernel_launch_us" not in fixed_terms(data[data["kind"] != "served"], MODEL, H200)
@@ -139,14 +152,13 @@ def test_kernel_launch_us_is_measured_on_served_piecewise_windows(data):
 
 def test_a_served_window_whose_decode_attention_splits_counts_the_merge_launches():
     """Each window is priced per launch it makes: with few decoding sequences (their keys
-    split) a piecewise window launches (L + 1) + 5 L, not (L + 1) + 4 L."""
+    split) a mixed piecewise window launches (L + 1) + 6 L, not (L + 1) + 5 L."""
     L = MODEL.num_layers
-    hw = dataclasses.replace(H200, piecewise_graph_max_tokens=2048, prefill_graph_max_tokens=512,
-                             decode_split_kernels_per_layer=1.0)
+    hw = dataclasses.replace(H200, decode_split_kernels_per_layer=1.0)
     rows = []
     for i in range(12):
         decoding = 20 if i % 3 else 100  # 20 x 8 KV heads < 2 x 132 SMs: split; 100: not
-        units = L + 1 + (5 if decoding == 20 else 4) * L
+        units = L + 1 + (6 if decoding == 20 else 5) * L
         shape = {"k": 1, "num_tokens": 170 + decoding, "num_seqs": 1 + decoding,
                  "num_prefill_tokens": 170, "num_sampled": 1 + decoding,
                  "attn_pairs": 14535.0, "kv_tokens": 170 + 300 * decoding, "is_first": True,
@@ -155,9 +167,10 @@ def test_a_served_window_whose_decode_attention_splits_counts_the_merge_launches
         rows.append({"kind": "served", "launch_s": units * 50e-6, **shape})
     data = pd.DataFrame(rows)
     assert measured_launch_us(data, MODEL, hw) == pytest.approx(50.0)
-    # counted as if no window split, the split windows' launches look 25% slower each
+    # counted as if no window split, the split windows' launches look 17% slower each
     blind = dataclasses.replace(hw, decode_split_kernels_per_layer=0.0)
-    assert measured_launch_us(data, MODEL, blind) == pytest.approx(50.0 * (6 * L + 1) / (5 * L + 1), rel=1e-3)
+    assert measured_launch_us(data, MODEL, blind) == pytest.approx(
+        50.0 * (7 * L + 1) / (6 * L + 1), rel=1e-3)
 
 
 def test_one_bootstrap_resample_is_refused():
