@@ -1,5 +1,6 @@
 """The docs' validation tables say what docs/validation/validation.csv says: every cell of
-validation.md, its worst-error line, and the README's summary table with its claim."""
+validation.md, its worst-error line, the README's summary table with its claim, and the
+figures BENCHMARKS.md and docs/validation/README.md quote from it."""
 
 from __future__ import annotations
 
@@ -116,3 +117,40 @@ def test_readme_server_table_is_the_server_validation_csv():
         seen.add((row[0], row[1]))
     assert len(seen) == 6
     assert ("All six configurations meet the targets" in section) == (missed == 0)
+
+
+def _worst(table: pd.DataFrame, column: str) -> list[float]:
+    """Per summary metric, the largest |value| of ``column`` over the grid, in percent."""
+    return [round(100 * table.loc[table["metric"] == m, column].abs().max(), 1)
+            for m in SUMMARY_METRICS.values()]
+
+
+def test_benchmarks_and_validation_readme_quote_the_csv(table):
+    """BENCHMARKS.md's paragraph on the validation and docs/validation/README.md's result table
+    quote the grid's worst errors and both sides' spreads: the numbers of validation.csv."""
+    text = " ".join((ROOT / "BENCHMARKS.md").read_text().split())
+    m = re.search(r"Worst errors over the whole grid: request throughput ([\d.]+)%, median TTFT "
+                  r"([\d.]+)%, median TPOT ([\d.]+)%", text)
+    assert [float(v) for v in m.groups()] == _worst(table, "rel_error")
+    m = re.search(r"own spread reaches ([\d.]+)%, ([\d.]+)% and ([\d.]+)%; the simulated runs' "
+                  r"([\d.]+)%, ([\d.]+)% and ([\d.]+)%", text)
+    values = [float(v) for v in m.groups()]
+    assert values[:3] == _worst(table, "measured_spread")
+    assert values[3:] == _worst(table, "predicted_spread")
+    readme = (VALIDATION / "README.md").read_text()
+    section = readme[readme.index("## Result: every configuration within the targets"):]
+    _, rows = markdown_rows(section, "load")
+    loads = {"all at t=0": "inf", "Poisson 20 req/s": "20", "Poisson 40 req/s": "40"}
+    seen = set()
+    for row in rows:
+        cells = [float(c.split("%")[0].removeprefix("up to ")) for c in row[1:]]
+        rate = next((r for label, r in loads.items() if row[0].startswith(label)), None)
+        if rate is not None:
+            assert cells == _worst(table[table["rate"] == rate], "rel_error"), row[0]
+        elif row[0].startswith("spread of the measured"):
+            assert cells == _worst(table, "measured_spread")
+        else:
+            assert row[0].startswith("spread of the 9 simulated"), row[0]
+            assert cells == _worst(table, "predicted_spread")
+        seen.add(row[0].split(" (")[0])
+    assert len(seen) == 5
