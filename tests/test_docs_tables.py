@@ -154,3 +154,32 @@ def test_benchmarks_and_validation_readme_quote_the_csv(table):
             assert cells == _worst(table, "predicted_spread")
         seen.add(row[0].split(" (")[0])
     assert len(seen) == 5
+
+
+def test_readme_overlap_table_is_the_overlap_validation_csv():
+    """docs/validation/README.md's table for the overlap configurations is what
+    experiments.validate wrote to overlap/, every cell, an error over target in bold."""
+    text = (VALIDATION / "README.md").read_text()
+    section = text[text.index("## Overlap scheduling"):]
+    header, rows = markdown_rows(section, "configuration")
+    metrics = [SUMMARY_METRICS[h] for h in header[2:]]
+    names = {"single_step + overlap": ("single_step", 1),
+             "multi_step k=4 + overlap": ("multi_step", 4),
+             "chunked_prefill + overlap": ("chunked_prefill", 1)}
+    df = pd.read_csv(VALIDATION / "overlap" / "validation.csv")
+    df["k"] = df["k"].fillna(1).astype(int)
+    df["rate"] = df["request_rate"].map(lambda r: "t=0" if math.isinf(r) else f"{r:g}")
+    err = df.set_index(["policy", "k", "rate", "metric"])["rel_error"]
+    met = 0
+    for row in rows:
+        policy, k = names[row[0]]
+        over = [abs(err[(policy, k, row[1], m)]) > TARGETS[m] for m in metrics]
+        for metric, cell, miss in zip(metrics, row[2:], over, strict=True):
+            value = pct(err[(policy, k, row[1], metric)])
+            assert cell == (f"**{value}**" if miss else value), (row[0], row[1], metric)
+        met += not any(over)
+    assert len(rows) == len(df.groupby(["policy", "k", "rate"])) == 9
+    counts = ["No", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight"]
+    claim = ("All nine configurations meet the targets" if met == 9
+             else f"{counts[met]} of the nine configurations meet the targets")
+    assert claim in section
