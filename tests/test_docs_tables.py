@@ -183,3 +183,29 @@ def test_readme_overlap_table_is_the_overlap_validation_csv():
     claim = ("All nine configurations meet the targets" if met == 9
              else f"{counts[met]} of the nine configurations meet the targets")
     assert claim in section
+
+
+def test_readme_models_table_is_the_leave_one_out_csv():
+    """The README's leave-one-model-out summary is docs/validation/models.csv: per model and
+    metric the worst held-out error, the old profile's in brackets, and the count of cells
+    over target."""
+    text = (ROOT / "README.md").read_text()
+    header, rows = markdown_rows(text, "model (held out)")
+    metrics = [SUMMARY_METRICS[h] for h in header[1:]]
+    df = pd.read_csv(VALIDATION / "models.csv")
+    names = {"Llama-3.2-1B": "llama3_2_1b", "Llama-3.2-3B": "llama3_2_3b",
+             "Llama-3-8B": "llama3_8b", "Llama-2-13B (MHA)": "llama2_13b"}
+    assert {names[row[0]] for row in rows} == set(df["model"])
+    for row in rows:
+        here = df[df["model"] == names[row[0]]]
+        for metric, cell in zip(metrics, row[1:], strict=True):
+            new, old = re.match(r"([\d.]+)% \(([\d.]+)%", cell).groups()
+            for profile, value in (("h200_ops (held out)", new),
+                                   ("h200_calibrated + schedlab_h200", old)):
+                worst = here.loc[(here["profile"] == profile) & (here["metric"] == metric),
+                                 "rel_error"].abs().max()
+                assert float(value) == pytest.approx(round(100 * worst, 1)), (row[0], metric)
+    held = df[df["profile"] == "h200_ops (held out)"]
+    counts = ["No", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight"]
+    over = int(held["over_target"].sum())
+    assert f"{counts[over]} of the {len(held)} held-out cells miss the targets" in text
