@@ -209,9 +209,7 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
     t_kv = shape.kv_tokens * kv_bytes / (bw * hw.attn_decode_efficiency)
     if hw.attn_seq_gbps and shape.max_kv_tokens:
         # A ragged batch waits for its longest sequence, read by (splits x kv heads) programs.
-        # (the engine splits over the rows attention sees: a graph's padded batch)
-        rows = padded if graph and shape.num_tokens == shape.num_seqs else shape.num_seqs
-        splits = decode_splits(rows, kv_heads_per_rank(model, tp), hw.num_sms)
+        splits = decode_attention_splits(shape, model, hw, padded)
         t_kv = max(t_kv, shape.max_kv_tokens * kv_bytes / (splits * hw.attn_seq_gbps * 1e9))
     t += t_kv
     n_s = shape.num_sampled
@@ -250,11 +248,22 @@ def split_merge_kernels(shape: StepShape, model: ModelSpec, hw: HardwareSpec) ->
     """In an eager or piecewise step: the kernels each layer adds to merge the key splits of its
     decode attention, ``decode_split_kernels_per_layer`` when the decoding sequences split
     (``decode_splits`` > 1), else 0. (A CUDA-graph step launches none of its own.)"""
-    decoding = shape.num_tokens - shape.num_prefill_tokens  # one token per decoding sequence
-    if not hw.decode_split_kernels_per_layer or decoding <= 0:
+    if not hw.decode_split_kernels_per_layer or shape.num_tokens <= shape.num_prefill_tokens:
         return 0.0
-    splits = decode_splits(decoding, kv_heads_per_rank(model, hw.tp), hw.num_sms)
-    return hw.decode_split_kernels_per_layer if splits > 1 else 0.0
+    split = decode_attention_splits(shape, model, hw) > 1
+    return hw.decode_split_kernels_per_layer if split else 0.0
+
+
+def decode_attention_splits(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
+                            padded: int | None = None) -> int:
+    """The key splits the engine's decode attention picks for the step (``decode_splits``) over
+    the rows it sees: a decode CUDA graph's padded batch (``padded``), else the decoding
+    sequences, one token each (a mixed step's prefill rows go to the prefill kernel)."""
+    if padded is not None and shape.num_tokens == shape.num_seqs:
+        rows = padded
+    else:
+        rows = max(shape.num_tokens - shape.num_prefill_tokens, 1)
+    return decode_splits(rows, kv_heads_per_rank(model, hw.tp), hw.num_sms)
 
 
 def piecewise_eager_kernels(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> float:

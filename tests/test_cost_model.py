@@ -21,6 +21,7 @@ from policies.step_sizes import (
 )
 from simulator.cost_model import (
     StepShape,
+    decode_attention_splits,
     graph_tokens,
     piecewise_eager_kernels,
     piecewise_tokens,
@@ -261,6 +262,13 @@ def test_a_piecewise_step_launches_per_layer_what_the_engine_does():
     # tensor parallelism: the rank's KV heads decide (40 x 4 < 264 split, 40 x 8 does not)
     assert split_merge_kernels(mixed(40), m, dataclasses.replace(hw, tp=2)) == 1.0
     assert split_merge_kernels(mixed(40), m, hw) == 0.0
+    # the rows decode attention sees: a mixed step's decoding sequences (its prompt goes to the
+    # prefill kernel), one home for the launch count and the longest-sequence bound
+    assert decode_splits(33, 8, 132) == 1 and decode_attention_splits(mixed(32), m, hw) == 2
+    assert split_merge_kernels(mixed(32), m, hw) == 1.0
+    decode = StepShape(20, 20, 0, 20, 0.0, 20 * 300, True, 300)
+    assert decode_attention_splits(decode, m, hw, padded=24) == decode_splits(24, 8, 132)
+    assert decode_attention_splits(decode, m, hw) == decode_splits(20, 8, 132)
     assert [piecewise_eager_kernels(s, m, hw) for s in (prefill, mixed(40), mixed(25))] == [
         3.0, 5.0, 6.0]
     # launch-bound (a slow launch): the floor is (L + 1) replays and L n_e eager kernels
