@@ -82,6 +82,11 @@ class StepShape:
     num_prefill_seqs: int = 0  # sequences with a prefill chunk (0 with prefill tokens: not known)
     prefill_kv_tokens: int = 0  # of kv_tokens, those of the prefill chunks (c + q each)
 
+    @property
+    def is_mixed(self) -> bool:
+        """Prefill and decode rows both: the step runs both attention kernels."""
+        return 0 < self.num_prefill_tokens < self.num_tokens
+
 
 def window_shapes(batch: Batch) -> list[StepShape]:
     """The shape of every step of ``batch``: one pass over the sequences, then O(k)."""
@@ -219,7 +224,6 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
         t += _roofline(lm, h * V * d / tp / mem_rate, hw)
         t += hw.sampler_us * _US + n_s * V * hw.sampler_bytes_per_logit / mem_rate
     n_kernels = hw.kernels_per_layer * L
-    split = split_merge_kernels(shape, model, hw)
     if graph:
         t += (hw.cuda_graph_replay_us + n_kernels * hw.graph_kernel_us) * _US
     elif pieces:
@@ -230,9 +234,10 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
     else:
         # Eager kernels are launched by the CPU while earlier ones run: the GPU waits only
         # when launching is the slower of the two (small prefills are launch-bound).
-        if 0 < shape.num_prefill_tokens < shape.num_tokens:  # mixed: both attention paths
+        if shape.is_mixed:  # both attention paths
             n_kernels += hw.mixed_kernels_per_layer * L
-        t = max(t, (n_kernels + split * L) * hw.kernel_launch_us * _US)
+        n_kernels += split_merge_kernels(shape, model, hw) * L
+        t = max(t, n_kernels * hw.kernel_launch_us * _US)
     if not shape.is_first:
         t += hw.advance_step_us * _US
     if tp > 1:
@@ -271,9 +276,8 @@ def piecewise_eager_kernels(shape: StepShape, model: ModelSpec, hw: HardwareSpec
     engine does (real_backend/attention.py): the KV write, attention and the copy into the
     pieces' buffer; both attentions and their concatenation in a step with prefill and decode
     rows; and the merge of split decode attention."""
-    mixed = 0 < shape.num_prefill_tokens < shape.num_tokens
     return (hw.piecewise_eager_kernels_per_layer
-            + (hw.piecewise_mixed_kernels_per_layer if mixed else 0.0)
+            + (hw.piecewise_mixed_kernels_per_layer if shape.is_mixed else 0.0)
             + split_merge_kernels(shape, model, hw))
 
 
