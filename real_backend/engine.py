@@ -399,12 +399,21 @@ POLL_S = 200e-6  # while waiting to form the next window, the window in flight's
 
 def _wait_until(at: float | None, clock: Clock, runner: ModelRunner,
                 in_flight: LaunchedWindow) -> None:
-    """Sleep until ``at`` (the late schedule's time to form the next window), pythonizing the
-    window in flight's finished steps meanwhile, so that each keeps its own delivery time
-    (a multi-step window's tokens would otherwise all get the time of its drain)."""
-    while at is not None and (left := at - clock()) > 0:
-        runner.poll_window(in_flight)
-        time.sleep(min(left, POLL_S))
+    """Wait until ``at`` (the late schedule's time to form the next window), pythonizing the
+    window in flight's finished steps every ``POLL_S`` meanwhile, so that each keeps its own
+    delivery time (a multi-step window's tokens would otherwise all get the time of its drain).
+
+    The wait keeps the CPU busy, as a CUDA synchronize does while the engine without overlap
+    waits for its window: it does not sleep. Sleeping between the polls, the engine ran the next
+    window's schedule, input preparation and launch 1.1-1.5x slower, and a launch slower than
+    the window's GPU work leaves the GPU waiting (BENCHMARKS.md, "The overlap loop's wait").
+    ``time.sleep(0)`` only hands the GIL to other threads (the HTTP server's)."""
+    next_poll = clock()
+    while at is not None and (now := clock()) < at:
+        if now >= next_poll:
+            runner.poll_window(in_flight)
+            next_poll = now + POLL_S
+        time.sleep(0)
 
 
 def _window_row(batch: Batch, out: WindowResult, t_start: float, schedule_s: float,

@@ -160,7 +160,7 @@ def test_overlap_late_schedule_with_arrivals_keeps_greedy_ids(reference) -> None
     assert got == reference
 
 
-def test_late_schedule_wait_times_the_window_in_flight_step_by_step() -> None:
+def test_late_schedule_wait_times_the_window_in_flight_step_by_step(monkeypatch) -> None:
     """While the engine waits to form the next window, it keeps pythonizing the window in
     flight, so each of its steps is timed as it ends (not all at the wait's end)."""
     from real_backend.engine import POLL_S, _wait_until
@@ -176,6 +176,13 @@ def test_late_schedule_wait_times_the_window_in_flight_step_by_step() -> None:
         t[0] += POLL_S  # each look at the clock: one poll interval later
         return t[0]
 
+    sleeps: list[float] = []
+    monkeypatch.setattr("real_backend.engine.time.sleep", sleeps.append)
     _wait_until(50 * POLL_S, clock, FakeRunner(), object())
     assert len(polls) >= 20 and t[0] >= 50 * POLL_S
+    # it waits busy, as a CUDA synchronize does: a sleeping core runs the next launch slower
+    assert sleeps and set(sleeps) == {0}
+    n = len(polls)
     _wait_until(None, clock, FakeRunner(), object())  # no estimate: no wait
+    _wait_until(t[0] - 1.0, clock, FakeRunner(), object())  # already past: no wait
+    assert len(polls) == n
