@@ -4,11 +4,10 @@
                                                [--poisson-prompts N] [--rates 20,40]
                                                [--only TAG,...] [--smoke]
 
-grid:    llama3_8b (random bf16), ShareGPT 1000 prompts (seed 0), all at t=0: single_step,
-         single_step + overlap, multi_step k=8, multi_step k=4 + overlap,
-         chunked_prefill + overlap (the real backend)
-poisson: ShareGPT (seed 1) at Poisson 20 and 40 req/s: single_step without and with overlap,
-         multi_step k=8, multi_step k=4 + overlap, chunked_prefill + overlap
+grid:    llama3_8b (random bf16), ShareGPT 1000 prompts (seed 0), all at t=0: single_step
+         without and with overlap, multi_step k=8, multi_step k=4 + overlap, chunked_prefill
+         without and with overlap (the real backend)
+poisson: ShareGPT (seed 1) at Poisson 20 and 40 req/s: the same six
 
 Each run's directory goes under OUT_DIR (a finished run is not repeated); a failing run is
 reported and the rest go on. A short table is printed last (request throughput, median TTFT,
@@ -34,9 +33,10 @@ SINGLE = ("single_step", "single_step", None, False)
 SINGLE_OVERLAP = ("single_step_overlap", "single_step", None, True)
 MULTI8 = ("multi_step_k8", "multi_step", 8, False)
 MULTI4_OVERLAP = ("multi_step_k4_overlap", "multi_step", 4, True)
+CHUNKED = ("chunked_prefill", "chunked_prefill", None, False)
 CHUNKED_OVERLAP = ("chunked_prefill_overlap", "chunked_prefill", None, True)
-GRID = [SINGLE, SINGLE_OVERLAP, MULTI8, MULTI4_OVERLAP, CHUNKED_OVERLAP]
-POISSON = [SINGLE, SINGLE_OVERLAP, MULTI8, MULTI4_OVERLAP, CHUNKED_OVERLAP]
+GRID = [SINGLE, SINGLE_OVERLAP, MULTI8, MULTI4_OVERLAP, CHUNKED, CHUNKED_OVERLAP]
+POISSON = [SINGLE, SINGLE_OVERLAP, MULTI8, MULTI4_OVERLAP, CHUNKED, CHUNKED_OVERLAP]
 MODEL = ["model=llama3_8b"]
 SMOKE_MODEL = ["model=tiny", "backend.device=cpu", "backend.num_blocks=2048",
                "workload.max_prompt_len=64", "workload.fixed_output_len=6"]  # seconds a run

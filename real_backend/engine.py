@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import platform
 import time
 from collections.abc import Callable, Mapping, MutableSequence
 from contextlib import nullcontext
@@ -291,7 +292,8 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
              "piecewise_capture_s": runner.piecewise_capture_s,
              "piecewise_graph_replays": runner.piecewise_replays - pieces_before,
              "async_output": cfg.async_output, "weights": cfg.weights or "random",
-             "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "default")}
+             "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "default"),
+             "host_cpu": host_cpu()}
     token_ids = ({r.request_id: list(r.output_token_ids) for r in requests}
                  if cfg.save_token_ids else None)
     return RealResult(duration, stats, steps, token_ids)
@@ -414,6 +416,19 @@ def _wait_until(at: float | None, clock: Clock, runner: ModelRunner,
             runner.poll_window(in_flight)
             next_poll = now + POLL_S
         time.sleep(0)
+
+
+def host_cpu() -> str:
+    """The host CPU's model name and logical core count: the CPU costs of a run (schedule,
+    input preparation, launch) follow it, so a result names it beside the GPU."""
+    name = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{name or platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
 
 
 def _window_row(batch: Batch, out: WindowResult, t_start: float, schedule_s: float,

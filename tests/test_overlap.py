@@ -464,7 +464,8 @@ def test_overlap_suite_smoke(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = {p.parent.relative_to(tmp_path).as_posix(): json.loads(p.read_text())
             for p in tmp_path.rglob("result.json")}
-    assert len(runs) == 10 and "poisson/multi_step_k8_rate40" in runs
+    assert len(runs) == 12 and "poisson/multi_step_k8_rate40" in runs
+    assert "grid/chunked_prefill" in runs and "poisson/chunked_prefill_rate40" in runs
     for tag, res in runs.items():
         assert res["completed"] == 3
         assert res["schedlab"]["policy_settings"]["overlap"] == tag.split("_rate")[0].endswith(

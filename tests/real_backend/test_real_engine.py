@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -84,6 +85,7 @@ def test_triton_kernels_in_engine(device_oracle, policy, params, budget) -> None
     res = serve(requests, policy, params, budget, kernels="triton", num_blocks=16, device=DEVICE,
                 dtype="float32", cuda_graphs=False)
     assert res.stats["kernels"] == "triton"
+    assert res.stats["host_cpu"].endswith(f"({os.cpu_count()} cores)")  # the CPU costs' host
     assert res.token_ids == {r.request_id: device_oracle[r.request_id] for r in requests}
 
 
