@@ -377,7 +377,7 @@ def _serve_overlap(source: RequestSource, sched: Scheduler, runner: ModelRunner,
         launched = runner.launch_window(batch, overlap=True) if batch is not None else None
         launch_wall = clock() - t - schedule_s
         if launched is not None:  # as the simulator: an empty schedule() is no formation time
-            late.observe_form(schedule_s + launch_wall)
+            late.observe_form(schedule_s + launched.prepare_s + launched.launch_before_start_s)
         gpu_start = clock()  # the window just launched starts now, or when the last one ends
         if last is not None:
             prev, handle, t_prev, schedule_prev, wall_prev = last
