@@ -377,12 +377,11 @@ def _serve_overlap(source: RequestSource, sched: Scheduler, runner: ModelRunner,
         launched = runner.launch_window(batch, overlap=True) if batch is not None else None
         launch_wall = clock() - t - schedule_s
         if launched is not None:  # as the simulator: an empty schedule() is no formation time
-            late.observe_form(schedule_s + launch_wall)
-        # taken after the launch: for a window launched layer by layer, later than its GPU
-        # start, by as much as the launch that the forming time above also counts, so the two
-        # cancel in LateSchedule.schedule_at (counting less of the launch there formed the
-        # next window late and left the GPU waiting)
-        gpu_start = clock()  # the window just launched starts now, or when the last one ends
+            form_s = schedule_s + launched.prepare_s + launched.launch_before_start_s
+            late.observe_form(form_s)
+            # its GPU work can start once formed, or when the window before it ends (below);
+            # a step launched layer by layer runs while the rest of it is being launched
+            gpu_start = t + form_s
         if last is not None:
             prev, handle, t_prev, schedule_prev, wall_prev = last
             t_finish = clock()

@@ -186,3 +186,76 @@ def test_late_schedule_wait_times_the_window_in_flight_step_by_step(monkeypatch)
     _wait_until(None, clock, FakeRunner(), object())  # no estimate: no wait
     _wait_until(t[0] - 1.0, clock, FakeRunner(), object())  # already past: no wait
     assert len(polls) == n
+
+
+def test_forming_time_counts_only_the_launch_the_gpu_waits_for(monkeypatch) -> None:
+    """The late schedule's forming time is the CPU work before a window's GPU work can start:
+    a step replayed as one CUDA graph adds its launch, a step launched layer by layer (eager,
+    piecewise) none of it, as its first kernels run while the rest are being launched."""
+    import real_backend.runner as runner_module
+    from policies.late_schedule import LateSchedule
+    from real_backend.runner import LaunchedWindow
+
+    assert LaunchedWindow(None, None, None, [], 1e-3, 2e-3, True).launch_before_start_s == 2e-3
+    assert LaunchedWindow(None, None, None, [], 1e-3, 2e-3, False).launch_before_start_s == 0.0
+
+    forms: list[float] = []
+    launched: list[LaunchedWindow] = []
+    observe = LateSchedule.observe_form
+    launch = runner_module.ModelRunner.launch_window
+
+    def record_form(self, seconds: float) -> None:
+        forms.append(seconds)
+        observe(self, seconds)
+
+    def record_launch(self, batch, overlap=False):
+        launched.append(launch(self, batch, overlap))
+        return launched[-1]
+
+    monkeypatch.setattr(LateSchedule, "observe_form", record_form)
+    monkeypatch.setattr(runner_module.ModelRunner, "launch_window", record_launch)
+    requests = make_requests()
+    for i, req in enumerate(requests):
+        req.arrival_time = 0.02 * i
+    serve(requests, "single_step", {}, None, overlap=True)
+    assert len(forms) == len(launched) > 0
+    for form, w in zip(forms, launched, strict=True):
+        # on the CPU every step runs eager: its launch is the forward pass itself
+        assert not w.first_step_graph and w.launch_before_start_s == 0.0
+        assert w.prepare_s <= form < w.prepare_s + w.launch_s
+
+
+def test_the_window_in_flight_starts_when_formed_not_when_its_launch_returns(monkeypatch) -> None:
+    """The late schedule times the next window from the in-flight window's GPU start: once it
+    was formed (or when the window before it ended), not when its layer-by-layer launch
+    returned. Taking the latter with a forming time that leaves that launch out formed the
+    next window late (the GPU waited); with one that counts it, early after a window formed
+    ahead of time (arrivals waited a window more)."""
+    import time as time_module
+
+    import real_backend.runner as runner_module
+    from policies.late_schedule import LateSchedule
+
+    starts: list[tuple[object, float]] = []
+    returned: dict[int, float] = {}
+    schedule_at = LateSchedule.schedule_at
+    launch = runner_module.ModelRunner.launch_window
+
+    def record_start(self, in_flight, gpu_start: float):
+        starts.append((in_flight, gpu_start))
+        return schedule_at(self, in_flight, gpu_start)
+
+    def record_launch(self, batch, overlap=False):
+        w = launch(self, batch, overlap)
+        returned[id(batch)] = time_module.perf_counter()
+        return w
+
+    monkeypatch.setattr(LateSchedule, "schedule_at", record_start)
+    monkeypatch.setattr(runner_module.ModelRunner, "launch_window", record_launch)
+    requests = make_requests()
+    for i, req in enumerate(requests):
+        req.arrival_time = 0.02 * i
+    serve(requests, "single_step", {}, None, overlap=True)
+    assert starts
+    # on the CPU every step runs eager: its launch is the forward pass, done on return
+    assert all(gpu_start < returned[id(batch)] for batch, gpu_start in starts)
