@@ -4,10 +4,7 @@ With overlap scheduling the next window is formed while the one in flight runs. 
 it closes one window early: a request arriving during the window in flight waits for the window
 after next. When nothing is waiting (``Scheduler.defers_schedule``), both backends instead form
 the next window just before the one in flight ends: at its GPU start plus a low estimate of its
-GPU time, less the time the last window's forming took and a margin. Forming is the CPU work
-before a window's GPU work can start: schedule(), input preparation and, for a step replayed
-as one CUDA graph, its launch (a step launched layer by layer, eager or piecewise, starts with
-its first kernels while the rest are being launched). The estimate is the
+GPU time, less the time the last schedule-and-launch took and a margin. The estimate is the
 longest recent decode-only window of as many steps and no more sequences, or for a window with
 prefills the longest recent one with no more prefill tokens (a window with more sequences or
 tokens runs at least as long). An estimate too long
@@ -34,7 +31,7 @@ class LateSchedule:
         self._decode: dict[int, deque[tuple[int, float]]] = {}
         # (prefill tokens, GPU seconds) of recent one-step windows with prefills
         self._prefill: deque[tuple[int, float]] = deque(maxlen=RECENT_WINDOWS)
-        self._form_s: float | None = None  # the last window's forming (observe_form)
+        self._form_s: float | None = None  # the last schedule() + input preparation + launch
 
     def observe_window(self, batch: Batch, gpu_s: float) -> None:
         """A window left the GPU after ``gpu_s`` seconds of GPU time."""
@@ -45,7 +42,7 @@ class LateSchedule:
             self._prefill.append((batch.num_prefill_tokens, gpu_s))
 
     def observe_form(self, seconds: float) -> None:
-        """Forming a window took ``seconds`` of CPU time before its GPU work could start."""
+        """Forming and launching a window took ``seconds`` of CPU time."""
         self._form_s = seconds
 
     def gpu_time(self, batch: Batch) -> float | None:

@@ -377,11 +377,13 @@ def _serve_overlap(source: RequestSource, sched: Scheduler, runner: ModelRunner,
         launched = runner.launch_window(batch, overlap=True) if batch is not None else None
         launch_wall = clock() - t - schedule_s
         if launched is not None:  # as the simulator: an empty schedule() is no formation time
-            form_s = schedule_s + launched.prepare_s + launched.launch_before_start_s
-            late.observe_form(form_s)
-            # its GPU work can start once formed, or when the window before it ends (below);
-            # a step launched layer by layer runs while the rest of it is being launched
-            gpu_start = t + form_s
+            late.observe_form(schedule_s + launch_wall)
+        # Taken after the launch, and the window before ends when its ids are pythonized,
+        # which a layer-by-layer launch (piecewise, eager) holds up: both can come later than
+        # the GPU start. Counting the whole launch in the forming time above makes up for it,
+        # erring early; counting less of it formed the next window late and left the GPU
+        # waiting (BENCHMARKS.md, "Forming time and the window's GPU start").
+        gpu_start = clock()  # the window just launched starts now, or when the last one ends
         if last is not None:
             prev, handle, t_prev, schedule_prev, wall_prev = last
             t_finish = clock()

@@ -60,14 +60,6 @@ class LaunchedWindow:
     timers: list[tuple[torch.cuda.Event, torch.cuda.Event]]
     prepare_s: float
     launch_s: float
-    first_step_graph: bool = False  # step 1 replays one CUDA graph (decode or prefill graph)
-
-    @property
-    def launch_before_start_s(self) -> float:
-        """The part of the launch the GPU waits for before it can start the window: all of
-        step 1's when it replays one CUDA graph, none when it is launched layer by layer
-        (eager or piecewise), as its first kernels run while the rest are being launched."""
-        return self.launch_s if self.first_step_graph else 0.0
 
 
 class ModelRunner:
@@ -226,9 +218,7 @@ class ModelRunner:
         timers = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(batch.num_steps)] if self.cuda else []
         launch_s = self._launch_steps(plan, outputs, older, timers)
-        first_step_graph = plan.first_graph is not None or (
-            plan.first is None and host.decode[0].padded in self.graphs.graphs)
-        return LaunchedWindow(batch, plan, outputs, timers, prepare_s, launch_s, first_step_graph)
+        return LaunchedWindow(batch, plan, outputs, timers, prepare_s, launch_s)
 
     @torch.inference_mode()
     def launch_plan(self, host: HostPlan) -> Callable[[], None]:
