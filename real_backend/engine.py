@@ -412,9 +412,11 @@ def _wait_until(at: float | None, clock: Clock, runner: ModelRunner,
 
     The wait keeps the CPU busy, as a CUDA synchronize does while the engine without overlap
     waits for its window: it does not sleep. Sleeping between the polls, the engine ran the next
-    window's schedule, input preparation and launch 1.1-1.5x slower, and a launch slower than
-    the window's GPU work leaves the GPU waiting (BENCHMARKS.md, "The overlap loop's wait").
-    ``time.sleep(0)`` only hands the GIL to other threads (the HTTP server's)."""
+    window's schedule, input preparation and launch up to 1.5x slower in three of four pairs
+    measured, and a launch slower than the window's GPU work leaves the GPU waiting
+    (BENCHMARKS.md, "The overlap loop's wait"). ``time.sleep(0)`` releases the GIL on every
+    pass, so the process's other threads (under ``experiments.serve``, the main thread that
+    watches the engine thread) are not held off."""
     next_poll = clock()
     while at is not None and (now := clock()) < at:
         if now >= next_poll:
@@ -424,8 +426,9 @@ def _wait_until(at: float | None, clock: Clock, runner: ModelRunner,
 
 
 def host_cpu() -> str:
-    """The host CPU's model name and logical core count: the CPU costs of a run (schedule,
-    input preparation, launch) follow it, so a result names it beside the GPU."""
+    """The host CPU's model name and the logical cores this process may run on: the CPU costs
+    of a run (schedule, input preparation, launch) follow them, so a result names them beside
+    the GPU."""
     name = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -433,7 +436,8 @@ def host_cpu() -> str:
                          if line.startswith("model name")), "")
     except OSError:
         pass
-    return f"{name or platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{name or platform.processor() or platform.machine()} ({cores} cores)"
 
 
 def _window_row(batch: Batch, out: WindowResult, t_start: float, schedule_s: float,

@@ -11,6 +11,7 @@ from rb_util import DEVICE, greedy_dense, load_spec
 
 from policies import Request, SchedulerConfig, make_scheduler
 from real_backend import run_real
+from real_backend.engine import host_cpu
 from real_backend.weights import random_model
 
 SPEC = load_spec("tiny")
@@ -85,7 +86,7 @@ def test_triton_kernels_in_engine(device_oracle, policy, params, budget) -> None
     res = serve(requests, policy, params, budget, kernels="triton", num_blocks=16, device=DEVICE,
                 dtype="float32", cuda_graphs=False)
     assert res.stats["kernels"] == "triton"
-    assert res.stats["host_cpu"].endswith(f"({os.cpu_count()} cores)")  # the CPU costs' host
+    assert res.stats["host_cpu"] == host_cpu()  # the host the CPU costs were measured on
     assert res.token_ids == {r.request_id: device_oracle[r.request_id] for r in requests}
 
 
@@ -214,3 +215,11 @@ def test_gpu_profiled_cache_and_bf16_multi_step() -> None:
                 gpu_memory_utilization=0.05)
     assert res.stats["num_blocks"] > 1000 and res.stats["dtype"] == "bfloat16"
     assert all(len(r.output_token_ids) == r.max_tokens for r in requests)
+
+
+def test_host_cpu_names_the_cpu_and_the_cores_the_process_may_use(monkeypatch) -> None:
+    """A run names its host CPU: the model and the cores it may run on (an affinity mask or a
+    cgroup's cpuset, not the machine's count), as its CPU costs follow them."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
+    name = host_cpu()
+    assert name.endswith(" (3 cores)") and len(name) > len(" (3 cores)")
