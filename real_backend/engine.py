@@ -381,8 +381,8 @@ def _serve_overlap(source: RequestSource, sched: Scheduler, runner: ModelRunner,
         # Taken after the launch, and the window before ends when its ids are pythonized,
         # which a layer-by-layer launch (piecewise, eager) holds up: both can come later than
         # the GPU start. Counting the whole launch in the forming time above makes up for it,
-        # erring early; counting less of it formed the next window late and left the GPU
-        # waiting (BENCHMARKS.md, "Forming time and the window's GPU start").
+        # erring early; counting less of it left the GPU waiting in the runs measured
+        # (BENCHMARKS.md, "Forming time and the window's GPU start").
         gpu_start = clock()  # the window just launched starts now, or when the last one ends
         if last is not None:
             prev, handle, t_prev, schedule_prev, wall_prev = last
