@@ -2,8 +2,9 @@
 
     python -m experiments.leave_one_out --out docs/validation/models
 
-For each model of the spec (default: llama3_2_1b, llama3_2_3b, llama3_8b, llama2_13b measured
-on an H200, ``DEFAULT_SPEC``), the held-out model's rows are dropped first, then:
+For each model of the spec (default: llama3_2_1b, llama3_2_3b, llama3_8b, llama2_13b and
+llama_30b measured on an H200, ``DEFAULT_SPEC``), the held-out model's rows are dropped first,
+then:
 
 1. GPU: ``conf/hardware/h200_ops.yaml`` prices steps from the operator tables, which cover every
    model shape and were never fitted to one; its two served-vs-isolated factors
@@ -14,14 +15,20 @@ on an H200, ``DEFAULT_SPEC``), the held-out model's rows are dropped first, then
    (a = op_kernel_factor, b = a (op_compute_factor - 1); G: the launch terms).
 2. CPU: ``experiments.fit_cpu.fit_overhead`` over the other models' served windows pooled (their
    idle time between windows, less the last step's pythonization; a window after which the GPU
-   waited for arrivals is read as its timed CPU phases instead).
+   waited for arrivals is read as its timed CPU phases instead), each run's CPU times put on a
+   reference host by its host factor (``experiments.host_speed``, against the fold's training
+   runs); a prediction scales the fold's CPU costs by the predicted run's own factor.
 3. The held-out model's runs (t=0 and its Poisson rate, single_step, multi_step k=8 and cp1 k=8
    where measured) are simulated with the measured KV cache and scheduler settings, as
    ``experiments.validate.predict`` does, and compared on request throughput, median TTFT and
    median TPOT. The old profile (h200_calibrated + schedlab_h200, fitted on llama3_8b steps)
    predicts the same runs for comparison.
 
-Writes ``OUT.csv`` (model x configuration x metric x profile: predicted, measured, error),
+``--predict ROOT`` predicts other runs of a model (another host's, say: ROOT/MODEL/t0 and
+ROOT/MODEL/poisson) by the fold that holds that model out, each with its own host factor.
+
+Writes ``OUT.csv`` (model x configuration x metric x profile: predicted, measured, error; at t=0
+also the run's summed GPU time and the CPU time between windows, simulated against measured),
 ``OUT_fit.csv`` (each fold's fitted coefficients, and a fit on every model, held_out "none":
 the coefficients of conf/hardware/h200_ops.yaml) and ``OUT.md``.
 """
@@ -44,6 +51,7 @@ import yaml
 
 from experiments.files import write_text_atomic
 from experiments.fit_cpu import fit_overhead
+from experiments.host_speed import on_reference_host, scaled_overhead, with_host_factors
 from experiments.measured import measured_from_dir
 from experiments.validate import (
     InputError,
@@ -52,6 +60,7 @@ from experiments.validate import (
     load_profile,
     predict,
     run_one,
+    sim_run_dirs,
     time_scales,
     writable_dir,
 )
@@ -74,14 +83,15 @@ class ModelRuns:
 
     model: str
     dirs: list[str]  # result.json trees (t=0 and Poisson), read by experiments.measured
-    rate: float  # its Poisson rate (req/s) in the table
+    rate: float | None  # its Poisson rate (req/s) in the table; None: every measured rate
     steps: dict[str, str] = field(default_factory=dict)  # "policy_kK" -> t=0 steps.csv
     poisson_steps: list[str] = field(default_factory=list)  # Poisson runs' steps.csv files
     overrides: list[str] = field(default_factory=list)  # the runs' scheduler settings
 
 
-def _model_dir(name: str, rate: float, overrides: list[str] | None = None) -> ModelRuns:
-    base = f"docs/validation/measured/models/{name}"
+def _model_dir(name: str, rate: float | None, overrides: list[str] | None = None,
+               root: str = "docs/validation/measured/models") -> ModelRuns:
+    base = f"{root}/{name}"
     return ModelRuns(name, [f"{base}/t0", f"{base}/poisson"], rate,
                      {tag: f"{base}/t0/{tag}/steps.csv.gz"
                       for tag in ("single_step_k1", "multi_step_k8", "cp1_k8")},
@@ -99,6 +109,8 @@ DEFAULT_SPEC = [
                    for tag in ("single_step_k1", "multi_step_k8", "cp1_k8")},
               ["docs/validation/measured/models/llama3_8b/poisson/*/steps.csv.gz"]),
     _model_dir("llama2_13b", 14),
+    # measured after every method choice of this module was made (see docs/validation/models.md)
+    _model_dir("llama_30b", 6),
 ]
 
 
@@ -115,11 +127,36 @@ def load_spec(path: str | None) -> list[ModelRuns]:
     return [_rooted(r, f.parent) for r in runs]
 
 
+def predicted_runs(root: str, spec: list[ModelRuns]) -> list[ModelRuns]:
+    """--predict ROOT: one ModelRuns per model directory ROOT/MODEL (its t0/ and poisson/ trees,
+    as under docs/validation/measured/models), at every measured rate, with the scheduler
+    settings of the spec's runs of that model."""
+    base = Path(root)
+    if not base.is_dir():
+        raise InputError(f"--predict {root}: not a directory")
+    known = {r.model: r for r in spec}
+    out = []
+    for d in sorted(p for p in base.iterdir() if p.is_dir()):
+        try:
+            _model_spec(d.name)
+        except ValueError:
+            raise InputError(f"--predict {root}: {d.name} is not a conf/model name") from None
+        r = _model_dir(d.name, None, known[d.name].overrides if d.name in known else [],
+                       root=str(base))
+        out.append(ModelRuns(r.model, [x for x in r.dirs if Path(x).is_dir()], None,
+                             {t: f for t, f in r.steps.items() if Path(f).is_file()},
+                             r.poisson_steps, r.overrides))
+    if not out:
+        raise InputError(f"--predict {root}: no model directories (ROOT/MODEL/t0, ROOT/MODEL/"
+                         "poisson)")
+    return out
+
+
 def _rooted(r: ModelRuns, base: Path) -> ModelRuns:
     def p(s: str) -> str:
         return str(base / s)
 
-    return ModelRuns(r.model, [p(d) for d in r.dirs], float(r.rate),
+    return ModelRuns(r.model, [p(d) for d in r.dirs], None if r.rate is None else float(r.rate),
                      {k: p(v) for k, v in r.steps.items()}, [p(g) for g in r.poisson_steps],
                      list(r.overrides))
 
@@ -151,7 +188,7 @@ def measured_configs(runs: ModelRuns) -> dict[tuple, dict[str, Any]]:
         except ValueError as err:
             raise InputError(f"{runs.model}: {err}") from None
         for (policy, k, rate), meas in found.items():
-            if (policy, k) in POLICIES and (math.isinf(rate) or rate == runs.rate):
+            if (policy, k) in POLICIES and (math.isinf(rate) or runs.rate in (None, rate)):
                 out[(policy, k, rate)] = meas
     if not out:
         raise InputError(f"{runs.model}: no measured single_step, multi_step k=8 or cp1 k=8 run "
@@ -178,52 +215,6 @@ def served_windows(runs: ModelRuns) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------- host CPU speed
-# Columns of served windows that hold CPU seconds: divided by the run's host factor before the
-# fit, so that the fitted costs are those of the reference host.
-CPU_COLUMNS = ("gap_s", "cpu_s", "pythonize_s")
-
-
-def _window_class(w: pd.DataFrame) -> pd.Series:
-    """Windows whose scheduler work follows one path: decode-only of one step, of several
-    steps, prefill-only, and mixed."""
-    n, pf = w["num_seqs"], w["num_prefill_seqs"].fillna(0)
-    return pd.Series(np.select([(pf > 0) & (pf < n), pf >= n, w["k"] > 1],
-                               ["mixed", "prefill", "multi"], "decode"), index=w.index)
-
-
-def with_host_factors(windows: pd.DataFrame) -> pd.DataFrame:
-    """Each run's host factor: how slowly its host ran the scheduler's Python work (schedule()
-    and update() of every window: it does not depend on the model) against all runs pooled, as
-    the median ratio over the run's windows, each window against the pooled fit (a + b *
-    sequences) of its class of windows. The runs were measured on the H200 hosts used at the
-    time, whose CPUs ran the same code up to 1.6x apart; a user measures a host's factor with
-    benchmarks/scheduler_speed.py."""
-    from scipy.optimize import nnls
-
-    y = windows["update_s"].to_numpy(float)
-    ratio = np.full(len(windows), np.nan)
-    cls = _window_class(windows).to_numpy()
-    for c in np.unique(cls):
-        m = cls == c
-        X = np.column_stack([np.ones(m.sum()), windows["num_seqs"].to_numpy(float)[m]])
-        pred = X @ nnls(X, y[m])[0]
-        ratio[m] = np.where((pred > 0) & (y[m] > 0), y[m] / np.where(pred > 0, pred, 1.0), np.nan)
-    factor = pd.Series(ratio, index=windows.index).groupby(windows["file"]).transform("median")
-    return windows.assign(host_factor=factor.fillna(1.0))  # no update() timings: the reference
-
-
-def on_reference_host(windows: pd.DataFrame) -> pd.DataFrame:
-    """The windows' CPU seconds divided by their run's host factor (where there is one)."""
-    if "host_factor" not in windows:
-        return windows
-    return windows.assign(**{c: windows[c] / windows["host_factor"] for c in CPU_COLUMNS})
-
-
-def scaled_overhead(overhead: dict, factor: float) -> dict:
-    """An overhead profile's CPU costs on a host ``factor`` times slower than the reference."""
-    return {**overhead, **{key: v * factor for key, v in overhead.items() if key.endswith("_us")}}
-
-
 def config_factor(runs: ModelRuns, windows: pd.DataFrame, policy: str, k: int | None,
                   rate: float) -> float:
     """The host factor of the measured run(s) of a configuration (repeats: their mean)."""
@@ -231,8 +222,8 @@ def config_factor(runs: ModelRuns, windows: pd.DataFrame, policy: str, k: int | 
     if math.isinf(rate):
         files = [runs.steps[tag]] if tag in runs.steps else []
     else:
-        files = sorted(set(f for f in windows["file"]
-                           if Path(f).parent.name.startswith(f"{tag}_rate{rate:g}")))
+        files = [f for pattern in runs.poisson_steps for f in sorted(glob.glob(pattern))
+                 if Path(f).parent.name.startswith(f"{tag}_rate{rate:g}")]
     mine = windows[windows["file"].isin([str(Path(f)) for f in files])]
     return float(mine.groupby("file")["host_factor"].first().mean()) if len(mine) else 1.0
 
@@ -320,10 +311,15 @@ def predict_config(runs: ModelRuns, policy: str, k: int | None, rate: float, mea
                    profiles: dict, scales: list[float], work: Path, label: str,
                    host_factor: float = 1.0) -> list[dict]:
     tag = f"{_tag(policy, k)}_rate{'inf' if math.isinf(rate) else f'{rate:g}'}"
+    run_dir = work / runs.model / ("new" if label == NEW else "old") / tag
     with contextlib.redirect_stdout(io.StringIO()):  # each run prints its summary
-        pred = predict(sim_overrides(runs, policy, k, rate, meas),
-                       work / runs.model / ("new" if label == NEW else "old") / tag,
-                       profiles, meas["cache_sizes"], scales)
+        pred = predict(sim_overrides(runs, policy, k, rate, meas), run_dir, profiles,
+                       meas["cache_sizes"], scales)
+    split = {}
+    if math.isinf(rate) and _tag(policy, k) in runs.steps:
+        sizes = meas["cache_sizes"]
+        split = time_split(_read_steps(Path(runs.steps[_tag(policy, k)])),
+                           sim_run_dirs(run_dir, sizes, sizes[0] if sizes else None, scales))
     rows = []
     for metric, target in TARGET_METRICS.items():
         p, q = pred.get(metric), meas.get(metric)
@@ -332,33 +328,65 @@ def predict_config(runs: ModelRuns, policy: str, k: int | None, rate: float, mea
                      "request_rate": rate, "metric": metric, "profile": label,
                      "predicted": p, "measured": q, "rel_error": err,
                      "target": target, "over_target": abs(err) > target,
-                     "repeats": meas.get("repeats", 1), "host_factor": round(host_factor, 4)})
+                     "repeats": meas.get("repeats", 1), "host_factor": round(host_factor, 4),
+                     **split})
     return rows
+
+
+def time_split(measured: pd.DataFrame, sim_dirs: list[Path]) -> dict[str, float]:
+    """A t=0 run's time split into its windows' GPU time and the CPU time between them (each
+    window's start to the next one's less its GPU time), simulated (the mean over ``sim_dirs``,
+    which form the same windows) against measured, and the CPU time's share of the run."""
+    def gpu_cpu(s: pd.DataFrame) -> tuple[float, float]:
+        gaps = (s["t_start"].shift(-1) - s["t_start"] - s["gpu_s"]).clip(lower=0.0)
+        return float(s["gpu_s"].sum()), float(gaps.sum())
+
+    g, c = gpu_cpu(measured)
+    sims = [gpu_cpu(_read_steps(d / "steps.csv")) for d in sim_dirs]
+    sg, sc = (float(np.mean(v)) for v in zip(*sims, strict=True))
+    def rel(sim: float, meas: float) -> float:
+        return sim / meas - 1.0 if meas > 0 else math.nan
+
+    return {"gpu_time_error": rel(sg, g), "cpu_time_error": rel(sc, c),
+            "cpu_share": c / (g + c) if g + c > 0 else math.nan}
 
 
 def leave_one_out(spec: list[ModelRuns], models: list[str] | None, scales: list[float],
                   work: Path, old: bool = True, host_speed: bool = True,
+                  targets: list[ModelRuns] | None = None,
                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Each target's runs (default: the spec's, or those of ``models``) predicted by profiles
+    fitted on the spec's runs of the other models."""
     hw = load_profile("hardware", "h200_ops")
     base_ov = load_profile("overhead", "schedlab_h200")
     measured = {r.model: measured_configs(r) for r in spec}
-    windows = pd.concat([served_windows(r) for r in spec], ignore_index=True)
-    if host_speed:
-        windows = with_host_factors(windows)
+    training = pd.concat([served_windows(r) for r in spec], ignore_index=True)
+    if targets is None:
+        targets = [r for r in spec if not models or r.model in models]
+    extra = [served_windows(r) for r in targets if r not in spec]
+    windows = pd.concat([training, *extra], ignore_index=True)
+    in_spec = pd.Series(np.arange(len(windows)) < len(training), index=windows.index)
+
+    def host(held_out: str) -> pd.DataFrame:
+        """The windows with host factors against the fold's training runs."""
+        return with_host_factors(windows, in_spec & (windows["model"] != held_out)) \
+            if host_speed else windows
+
     gpu_rows = pd.concat([factor_rows(r, measured[r.model], hw, base_ov, work / "factors")
                           for r in spec], ignore_index=True)
     old_profiles = {"hardware": load_profile("hardware", "h200_calibrated"),
                     "overhead": base_ov}
     rows = []
     # every model's rows: the coefficients conf/hardware/h200_ops.yaml carries
-    fits = [{"held_out": "none", **fold_profiles("", windows, gpu_rows, hw)[2]}]
-    for runs in spec:
-        if models and runs.model not in models:
-            continue
-        hw_fold, ov_fold, fit = fold_profiles(runs.model, windows, gpu_rows, hw)
-        fits.append({"held_out": runs.model, **fit})
-        for (policy, k, rate), meas in sorted(measured[runs.model].items(), key=str):
-            f = config_factor(runs, windows, policy, k, rate) if host_speed else 1.0
+    fits = [{"held_out": "none", **fold_profiles("", host("")[in_spec], gpu_rows, hw)[2]}]
+    for runs in targets:
+        fold_windows = host(runs.model)
+        hw_fold, ov_fold, fit = fold_profiles(runs.model, fold_windows[in_spec], gpu_rows, hw)
+        if not any(f["held_out"] == runs.model for f in fits):
+            fits.append({"held_out": runs.model, **fit})
+        configs = measured[runs.model] if runs in spec else measured_configs(runs)
+        for (policy, k, rate), meas in sorted(configs.items(), key=str):
+            f = config_factor(runs, fold_windows, policy, k, rate) if host_speed else 1.0
             rows += predict_config(runs, policy, k, rate, meas,
                                    {"hardware": hw_fold, "overhead": scaled_overhead(ov_fold, f)},
                                    scales, work, NEW, host_factor=f)
@@ -406,6 +434,16 @@ def markdown(df: pd.DataFrame, fits: pd.DataFrame, command: str) -> str:
             worst = [sub[sub["profile"] == p]["rel_error"].abs().max() for p in (NEW, OLD)]
             cells.append(" / ".join("n/a" if w != w else f"{w:.1%}" for w in worst))
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    if "gpu_time_error" in df:
+        t0 = df[(df["profile"] == NEW) & (df["metric"] == "request_throughput")
+                & df["gpu_time_error"].notna()]
+        lines += ["", f"At t=0, {NEW} (the simulator forms the measured windows): the windows' "
+                  "summed GPU time and the CPU time between them, simulated against measured, "
+                  "and the measured CPU time's share of the run:", "",
+                  "| model | policy | k | GPU time | CPU time | CPU share |", "|---|---|---|---|---|---|"]
+        for r in sorted(t0.itertuples(), key=lambda r: (order[r.model], r.policy)):
+            lines.append(f"| {r.model} | {r.policy} | {r.k} | {r.gpu_time_error:+.1%} | "
+                         f"{r.cpu_time_error:+.1%} | {r.cpu_share:.0%} |")
     lines += ["", "Coefficients fitted in each fold (the held-out model's rows dropped first):",
               "", "| " + " | ".join(fits.columns) + " |", "|---" * len(fits.columns) + "|"]
     for row in fits.itertuples(index=False):
@@ -440,6 +478,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "overrides); default: the four H200 models in docs/validation/measured")
     ap.add_argument("--models", default=None,
                     help="comma-separated models to hold out (default: every model)")
+    ap.add_argument("--predict", default=None, metavar="ROOT",
+                    help="predict the runs under ROOT/MODEL/{t0,poisson} instead of the spec's, "
+                    "each by the fold that holds out its model (e.g. the same configurations "
+                    "measured again on another host)")
     ap.add_argument("--sim-repeats", type=int, default=5,
                     help="simulated runs per configuration over time scales 1 +- --sim-spread")
     ap.add_argument("--sim-spread", type=float, default=0.01)
@@ -478,8 +520,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             raise InputError(str(err)) from None
         work = writable_dir("--runs", args.runs)
         writable_dir("--out", str(Path(args.out).parent))
+        targets = None
+        if args.predict:
+            targets = [r for r in predicted_runs(args.predict, spec)
+                       if not models or r.model in models]
         df, fits = leave_one_out(spec, models, scales, work, old=not args.no_old,
-                                 host_speed=not args.no_host_speed)
+                                 host_speed=not args.no_host_speed, targets=targets)
         command = "python -m experiments.leave_one_out " + " ".join(
             _without_runs(argv if argv is not None else sys.argv[1:]))
         write(df, fits, args.out, command)

@@ -213,6 +213,14 @@ def time_scales(repeats: int, spread: float) -> list[float]:
     return [1.0 - spread + 2.0 * spread * i / (repeats - 1) for i in range(repeats)]
 
 
+def sim_run_dirs(run_dir: Path, cache_sizes: list[int], blocks: int | None,
+                 scales: list[float]) -> list[Path]:
+    """Where predict() puts its simulated runs of one KV cache size, one per time scale."""
+    return [run_dir.with_name(run_dir.name + (f"_nb{blocks}" if len(cache_sizes) > 1 else "")
+                              + (f"_ts{scale:.6g}" if len(scales) > 1 else ""))
+            for scale in scales]
+
+
 def predict(overrides: list[str], run_dir: Path, profiles: dict, cache_sizes: list[int],
             scales: list[float], sources: dict[str, str] | None = None) -> dict[str, Any]:
     """The simulator's result for a measured configuration: the mean of runs at each of
@@ -227,10 +235,7 @@ def predict(overrides: list[str], run_dir: Path, profiles: dict, cache_sizes: li
     for blocks in cache_sizes or [None]:
         cache = [] if blocks is None else [f"backend.num_blocks={blocks}"]
         runs = []
-        for scale in scales:
-            name = run_dir.name + (f"_nb{blocks}" if len(cache_sizes) > 1 else "") \
-                + (f"_ts{scale:.6g}" if len(scales) > 1 else "")
-            sub = run_dir.with_name(name)
+        for scale, sub in zip(scales, sim_run_dirs(run_dir, cache_sizes, blocks, scales)):
             # one run at scale 1 keeps a --override backend.time_scale
             scaled = [f"backend.time_scale={scale}"] if scales != [1.0] else []
             runs.append(row_of(run_one(overrides + cache + scaled, sub, profiles, sources),

@@ -194,7 +194,8 @@ def test_readme_models_table_is_the_leave_one_out_csv():
     metrics = [SUMMARY_METRICS[h] for h in header[1:]]
     df = pd.read_csv(VALIDATION / "models.csv")
     names = {"Llama-3.2-1B": "llama3_2_1b", "Llama-3.2-3B": "llama3_2_3b",
-             "Llama-3-8B": "llama3_8b", "Llama-2-13B (MHA)": "llama2_13b"}
+             "Llama-3-8B": "llama3_8b", "Llama-2-13B (MHA)": "llama2_13b",
+             "LLaMA-30B (MHA)": "llama_30b"}
     assert {names[row[0]] for row in rows} == set(df["model"])
     for row in rows:
         here = df[df["model"] == names[row[0]]]

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from experiments import host_speed
 from experiments import leave_one_out as loo
 from experiments.fit_cpu import fit_overhead
 from experiments.validate import load_profile, run_one
@@ -81,6 +82,9 @@ def test_folds_recover_the_factors_and_never_use_the_held_out_rows(fixture_tree,
         assert row.op_compute_factor == pytest.approx(TRUE_FACTORS[1], rel=0.05)
     assert len(df) == 2 * 4 * 3  # 2 models x (3 t=0 + 1 Poisson) x 3 metrics
     assert df["rel_error"].abs().max() < 0.1  # the fixture's GPU is the op model itself
+    t0 = df[df["request_rate"] == math.inf]
+    assert t0["gpu_time_error"].notna().all() and t0["gpu_time_error"].abs().max() < 0.05
+    assert df[df["request_rate"] == RATE]["gpu_time_error"].isna().all()
     # poison the held-out model's windows: its fold's fit and predictions do not move
     _poison(fixture_tree, MODELS[0])
     df2, fits2 = loo.leave_one_out(spec, None, [1.0], work, old=False)
@@ -95,6 +99,43 @@ def test_folds_recover_the_factors_and_never_use_the_held_out_rows(fixture_tree,
                                                                       "op_kernel_factor"]
 
 
+def test_predict_runs_measured_elsewhere_by_the_fold_that_holds_their_model_out(fixture_tree,
+                                                                                tmp_path):
+    """--predict: a model's runs copied to another tree (another host's measurement) get the
+    predictions of the spec's own fold for that model, at every measured rate."""
+    import shutil
+
+    spec = loo.load_spec(str(fixture_tree / "spec.yaml"))
+    other = tmp_path / "elsewhere"
+    shutil.copytree(fixture_tree / MODELS[1], other / MODELS[1])
+    targets = loo.predicted_runs(str(other), spec)
+    assert [(r.model, r.rate) for r in targets] == [(MODELS[1], None)]
+    work = tmp_path / "runs"
+    df, fits = loo.leave_one_out(spec, [MODELS[1]], [1.0], work, old=False)
+    df2, fits2 = loo.leave_one_out(spec, None, [1.0], work, old=False, targets=targets)
+    assert list(fits2["held_out"]) == ["none", MODELS[1]]
+    pd.testing.assert_frame_equal(fits.reset_index(drop=True), fits2.reset_index(drop=True))
+    pd.testing.assert_frame_equal(df.reset_index(drop=True), df2.reset_index(drop=True))
+    assert set(df2["request_rate"]) == {math.inf, RATE}
+
+
+def test_time_split_compares_gpu_time_and_the_cpu_time_between_windows(tmp_path):
+    """Measured: three windows of 10 ms GPU with 2 ms between them; simulated: 11 ms GPU and
+    1 ms between (averaged over two runs)."""
+    measured = pd.DataFrame({"t_start": [0.0, 0.012, 0.024], "gpu_s": [0.010] * 3})
+    dirs = []
+    for i, (gpu, gap) in enumerate([(0.011, 0.0005), (0.011, 0.0015)]):
+        d = tmp_path / f"ts{i}"
+        d.mkdir()
+        pd.DataFrame({"t_start": [0.0, gpu + gap, 2 * (gpu + gap)], "gpu_s": [gpu] * 3}).to_csv(
+            d / "steps.csv", index=False)
+        dirs.append(d)
+    split = loo.time_split(measured, dirs)
+    assert split["gpu_time_error"] == pytest.approx(0.1)
+    assert split["cpu_time_error"] == pytest.approx(-0.5)
+    assert split["cpu_share"] == pytest.approx(0.004 / 0.034)
+
+
 def test_cli_errors_are_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "experiments.leave_one_out", "--models", "nope",
                           "--out", str(tmp_path / "m"), "--runs", str(tmp_path / "r")],
@@ -102,7 +143,14 @@ def test_cli_errors_are_one_line(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         "error: --models: nope not in the spec's models llama3_2_1b, llama3_2_3b, llama3_8b, "
-        "llama2_13b"]
+        "llama2_13b, llama_30b"]
+    (tmp_path / "runs_of" / "gpt2").mkdir(parents=True)
+    out = subprocess.run([sys.executable, "-m", "experiments.leave_one_out", "--predict",
+                          str(tmp_path / "runs_of"), "--out", str(tmp_path / "m"), "--runs",
+                          str(tmp_path / "r")], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"error: --predict {tmp_path / 'runs_of'}: gpt2 is not a conf/model name"]
     bad = tmp_path / "spec.yaml"
     bad.write_text("- model: x\n  colour: red\n")
     out = subprocess.run([sys.executable, "-m", "experiments.leave_one_out", "--spec", str(bad),
@@ -121,10 +169,10 @@ def test_committed_cpu_fits_are_rebuilt_from_the_measured_windows():
     fits = pd.read_csv(COMMITTED_FIT).set_index("held_out")
     spec = loo.load_spec(None)
     assert set(fits.index) == {"none", *(r.model for r in spec)}
-    windows = loo.with_host_factors(
-        pd.concat([loo.served_windows(r) for r in spec], ignore_index=True))
+    windows = pd.concat([loo.served_windows(r) for r in spec], ignore_index=True)
     for model in fits.index:  # "none": no model held out
-        ov, _ = fit_overhead(loo.on_reference_host(windows[windows["model"] != model]), "x")
+        fold = host_speed.with_host_factors(windows, windows["model"] != model)
+        ov, _ = fit_overhead(host_speed.on_reference_host(fold[fold["model"] != model]), "x")
         for key, value in ov.items():
             if key.endswith("_us"):
                 assert fits.loc[model, key] == pytest.approx(value, rel=1e-5, abs=1e-9), key
@@ -152,7 +200,7 @@ def test_committed_table_row_is_rebuilt(tmp_path):
           **{key: float(fits.loc[model, key]) for key in fits.columns if key.endswith("_us")}}
     want = table[(table["model"] == model) & (table["policy"] == policy) & (table["k"] == k)
                  & (table["profile"] == loo.NEW) & (table["request_rate"] == math.inf)]
-    ov = loo.scaled_overhead(ov, float(want["host_factor"].iloc[0]))
+    ov = host_speed.scaled_overhead(ov, float(want["host_factor"].iloc[0]))
     rows = loo.predict_config(runs, policy, k, math.inf, meas, {"hardware": hw, "overhead": ov},
                               loo.time_scales(5, 0.01), tmp_path, loo.NEW)
     assert len(want) == 3
@@ -172,13 +220,22 @@ def test_host_factor_is_how_slowly_a_run_ran_the_schedulers_python_work():
                          "gap_s": 1e-6 * (300 + 5 * n), "cpu_s": 1e-6 * (250 + 4 * n),
                          "pythonize_s": 1e-5})
     slow = base.assign(**{c: base[c] * 1.5 for c in ("update_s", "gap_s", "cpu_s", "pythonize_s")})
-    w = loo.with_host_factors(pd.concat([base.assign(file="a"), slow.assign(file="b")],
+    w = host_speed.with_host_factors(pd.concat([base.assign(file="a"), slow.assign(file="b")],
                                         ignore_index=True))
     fa, fb = (w[w["file"] == f]["host_factor"].iloc[0] for f in "ab")
     assert fb / fa == pytest.approx(1.5, rel=0.02)
-    ref = loo.on_reference_host(w)
+    # a fold's reference is its training runs ("a"): the held-out run's timings set its own
+    # factor and nothing else
+    fold = host_speed.with_host_factors(w, w["file"] == "a")
+    assert fold.groupby("file")["host_factor"].first().to_dict() == pytest.approx(
+        {"a": 1.0, "b": 1.5}, rel=0.02)
+    odd = w.assign(update_s=w["update_s"].where(w["file"] == "a", w["update_s"] * w["num_seqs"]))
+    odd_fold = host_speed.with_host_factors(odd, odd["file"] == "a")
+    assert (odd_fold["host_factor"] == fold["host_factor"])[w["file"] == "a"].all()
+    assert (host_speed.with_host_factors(odd)["host_factor"] != w["host_factor"])[w["file"] == "a"].all()
+    ref = host_speed.on_reference_host(w)
     a, b = ref[ref["file"] == "a"], ref[ref["file"] == "b"]
     assert (b["gap_s"].to_numpy() / a["gap_s"].to_numpy()) == pytest.approx(1.0, rel=0.02)
-    assert loo.scaled_overhead({"name": "x", "schedule_base_us": 100.0, "async_output_processing":
+    assert host_speed.scaled_overhead({"name": "x", "schedule_base_us": 100.0, "async_output_processing":
                                 True}, 1.5) == {"name": "x", "schedule_base_us": 150.0,
                                                 "async_output_processing": True}
