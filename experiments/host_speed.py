@@ -1,9 +1,10 @@
 """A host's speed at the scheduler's Python work, and CPU costs moved between hosts.
 
 The served runs of docs/validation/measured were measured on the H200 hosts used at the time,
-whose CPUs ran the same scheduler code up to 1.6x apart. A run's host factor, read from its
+whose CPUs ran the same scheduler code at different speeds. A run's host factor, read from its
 windows' update() timings, puts its CPU costs on one reference host for a fit, and a profile's
-CPU costs on the host of a run it predicts.
+CPU costs on the host of a run it predicts. It is a per-run proxy: on one host, update() also
+ran slower in a large model's runs (docs/validation/models.md).
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ def _window_class(w: pd.DataFrame) -> pd.Series:
 
 def with_host_factors(windows: pd.DataFrame, reference: pd.Series | None = None,
                       ) -> pd.DataFrame:
-    """Each run's host factor: how slowly its host ran the scheduler's Python work (schedule()
-    and update() of every window: it does not depend on the model) against the ``reference``
+    """Each run's host factor: how slowly its host ran the scheduler's Python work (update() of
+    every window, code that does not depend on the model) against the ``reference``
     windows pooled (default: all), as the median ratio over the run's windows, each window
     against the reference's fit (a + b * sequences) of its class of windows. A fold's reference
     is its training runs only, so that a held-out model's runs enter its prediction through
-    their own factors and nothing else. The runs were measured on the H200 hosts used at the
-    time, whose CPUs ran the same code up to 1.6x apart; a user measures a host's factor with
+    their own factors and nothing else. A user measures a host's factor with
     benchmarks/scheduler_speed.py."""
     from scipy.optimize import nnls
 

@@ -40,6 +40,7 @@ import contextlib
 import glob
 import io
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,9 +50,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from experiments.files import write_text_atomic
 from experiments.fit_cpu import fit_overhead
 from experiments.host_speed import on_reference_host, scaled_overhead, with_host_factors
+from experiments.leave_one_out_tables import NEW, OLD, TARGET_METRICS, markdown, write
 from experiments.measured import measured_from_dir
 from experiments.validate import (
     InputError,
@@ -68,8 +69,6 @@ from policies import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = [("single_step", None), ("multi_step", 8), ("cp1", 8)]
-TARGET_METRICS = {"request_throughput": 0.03, "median_ttft_ms": 0.10, "median_tpot_ms": 0.10}
-NEW, OLD = "h200_ops (held out)", "h200_calibrated + schedlab_h200"
 # a window after which the GPU idled longer than this many times its timed CPU phases waited
 # for arrivals: its CPU cost is read from the timed phases
 IDLE_FACTOR = 2.0
@@ -201,6 +200,9 @@ def served_windows(runs: ModelRuns) -> pd.DataFrame:
     files = [Path(p) for p in runs.steps.values()]
     for pattern in runs.poisson_steps:
         files += [Path(p) for p in sorted(glob.glob(pattern))]
+    if not files:
+        raise InputError(f"{runs.model}: no steps file (steps.csv.gz) of its runs in "
+                         + ", ".join(runs.dirs))
     frames = []
     for f in files:
         s = _read_steps(f)
@@ -217,15 +219,21 @@ def served_windows(runs: ModelRuns) -> pd.DataFrame:
 # ---------------------------------------------------------------------------- host CPU speed
 def config_factor(runs: ModelRuns, windows: pd.DataFrame, policy: str, k: int | None,
                   rate: float) -> float:
-    """The host factor of the measured run(s) of a configuration (repeats: their mean)."""
+    """The host factor of the measured run(s) of a configuration (repeats, directories
+    ``TAG_rateR_*``: their mean)."""
     tag = _tag(policy, k)
     if math.isinf(rate):
         files = [runs.steps[tag]] if tag in runs.steps else []
     else:
+        name = re.compile(rf"{re.escape(tag)}_rate{rate:g}(_.*)?")
         files = [f for pattern in runs.poisson_steps for f in sorted(glob.glob(pattern))
-                 if Path(f).parent.name.startswith(f"{tag}_rate{rate:g}")]
+                 if name.fullmatch(Path(f).parent.name)]
     mine = windows[windows["file"].isin([str(Path(f)) for f in files])]
-    return float(mine.groupby("file")["host_factor"].first().mean()) if len(mine) else 1.0
+    if mine.empty:
+        rate_s = "t=0" if math.isinf(rate) else f"{rate:g} req/s"
+        raise InputError(f"{runs.model}: no steps file of its {tag} run at {rate_s}; its host "
+                         "factor needs the run's update() timings (--no-host-speed goes without)")
+    return float(mine.groupby("file")["host_factor"].first().mean())
 
 
 # ---------------------------------------------------------------------------- GPU factors
@@ -342,7 +350,12 @@ def time_split(measured: pd.DataFrame, sim_dirs: list[Path]) -> dict[str, float]
         return float(s["gpu_s"].sum()), float(gaps.sum())
 
     g, c = gpu_cpu(measured)
-    sims = [gpu_cpu(_read_steps(d / "steps.csv")) for d in sim_dirs]
+    frames = [_read_steps(d / "steps.csv") for d in sim_dirs]
+    for d, f in zip(sim_dirs, frames, strict=True):
+        if len(f) != len(measured):
+            raise InputError(f"{d}: the simulator formed {len(f)} windows where the measured "
+                             f"run has {len(measured)}; the time split needs the same windows")
+    sims = [gpu_cpu(f) for f in frames]
     sg, sc = (float(np.mean(v)) for v in zip(*sims, strict=True))
     def rel(sim: float, meas: float) -> float:
         return sim / meas - 1.0 if meas > 0 else math.nan
@@ -352,7 +365,7 @@ def time_split(measured: pd.DataFrame, sim_dirs: list[Path]) -> dict[str, float]
 
 
 def leave_one_out(spec: list[ModelRuns], models: list[str] | None, scales: list[float],
-                  work: Path, old: bool = True, host_speed: bool = True,
+                  work: Path, old: bool = True, scale_hosts: bool = True,
                   targets: list[ModelRuns] | None = None,
                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Each target's runs (default: the spec's, or those of ``models``) predicted by profiles
@@ -370,7 +383,7 @@ def leave_one_out(spec: list[ModelRuns], models: list[str] | None, scales: list[
     def host(held_out: str) -> pd.DataFrame:
         """The windows with host factors against the fold's training runs."""
         return with_host_factors(windows, in_spec & (windows["model"] != held_out)) \
-            if host_speed else windows
+            if scale_hosts else windows
 
     gpu_rows = pd.concat([factor_rows(r, measured[r.model], hw, base_ov, work / "factors")
                           for r in spec], ignore_index=True)
@@ -386,7 +399,7 @@ def leave_one_out(spec: list[ModelRuns], models: list[str] | None, scales: list[
             fits.append({"held_out": runs.model, **fit})
         configs = measured[runs.model] if runs in spec else measured_configs(runs)
         for (policy, k, rate), meas in sorted(configs.items(), key=str):
-            f = config_factor(runs, fold_windows, policy, k, rate) if host_speed else 1.0
+            f = config_factor(runs, fold_windows, policy, k, rate) if scale_hosts else 1.0
             rows += predict_config(runs, policy, k, rate, meas,
                                    {"hardware": hw_fold, "overhead": scaled_overhead(ov_fold, f)},
                                    scales, work, NEW, host_factor=f)
@@ -396,78 +409,6 @@ def leave_one_out(spec: list[ModelRuns], models: list[str] | None, scales: list[
     return pd.DataFrame(rows), pd.DataFrame(fits)
 
 
-# ---------------------------------------------------------------------------- output
-def markdown(df: pd.DataFrame, fits: pd.DataFrame, command: str) -> str:
-    lines = [f"Command: `{command}`", "",
-             "Each model's runs predicted by profiles fitted without that model's data "
-             f"(**{NEW}**), and by the old profile fitted on llama3_8b's steps "
-             f"(**{OLD}**; for llama3_8b it is not held out). Error = (predicted - measured) / "
-             "measured; targets: |error| <= 3% request throughput, <= 10% median TTFT and "
-             "median TPOT; **bold**: over target.", ""]
-    metrics = list(TARGET_METRICS)
-    head = "| model | policy | k | rate | " + " | ".join(
-        f"{m} measured | new | old" for m in metrics) + " |"
-    lines += [head, "|---|---|---|---|" + "---|---|---|" * len(metrics)]
-    key = ["model", "policy", "k", "request_rate"]
-    order = {m: i for i, m in enumerate(dict.fromkeys(df["model"]))}
-    for (model, policy, k, rate), g in sorted(df.groupby(key, sort=False),
-                                              key=lambda kv: (order[kv[0][0]], str(kv[0][1:]))):
-        cells = []
-        for m in metrics:
-            sub = g[g["metric"] == m].set_index("profile")
-            meas = sub["measured"].iloc[0]
-            cells.append(f"{meas:.4g}")
-            for prof in (NEW, OLD):
-                if prof in sub.index:
-                    e, over = sub.loc[prof, "rel_error"], sub.loc[prof, "over_target"]
-                    cells.append(f"**{e:+.1%}**" if over else f"{e:+.1%}")
-                else:
-                    cells.append("n/a")
-        rate_s = "t=0" if math.isinf(rate) else f"{rate:g}/s"
-        lines.append(f"| {model} | {policy} | {k} | {rate_s} | " + " | ".join(cells) + " |")
-    lines += ["", "Worst |error| per model and metric (new / old):", "",
-              "| model | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
-    for model in order:
-        cells = []
-        for m in metrics:
-            sub = df[(df["model"] == model) & (df["metric"] == m)]
-            worst = [sub[sub["profile"] == p]["rel_error"].abs().max() for p in (NEW, OLD)]
-            cells.append(" / ".join("n/a" if w != w else f"{w:.1%}" for w in worst))
-        lines.append(f"| {model} | " + " | ".join(cells) + " |")
-    if "gpu_time_error" in df:
-        t0 = df[(df["profile"] == NEW) & (df["metric"] == "request_throughput")
-                & df["gpu_time_error"].notna()]
-        lines += ["", f"At t=0, {NEW} (the simulator forms the measured windows): the windows' "
-                  "summed GPU time and the CPU time between them, simulated against measured, "
-                  "and the measured CPU time's share of the run:", "",
-                  "| model | policy | k | GPU time | CPU time | CPU share |", "|---|---|---|---|---|---|"]
-        for r in sorted(t0.itertuples(), key=lambda r: (order[r.model], r.policy)):
-            lines.append(f"| {r.model} | {r.policy} | {r.k} | {r.gpu_time_error:+.1%} | "
-                         f"{r.cpu_time_error:+.1%} | {r.cpu_share:.0%} |")
-    lines += ["", "Coefficients fitted in each fold (the held-out model's rows dropped first):",
-              "", "| " + " | ".join(fits.columns) + " |", "|---" * len(fits.columns) + "|"]
-    for row in fits.itertuples(index=False):
-        lines.append("| " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v)
-                                       for v in row) + " |")
-    return "\n".join(lines) + "\n"
-
-
-NOTES_MARK = "<!-- notes: kept when the table is rebuilt -->"
-
-
-def write(df: pd.DataFrame, fits: pd.DataFrame, out: str, command: str) -> None:
-    """``out``.csv, ``out``_fit.csv and ``out``.md, each written whole; the .md keeps the
-    hand-written notes below NOTES_MARK of the file it replaces."""
-    md = Path(f"{out}.md")
-    notes = ""
-    if md.exists() and NOTES_MARK in (old := md.read_text()):
-        notes = "\n" + NOTES_MARK + old.split(NOTES_MARK, 1)[1]
-    write_text_atomic(Path(f"{out}.csv"), df.to_csv(index=False, float_format="%.6g"))
-    write_text_atomic(Path(f"{out}_fit.csv"), fits.to_csv(index=False, float_format="%.6g"))
-    write_text_atomic(md, "# Leave-one-model-out validation (H200)\n\n"
-                      + markdown(df, fits, command) + notes)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = _Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="docs/validation/models",
@@ -475,7 +416,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--runs", default="leave_one_out_runs", help="where simulated runs go")
     ap.add_argument("--spec", default=None,
                     help="YAML list of model runs (model, dirs, rate, steps, poisson_steps, "
-                    "overrides); default: the four H200 models in docs/validation/measured")
+                    "overrides); default: the five H200 models in docs/validation/measured")
     ap.add_argument("--models", default=None,
                     help="comma-separated models to hold out (default: every model)")
     ap.add_argument("--predict", default=None, metavar="ROOT",
@@ -524,8 +465,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         if args.predict:
             targets = [r for r in predicted_runs(args.predict, spec)
                        if not models or r.model in models]
+            if not targets:
+                raise InputError(f"--predict {args.predict}: no runs of {args.models}")
         df, fits = leave_one_out(spec, models, scales, work, old=not args.no_old,
-                                 host_speed=not args.no_host_speed, targets=targets)
+                                 scale_hosts=not args.no_host_speed, targets=targets)
         command = "python -m experiments.leave_one_out " + " ".join(
             _without_runs(argv if argv is not None else sys.argv[1:]))
         write(df, fits, args.out, command)

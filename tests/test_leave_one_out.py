@@ -38,7 +38,7 @@ def _measure(root: Path, model: str, policy: str, k: int | None, rate: float) ->
             run_dir, {"hardware": hw, "overhead": ov})
     s = pd.read_csv(run_dir / "steps.csv")
     s = s.assign(schedule_s=s["schedule_prepare_s"], prepare_s=0.0, launch_s=0.0,
-                 pythonize_s=0.0, update_s=0.0)
+                 pythonize_s=0.0, update_s=1e-6 * (20 + 0.5 * s["num_seqs"]))
     with gzip.open(run_dir / "steps.csv.gz", "wt") as f:
         s.to_csv(f, index=False)
     (run_dir / "steps.csv").unlink()
@@ -71,6 +71,15 @@ def _poison(root: Path, model: str) -> None:
             s.to_csv(out, index=False)
 
 
+def _scale_update(root: Path, model: str, by) -> None:
+    """The model's update() timings times ``by`` (a number, or a column name of the steps)."""
+    for f in (root / model).rglob("steps.csv.gz"):
+        s = pd.read_csv(f)
+        s = s.assign(update_s=s["update_s"] * (s[by] if isinstance(by, str) else by))
+        with gzip.open(f, "wt") as out:
+            s.to_csv(out, index=False)
+
+
 def test_folds_recover_the_factors_and_never_use_the_held_out_rows(fixture_tree, tmp_path):
     spec = loo.load_spec(str(fixture_tree / "spec.yaml"))
     work = tmp_path / "runs"
@@ -97,6 +106,11 @@ def test_folds_recover_the_factors_and_never_use_the_held_out_rows(fixture_tree,
     # ... while the other fold, which fits on them, does
     assert held2.loc[MODELS[1], "op_kernel_factor"] > 1.5 * held.loc[MODELS[1],
                                                                       "op_kernel_factor"]
+    # the held-out model's update() timings set its own runs' host factors, never the reference
+    # its fold puts the training runs' CPU costs on
+    _scale_update(fixture_tree, MODELS[0], "num_seqs")
+    _, fits3 = loo.leave_one_out(spec, [MODELS[0]], [1.0], work, old=False)
+    pd.testing.assert_series_equal(held.loc[MODELS[0]], fits3.set_index("held_out").loc[MODELS[0]])
 
 
 def test_predict_runs_measured_elsewhere_by_the_fold_that_holds_their_model_out(fixture_tree,
@@ -117,6 +131,12 @@ def test_predict_runs_measured_elsewhere_by_the_fold_that_holds_their_model_out(
     pd.testing.assert_frame_equal(fits.reset_index(drop=True), fits2.reset_index(drop=True))
     pd.testing.assert_frame_equal(df.reset_index(drop=True), df2.reset_index(drop=True))
     assert set(df2["request_rate"]) == {math.inf, RATE}
+    # measured on a host 1.3x slower at the scheduler's work: the same fold, each run's own
+    # factor 1.3x (the spec's runs of the model, same-named directories, play no part)
+    _scale_update(other, MODELS[1], 1.3)
+    df3, fits3 = loo.leave_one_out(spec, None, [1.0], work, old=False, targets=targets)
+    pd.testing.assert_frame_equal(fits.reset_index(drop=True), fits3.reset_index(drop=True))
+    assert (df3["host_factor"] / df["host_factor"]).to_numpy() == pytest.approx(1.3, rel=1e-3)
 
 
 def test_time_split_compares_gpu_time_and_the_cpu_time_between_windows(tmp_path):
@@ -151,6 +171,15 @@ def test_cli_errors_are_one_line(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         f"error: --predict {tmp_path / 'runs_of'}: gpt2 is not a conf/model name"]
+    (tmp_path / "runs_of" / "gpt2").rmdir()
+    (tmp_path / "runs_of" / "llama3_2_1b" / "t0").mkdir(parents=True)
+    out = subprocess.run([sys.executable, "-m", "experiments.leave_one_out", "--predict",
+                          str(tmp_path / "runs_of"), "--out", str(tmp_path / "m"), "--runs",
+                          str(tmp_path / "r")], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"error: llama3_2_1b: no steps file (steps.csv.gz) of its runs in "
+        f"{tmp_path / 'runs_of' / 'llama3_2_1b' / 't0'}"]
     bad = tmp_path / "spec.yaml"
     bad.write_text("- model: x\n  colour: red\n")
     out = subprocess.run([sys.executable, "-m", "experiments.leave_one_out", "--spec", str(bad),
