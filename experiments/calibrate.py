@@ -2,6 +2,7 @@
 
     python -m experiments.calibrate                       # llama3_8b on cuda -> h200_calibrated
     python -m experiments.calibrate --data calib.csv      # refit saved measurements, no GPU
+    python -m experiments.calibrate --ops [--data DIR]    # the operator-table profile: h200_ops
 
 ``experiments.measure`` runs the profiling grid and served synthetic runs (never the
 validation's ShareGPT runs) and records one row per step and per served window;
@@ -124,10 +125,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--num-blocks", type=int, default=None, help="KV blocks (required on cpu)")
     ap.add_argument("--base-hardware", default=None,
                     help="profile whose datasheet numbers are kept (default h200; cpu on cpu)")
-    ap.add_argument("--name", default="h200_calibrated", help="name of the hardware profile written")
+    ap.add_argument("--name", default=None, help="name of the hardware profile written "
+                    "(default h200_calibrated; with --ops h200_ops)")
     ap.add_argument("--overhead-name", default="schedlab_h200", help="name of the overhead profile")
     ap.add_argument("--conf-dir", default=CONF_DIR, help="where hardware/ and overhead/ go")
-    ap.add_argument("--data", default=None, help="refit saved measurements (CSV), no profiling")
+    ap.add_argument("--data", default=None, help="refit saved measurements (CSV; with --ops the "
+                    "directory of operator tables), no profiling")
+    ap.add_argument("--ops", action="store_true",
+                    help="the operator-table profile (experiments/calibrate_ops.py): measure the "
+                    "tables over every conf/model shape (or read --data), fit its two factors on "
+                    "the served t=0 windows of --spec's models")
+    ap.add_argument("--spec", default=None, help="--ops: the served runs (experiments."
+                    "leave_one_out's --spec; default: the H200 runs in docs/validation/measured)")
+    ap.add_argument("--runs", default="leave_one_out_runs",
+                    help="--ops: where the fit's simulated runs go")
+    ap.add_argument("--budget-s", type=float, default=330.0,
+                    help="--ops on the GPU: benchmarks/operators.py's time budget")
     ap.add_argument("--save-data", default=None, help="CSV for the measurements (default: conf "
                     "dir's calibration/<name>.csv)")
     ap.add_argument("--overlap-runs", default=None, metavar="PLAIN,OVERLAP",
@@ -151,6 +164,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"spread in the conf dir's calibration/<name>.uncertainty.csv (default "
                     f"{DEFAULT_BOOTSTRAP}; 0: none)")
     args = ap.parse_args(argv)
+    if args.ops:
+        from experiments import calibrate_ops
+        from experiments.validate import InputError
+
+        args.name = args.name or "h200_ops"
+        try:
+            return calibrate_ops.run(args, argv if argv is not None else sys.argv[1:])
+        except (ValueError, OSError, InputError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+    args.name = args.name or "h200_calibrated"
     try:
         spec = ModelSpec.from_dict(load_conf("model", args.model))
         base_name = args.base_hardware or ("cpu" if args.device == "cpu" else "h200")

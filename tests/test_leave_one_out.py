@@ -45,9 +45,7 @@ def _measure(root: Path, model: str, policy: str, k: int | None, rate: float) ->
     return run_dir
 
 
-@pytest.fixture(scope="module")
-def fixture_tree(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("measured")
+def _build_tree(root: Path) -> Path:
     spec = []
     for model in MODELS:
         for policy, k in loo.POLICIES:
@@ -59,6 +57,50 @@ def fixture_tree(tmp_path_factory) -> Path:
                      "poisson_steps": [f"{model}/poisson/*/steps.csv.gz"]})
     (root / "spec.yaml").write_text(yaml.safe_dump(spec))
     return root
+
+
+@pytest.fixture(scope="module")
+def fixture_tree(tmp_path_factory) -> Path:
+    return _build_tree(tmp_path_factory.mktemp("measured"))
+
+
+def test_calibrate_ops_fits_the_operator_profile_on_served_windows(tmp_path):
+    """`experiments.calibrate --ops --data TABLES` on served runs made at known factors writes a
+    profile with those factors, the tables and the engine's graph settings."""
+    from experiments import calibrate
+
+    root = _build_tree(tmp_path / "measured")
+    tables = ROOT / "conf" / "calibration" / "h200_ops"
+    conf = tmp_path / "conf"
+    calibrate.main(["--ops", "--data", str(tables), "--spec", str(root / "spec.yaml"),
+                    "--conf-dir", str(conf), "--runs", str(tmp_path / "runs")])
+    text = (conf / "hardware" / "h200_ops.yaml").read_text()
+    prof = yaml.safe_load(text)
+    assert prof["op_kernel_factor"] == pytest.approx(TRUE_FACTORS[0], rel=0.02)
+    assert prof["op_compute_factor"] == pytest.approx(TRUE_FACTORS[1], rel=0.05)
+    assert prof["op_tables"] == str(tables) and prof["num_sms"] == 132
+    assert (prof["prefill_graph_max_tokens"], prof["piecewise_graph_max_tokens"]) == (512, 2048)
+    assert "numpy " in text and f"{', '.join(MODELS)}" in text  # versions and the fitted runs
+    out = subprocess.run([sys.executable, "-m", "experiments.calibrate", "--ops", "--data",
+                          str(tmp_path / "nope"), "--conf-dir", str(conf)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"error: --data {tmp_path / 'nope'}: not a directory of operator tables"]
+
+
+def test_committed_operator_profile_is_its_refit(tmp_path):
+    """conf/hardware/h200_ops.yaml is what `python -m experiments.calibrate --ops --data
+    conf/calibration/h200_ops` writes from the committed tables and served runs."""
+    from experiments import calibrate
+
+    committed = load_profile("hardware", "h200_ops")
+    conf = tmp_path / "conf"
+    (conf / "calibration").mkdir(parents=True)
+    (conf / "calibration" / "h200_ops").symlink_to(ROOT / "conf" / "calibration" / "h200_ops")
+    refit = calibrate.main(["--ops", "--data", str(conf / "calibration" / "h200_ops"),
+                            "--conf-dir", str(conf), "--runs", str(tmp_path / "runs")])
+    assert refit == {k: committed[k] for k in refit}
+    assert set(committed) == set(refit)
 
 
 def _poison(root: Path, model: str) -> None:
