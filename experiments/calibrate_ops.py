@@ -33,6 +33,9 @@ from experiments.validate import InputError, load_profile
 from policies.step_sizes import DECODE_GRAPH_SIZES, PIECEWISE_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
 
 ROOT = Path(__file__).resolve().parents[1]
+# a fit that misses a model's summed GPU time by more than this, or a factor at its bound, is
+# flagged: the tables do not price that model's served steps (a short --budget-s thins them)
+FIT_WARN = 0.05
 DATASHEET = ("peak_tflops", "hbm_gib", "hbm_tbps", "nvlink_gbps", "allreduce_efficiency",
              "allreduce_latency_us", "p2p_latency_us", "activation_reserve_gib")
 
@@ -111,6 +114,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     profile, rows = fit(ops_profile(tables, name, base, num_sms), spec, Path(args.runs))
     kf, cf = profile["op_kernel_factor"], profile["op_compute_factor"]
     err = fit_error(rows, kf, cf)
+    warning = ""
+    if err.abs().max() > FIT_WARN or {kf, cf} & set(loo.FACTOR_BOUNDS):
+        warning = (f"WARNING: the fit misses a model's summed GPU time by {err.abs().max():.1%}"
+                   f" (factors {kf:g}, {cf:g}; bounds {loo.FACTOR_BOUNDS}): check the tables, "
+                   "whose grids a short --budget-s thins")
+        print(warning, file=sys.stderr)
     command = "python -m experiments.calibrate " + " ".join(a for a in argv if a)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = (
@@ -123,7 +132,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "(experiments.leave_one_out's fit; its table refits them with each model held out).\n"
         f"Datasheet numbers from {base['name']}; the efficiencies and fixed times of cost_model.py\n"
         "are unused. Summed GPU time of the fitted windows, fit against measured:\n"
-        + "\n".join(f"  {m}: {e:+.1%}" for m, e in err.items()))
+        + "\n".join(f"  {m}: {e:+.1%}" for m, e in err.items())
+        + (f"\n{warning}" if warning else ""))
     path = conf / "hardware" / f"{name}.yaml"
     write_yaml(path, profile, header)
     print(f"op_kernel_factor {kf:g}, op_compute_factor {cf:g} over {len(rows)} windows")

@@ -81,6 +81,12 @@ def test_calibrate_ops_fits_the_operator_profile_on_served_windows(tmp_path):
     assert prof["op_tables"] == str(tables) and prof["num_sms"] == 132
     assert (prof["prefill_graph_max_tokens"], prof["piecewise_graph_max_tokens"]) == (512, 2048)
     assert "numpy " in text and f"{', '.join(MODELS)}" in text  # versions and the fitted runs
+    assert "WARNING" not in text
+    _poison(root, MODELS[0])  # GPU times x 3: no pair of factors prices both models
+    calibrate.main(["--ops", "--data", str(tables), "--spec", str(root / "spec.yaml"),
+                    "--conf-dir", str(conf), "--runs", str(tmp_path / "runs")])
+    assert "WARNING: the fit misses a model's summed GPU time by" in (
+        conf / "hardware" / "h200_ops.yaml").read_text()
     out = subprocess.run([sys.executable, "-m", "experiments.calibrate", "--ops", "--data",
                           str(tmp_path / "nope"), "--conf-dir", str(conf)],
                          capture_output=True, text=True, cwd=ROOT)
