@@ -164,6 +164,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"spread in the conf dir's calibration/<name>.uncertainty.csv (default "
                     f"{DEFAULT_BOOTSTRAP}; 0: none)")
     args = ap.parse_args(argv)
+    defaults = vars(ap.parse_args([]))
+    ops_only, both = ("spec", "runs", "budget_s"), ("ops", "data", "name", "conf_dir",
+                                                     "base_hardware")
+    for dest, value in vars(args).items():
+        if dest in both or value == defaults[dest]:
+            continue
+        if args.ops != (dest in ops_only):
+            flag = "--" + dest.replace("_", "-")
+            print(f"error: {flag} " + ("does not apply to --ops" if args.ops else
+                                       "applies to --ops only"), file=sys.stderr)
+            raise SystemExit(2)
     if args.ops:
         from experiments import calibrate_ops
         from experiments.validate import InputError

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +33,7 @@ from experiments import leave_one_out as loo
 from experiments.calibrate import write_yaml
 from experiments.validate import InputError, load_profile
 from policies.step_sizes import DECODE_GRAPH_SIZES, PIECEWISE_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
+from simulator.op_tables import CONF_DIR as TABLES_ROOT  # where a relative op_tables points
 
 ROOT = Path(__file__).resolve().parents[1]
 # a fit that misses a model's summed GPU time by more than this, or a factor at its bound, is
@@ -38,6 +41,34 @@ ROOT = Path(__file__).resolve().parents[1]
 FIT_WARN = 0.05
 DATASHEET = ("peak_tflops", "hbm_gib", "hbm_tbps", "nvlink_gbps", "allreduce_efficiency",
              "allreduce_latency_us", "p2p_latency_us", "activation_reserve_gib")
+
+
+def tables_path(root: Path) -> str:
+    """``op_tables`` as the profile names it: relative to conf/ (where the simulator resolves a
+    relative path) when the tables are there, else absolute."""
+    try:
+        return str(root.resolve().relative_to(TABLES_ROOT.resolve()))
+    except ValueError:
+        return str(root.resolve())
+
+
+def tables_digest(root: Path) -> str:
+    """A digest of the tables' contents: the fit's cached simulations are kept per digest, so
+    that tables measured again at the same path are never priced from stale runs."""
+    h = hashlib.sha256()
+    for f in sorted(root.glob("*.csv")):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def check_name(name: str, conf: Path) -> None:
+    """A plain file name, and no existing hardware profile other than an operator-table one."""
+    if not re.fullmatch(r"[\w.-]+", name) or name in (".", ".."):
+        raise InputError(f"--name {name!r}: not a plain profile name (letters, digits, _ . -)")
+    path = conf / "hardware" / f"{name}.yaml"
+    if path.exists() and "op_tables:" not in path.read_text():
+        raise InputError(f"--name {name}: {path} exists and is not an operator-table profile")
 
 
 def measure_tables(out: Path, budget_s: float) -> None:
@@ -82,7 +113,12 @@ def fit_error(rows: pd.DataFrame, kf: float, cf: float) -> pd.Series:
 
 def tables_meta(root: Path) -> tuple[str, int]:
     """Where and when the tables were measured (from their meta files), and the GPU's SMs."""
-    metas = [json.loads(f.read_text()) for f in sorted(root.glob("*.meta.json"))]
+    metas = []
+    for f in sorted(root.glob("*.meta.json")):
+        try:
+            metas.append(json.loads(f.read_text()))
+        except (OSError, ValueError) as err:
+            raise InputError(f"{f}: not a table's meta file ({err})") from None
     if not metas:
         raise InputError(f"--data {root}: no operator tables (*.meta.json beside each CSV)")
     dates = sorted({str(m.get("date_utc", "?"))[:10] for m in metas})
@@ -90,13 +126,18 @@ def tables_meta(root: Path) -> tuple[str, int]:
     sms = {int(m["num_sms"]) for m in metas if "num_sms" in m}
     if len(sms) > 1:
         raise InputError(f"--data {root}: tables of GPUs with {sorted(sms)} SMs mixed")
-    return f"{', '.join(gpus)}, {', '.join(dates)}", sms.pop() if sms else 132
+    if not sms:
+        raise InputError(f"--data {root}: its meta files name no num_sms (the GPU's SM count)")
+    return f"{', '.join(gpus)}, {', '.join(dates)}", sms.pop()
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     """``python -m experiments.calibrate --ops`` (calibrate.py parses the flags)."""
     conf = Path(args.conf_dir)
     name = args.name
+    check_name(name, conf)
+    base = load_profile("hardware", args.base_hardware or "h200")  # checked before measuring
+    spec = loo.load_spec(args.spec)
     if args.data:
         root = Path(args.data)
         if not root.is_dir():
@@ -104,21 +145,18 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     else:
         root = conf / "calibration" / name
         measure_tables(root, args.budget_s)
-    try:  # the profile names its tables relative to the conf dir where it can
-        tables = str(root.absolute().relative_to(conf.absolute()))
-    except ValueError:
-        tables = str(root.absolute())
-    base = load_profile("hardware", args.base_hardware or "h200")
     where, num_sms = tables_meta(root)
-    spec = loo.load_spec(args.spec)
-    profile, rows = fit(ops_profile(tables, name, base, num_sms), spec, Path(args.runs))
+    tables = tables_path(root)
+    work = Path(args.runs) / f"ops_{tables_digest(root)}"
+    profile, rows = fit(ops_profile(tables, name, base, num_sms), spec, work)
     kf, cf = profile["op_kernel_factor"], profile["op_compute_factor"]
     err = fit_error(rows, kf, cf)
     warning = ""
-    if err.abs().max() > FIT_WARN or {kf, cf} & set(loo.FACTOR_BOUNDS):
+    lo, hi = loo.FACTOR_BOUNDS
+    if err.abs().max() > FIT_WARN or kf in (lo, hi) or cf <= 1.0 or cf >= hi:
         warning = (f"WARNING: the fit misses a model's summed GPU time by {err.abs().max():.1%}"
-                   f" (factors {kf:g}, {cf:g}; bounds {loo.FACTOR_BOUNDS}): check the tables, "
-                   "whose grids a short --budget-s thins")
+                   f" (factors {kf:g}, {cf:g}; bounds {lo:g}-{hi:g}, op_compute_factor >= 1): "
+                   "check the tables, whose grids a short --budget-s thins")
         print(warning, file=sys.stderr)
     command = "python -m experiments.calibrate " + " ".join(a for a in argv if a)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -17,6 +17,8 @@ from experiments import host_speed
 from experiments import leave_one_out as loo
 from experiments.fit_cpu import fit_overhead
 from experiments.validate import load_profile, run_one
+from simulator.op_cost import launch_terms
+from simulator.op_tables import load_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("llama3_2_1b", "llama3_2_3b")
@@ -64,34 +66,50 @@ def fixture_tree(tmp_path_factory) -> Path:
     return _build_tree(tmp_path_factory.mktemp("measured"))
 
 
-def test_calibrate_ops_fits_the_operator_profile_on_served_windows(tmp_path):
+def test_calibrate_ops_fits_the_operator_profile_on_served_windows(tmp_path, capsys):
     """`experiments.calibrate --ops --data TABLES` on served runs made at known factors writes a
-    profile with those factors, the tables and the engine's graph settings."""
+    profile with those factors, the tables it fitted with and the engine's graph settings; a fit
+    that cannot price the runs is flagged."""
+    import shutil
+
     from experiments import calibrate
 
     root = _build_tree(tmp_path / "measured")
-    tables = ROOT / "conf" / "calibration" / "h200_ops"
     conf = tmp_path / "conf"
-    calibrate.main(["--ops", "--data", str(tables), "--spec", str(root / "spec.yaml"),
-                    "--conf-dir", str(conf), "--runs", str(tmp_path / "runs")])
-    text = (conf / "hardware" / "h200_ops.yaml").read_text()
+    tables = conf / "calibration" / "mine"  # outside conf/: the profile names it absolutely
+    shutil.copytree(ROOT / "conf" / "calibration" / "h200_ops", tables)
+    args = ["--ops", "--data", str(tables), "--spec", str(root / "spec.yaml"), "--conf-dir",
+            str(conf), "--runs", str(tmp_path / "runs"), "--name", "mine"]
+    calibrate.main(args)
+    text = (conf / "hardware" / "mine.yaml").read_text()
     prof = yaml.safe_load(text)
     assert prof["op_kernel_factor"] == pytest.approx(TRUE_FACTORS[0], rel=0.02)
     assert prof["op_compute_factor"] == pytest.approx(TRUE_FACTORS[1], rel=0.05)
-    assert prof["op_tables"] == str(tables) and prof["num_sms"] == 132
+    assert prof["op_tables"] == str(tables.resolve()) and prof["num_sms"] == 132
     assert (prof["prefill_graph_max_tokens"], prof["piecewise_graph_max_tokens"]) == (512, 2048)
     assert "numpy " in text and f"{', '.join(MODELS)}" in text  # versions and the fitted runs
     assert "WARNING" not in text
-    _poison(root, MODELS[0])  # GPU times x 3: no pair of factors prices both models
-    calibrate.main(["--ops", "--data", str(tables), "--spec", str(root / "spec.yaml"),
-                    "--conf-dir", str(conf), "--runs", str(tmp_path / "runs")])
-    assert "WARNING: the fit misses a model's summed GPU time by" in (
-        conf / "hardware" / "h200_ops.yaml").read_text()
-    out = subprocess.run([sys.executable, "-m", "experiments.calibrate", "--ops", "--data",
-                          str(tmp_path / "nope"), "--conf-dir", str(conf)],
-                         capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
-        f"error: --data {tmp_path / 'nope'}: not a directory of operator tables"]
+    # the same path, other tables (GEMMs 3x slower): fitted from them, not from cached runs
+    g = pd.read_csv(tables / "gemm.csv")
+    g.assign(time_us=g["time_us"] * 3).to_csv(tables / "gemm.csv", index=False)
+    load_tables.cache_clear()  # a process reads a table directory once (a command: one read)
+    launch_terms.cache_clear()
+    calibrate.main(args)
+    text = (conf / "hardware" / "mine.yaml").read_text()
+    assert yaml.safe_load(text)["op_kernel_factor"] < 0.9 * TRUE_FACTORS[0]
+    assert "WARNING: the fit misses a model's summed GPU time by" in text
+    capsys.readouterr()
+    for bad, message in (
+            (["--ops", "--data", str(tmp_path / "nope")],
+             f"--data {tmp_path / 'nope'}: not a directory of operator tables"),
+            (["--ops", "--bootstrap", "5"], "--bootstrap does not apply to --ops"),
+            (["--spec", "x.yaml"], "--spec applies to --ops only"),
+            (["--ops", "--name", "../x"],
+             "--name '../x': not a plain profile name (letters, digits, _ . -)")):
+        with pytest.raises(SystemExit) as exc:
+            calibrate.main(bad + ["--conf-dir", str(conf)])
+        assert exc.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines() == [f"error: {message}"]
 
 
 def test_committed_operator_profile_is_its_refit(tmp_path):
@@ -99,14 +117,11 @@ def test_committed_operator_profile_is_its_refit(tmp_path):
     conf/calibration/h200_ops` writes from the committed tables and served runs."""
     from experiments import calibrate
 
-    committed = load_profile("hardware", "h200_ops")
     conf = tmp_path / "conf"
-    (conf / "calibration").mkdir(parents=True)
-    (conf / "calibration" / "h200_ops").symlink_to(ROOT / "conf" / "calibration" / "h200_ops")
-    refit = calibrate.main(["--ops", "--data", str(conf / "calibration" / "h200_ops"),
-                            "--conf-dir", str(conf), "--runs", str(tmp_path / "runs")])
-    assert refit == {k: committed[k] for k in refit}
-    assert set(committed) == set(refit)
+    calibrate.main(["--ops", "--data", str(ROOT / "conf" / "calibration" / "h200_ops"),
+                    "--conf-dir", str(conf), "--runs", str(tmp_path / "runs")])
+    assert yaml.safe_load((conf / "hardware" / "h200_ops.yaml").read_text()) == load_profile(
+        "hardware", "h200_ops")
 
 
 def _poison(root: Path, model: str) -> None:
