@@ -39,6 +39,7 @@ import argparse
 import contextlib
 import glob
 import io
+import json
 import math
 import re
 import sys
@@ -126,10 +127,30 @@ def load_spec(path: str | None) -> list[ModelRuns]:
     return [_rooted(r, f.parent) for r in runs]
 
 
+def run_scheduler_settings(model_dir: Path) -> list[str] | None:
+    """The scheduler settings the runs under ``model_dir`` were measured with, as overrides,
+    from their config.json files (None: there are none); runs measured with different settings
+    are refused, as one ModelRuns carries one set."""
+    found = {}
+    for f in sorted(model_dir.rglob("config.json")):
+        try:
+            found[f] = json.dumps(json.loads(f.read_text())["scheduler"], sort_keys=True)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise InputError(f"{f}: not a run's config (no scheduler settings: {err})") from None
+    if not found:
+        return None
+    if len(set(found.values())) > 1:
+        raise InputError(f"--predict: the runs under {model_dir} were measured with different "
+                         "scheduler settings; predict them from separate directories")
+    settings = json.loads(next(iter(found.values())))
+    return [f"scheduler.{k}={'null' if v is None else v}" for k, v in sorted(settings.items())]
+
+
 def predicted_runs(root: str, spec: list[ModelRuns]) -> list[ModelRuns]:
     """--predict ROOT: one ModelRuns per model directory ROOT/MODEL (its t0/ and poisson/ trees,
     as under docs/validation/measured/models), at every measured rate, with the scheduler
-    settings of the spec's runs of that model."""
+    settings of the runs' own config.json files, else those of the spec's runs of that
+    model."""
     base = Path(root)
     if not base.is_dir():
         raise InputError(f"--predict {root}: not a directory")
@@ -140,8 +161,9 @@ def predicted_runs(root: str, spec: list[ModelRuns]) -> list[ModelRuns]:
             _model_spec(d.name)
         except ValueError:
             raise InputError(f"--predict {root}: {d.name} is not a conf/model name") from None
-        r = _model_dir(d.name, None, known[d.name].overrides if d.name in known else [],
-                       root=str(base))
+        own = run_scheduler_settings(d)
+        r = _model_dir(d.name, None, own if own is not None else
+                       known[d.name].overrides if d.name in known else [], root=str(base))
         out.append(ModelRuns(r.model, [x for x in r.dirs if Path(x).is_dir()], None,
                              {t: f for t, f in r.steps.items() if Path(f).is_file()},
                              r.poisson_steps, r.overrides))

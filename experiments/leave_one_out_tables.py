@@ -14,16 +14,19 @@ NEW, OLD = "h200_ops (held out)", "h200_calibrated + schedlab_h200"
 
 
 def markdown(df: pd.DataFrame, fits: pd.DataFrame, command: str) -> str:
+    profiles = [NEW] + ([OLD] if (df["profile"] == OLD).any() else [])  # --no-old: NEW only
+    old = (f", and by the old profile fitted on llama3_8b's steps (**{OLD}**; for llama3_8b "
+           "it is not held out)") if OLD in profiles else ""
     lines = [f"Command: `{command}`", "",
              "Each model's runs predicted by profiles fitted without that model's data "
-             f"(**{NEW}**), and by the old profile fitted on llama3_8b's steps "
-             f"(**{OLD}**; for llama3_8b it is not held out). Error = (predicted - measured) / "
-             "measured; targets: |error| <= 3% request throughput, <= 10% median TTFT and "
-             "median TPOT; **bold**: over target.", ""]
+             f"(**{NEW}**){old}. Error = (predicted - measured) / measured; targets: |error| <= "
+             "3% request throughput, <= 10% median TTFT and median TPOT; **bold**: over "
+             "target.", ""]
     metrics = list(TARGET_METRICS)
+    cols = " | new | old" if OLD in profiles else " | error"
     head = "| model | policy | k | rate | " + " | ".join(
-        f"{m} measured | new | old" for m in metrics) + " |"
-    lines += [head, "|---|---|---|---|" + "---|---|---|" * len(metrics)]
+        f"{m} measured{cols}" for m in metrics) + " |"
+    lines += [head, "|---|---|---|---|" + ("---|" * (1 + len(profiles))) * len(metrics)]
     key = ["model", "policy", "k", "request_rate"]
     order = {m: i for i, m in enumerate(dict.fromkeys(df["model"]))}
     for (model, policy, k, rate), g in sorted(df.groupby(key, sort=False),
@@ -33,7 +36,7 @@ def markdown(df: pd.DataFrame, fits: pd.DataFrame, command: str) -> str:
             sub = g[g["metric"] == m].set_index("profile")
             meas = sub["measured"].iloc[0]
             cells.append(f"{meas:.4g}")
-            for prof in (NEW, OLD):
+            for prof in profiles:
                 if prof in sub.index:
                     e, over = sub.loc[prof, "rel_error"], sub.loc[prof, "over_target"]
                     cells.append(f"**{e:+.1%}**" if over else f"{e:+.1%}")
@@ -41,13 +44,14 @@ def markdown(df: pd.DataFrame, fits: pd.DataFrame, command: str) -> str:
                     cells.append("n/a")
         rate_s = "t=0" if math.isinf(rate) else f"{rate:g}/s"
         lines.append(f"| {model} | {policy} | {k} | {rate_s} | " + " | ".join(cells) + " |")
-    lines += ["", "Worst |error| per model and metric (new / old):", "",
+    lines += ["", "Worst |error| per model and metric" + (" (new / old):" if OLD in profiles
+                                                            else ":"), "",
               "| model | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
     for model in order:
         cells = []
         for m in metrics:
             sub = df[(df["model"] == model) & (df["metric"] == m)]
-            worst = [sub[sub["profile"] == p]["rel_error"].abs().max() for p in (NEW, OLD)]
+            worst = [sub[sub["profile"] == p]["rel_error"].abs().max() for p in profiles]
             cells.append(" / ".join("n/a" if w != w else f"{w:.1%}" for w in worst))
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
     if "gpu_time_error" in df:

@@ -41,8 +41,8 @@ def measured_from_dir(root: Path | Sequence[Path], skip_unreadable: bool = False
     roots = [root] if isinstance(root, Path) else list(root)
     # a directory named twice, or inside another named, is read once
     for p in sorted({q.resolve() for r in roots for q in r.rglob("*.json")}):
-        if p.is_dir():
-            continue
+        if p.is_dir() or (p.name == "config.json" and (p.parent / "result.json").exists()):
+            continue  # a run's own config, beside its result
         try:
             res = json.loads(p.read_text())
         except json.JSONDecodeError as err:

@@ -4,6 +4,7 @@ is what the command rebuilds."""
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import subprocess
 import sys
@@ -187,6 +188,7 @@ def test_predict_runs_measured_elsewhere_by_the_fold_that_holds_their_model_out(
     shutil.copytree(fixture_tree / MODELS[1], other / MODELS[1])
     targets = loo.predicted_runs(str(other), spec)
     assert [(r.model, r.rate) for r in targets] == [(MODELS[1], None)]
+    assert "scheduler.max_num_seqs=256" in targets[0].overrides  # the runs' own config.json
     work = tmp_path / "runs"
     df, fits = loo.leave_one_out(spec, [MODELS[1]], [1.0], work, old=False)
     df2, fits2 = loo.leave_one_out(spec, None, [1.0], work, old=False, targets=targets)
@@ -200,6 +202,12 @@ def test_predict_runs_measured_elsewhere_by_the_fold_that_holds_their_model_out(
     df3, fits3 = loo.leave_one_out(spec, None, [1.0], work, old=False, targets=targets)
     pd.testing.assert_frame_equal(fits.reset_index(drop=True), fits3.reset_index(drop=True))
     assert (df3["host_factor"] / df["host_factor"]).to_numpy() == pytest.approx(1.3, rel=1e-3)
+    # runs measured with other scheduler settings than their neighbours are refused
+    cfg = next((other / MODELS[1]).rglob("config.json"))
+    c = yaml.safe_load(cfg.read_text())
+    cfg.write_text(json.dumps({**c, "scheduler": {**c["scheduler"], "max_num_seqs": 8}}))
+    with pytest.raises(SystemExit, match="different scheduler settings"):
+        loo.predicted_runs(str(other), spec)
 
 
 def test_time_split_compares_gpu_time_and_the_cpu_time_between_windows(tmp_path):

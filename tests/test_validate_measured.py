@@ -133,3 +133,20 @@ def test_several_measured_dirs_read_as_one(tmp_path):
     # a directory named twice (or one inside another named) is read once, not as a repeat
     ((_, row),) = measured_from_dir([tmp_path / "a", tmp_path / "a", tmp_path]).items()
     assert row["repeats"] == 3
+
+
+def test_a_runs_own_config_beside_its_result_is_read_in_silence(tmp_path, capsys):
+    """A run directory (result.json, config.json) gives one result and no note; a config.json
+    with no result beside it is named as skipped."""
+    from experiments.measured import measured_from_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "result.json").write_text(json.dumps(RESULT))
+    (run / "config.json").write_text(json.dumps({"scheduler": {"max_num_seqs": 256}}))
+    assert len(measured_from_dir(tmp_path)) == 1
+    assert capsys.readouterr().err == ""
+    (tmp_path / "stray").mkdir()
+    (tmp_path / "stray" / "config.json").write_text("{}")
+    measured_from_dir(tmp_path)
+    assert "stray" in capsys.readouterr().err
