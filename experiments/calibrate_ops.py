@@ -30,6 +30,7 @@ import pandas as pd
 import scipy
 
 from experiments import leave_one_out as loo
+from experiments import model_runs
 from experiments.calibrate import write_yaml
 from experiments.validate import InputError, load_profile
 from policies.step_sizes import DECODE_GRAPH_SIZES, PIECEWISE_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
@@ -93,22 +94,14 @@ def ops_profile(tables: str, name: str, base: dict[str, Any], num_sms: int) -> d
             "op_tables": tables, "op_kernel_factor": 1.0, "op_compute_factor": 1.0}
 
 
-def fit(profile: dict[str, Any], spec: list[loo.ModelRuns], work: Path,
+def fit(profile: dict[str, Any], spec: list[model_runs.ModelRuns], work: Path,
         ) -> tuple[dict[str, Any], pd.DataFrame]:
     """The profile with its two factors fitted on every spec model's served t=0 windows, and
     the windows' rows (model, config, measured GPU time g and its simulated parts)."""
-    overhead = load_profile("overhead", "schedlab_h200")
-    rows = pd.concat([loo.factor_rows(r, loo.measured_configs(r), profile, overhead, work)
-                      for r in spec], ignore_index=True)
+    rows = loo.spec_factor_rows(spec, {r.model: model_runs.measured_configs(r) for r in spec}, profile,
+                                load_profile("overhead", "schedlab_h200"), work)
     kf, cf = loo.fit_factors(rows)
     return {**profile, "op_kernel_factor": kf, "op_compute_factor": cf}, rows
-
-
-def fit_error(rows: pd.DataFrame, kf: float, cf: float) -> pd.Series:
-    """Per model, the fitted windows' summed GPU time against the measured (relative error)."""
-    pred = rows["G"] + kf * rows["K"] + kf * (cf - 1.0) * rows["C"]
-    by = rows.assign(pred=pred).groupby("model")[["pred", "g"]].sum()
-    return by["pred"] / by["g"] - 1.0
 
 
 def tables_meta(root: Path) -> tuple[str, int]:
@@ -137,7 +130,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     name = args.name
     check_name(name, conf)
     base = load_profile("hardware", args.base_hardware or "h200")  # checked before measuring
-    spec = loo.load_spec(args.spec)
+    spec = model_runs.load_spec(args.spec)
     if args.data:
         root = Path(args.data)
         if not root.is_dir():
@@ -150,7 +143,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     work = Path(args.runs) / f"ops_{tables_digest(root)}"
     profile, rows = fit(ops_profile(tables, name, base, num_sms), spec, work)
     kf, cf = profile["op_kernel_factor"], profile["op_compute_factor"]
-    err = fit_error(rows, kf, cf)
+    err = loo.factor_fit_error(rows, kf, cf)
     warning = ""
     lo, hi = loo.FACTOR_BOUNDS
     if err.abs().max() > FIT_WARN or kf in (lo, hi) or cf <= 1.0 or cf >= hi:

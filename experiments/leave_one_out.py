@@ -3,8 +3,8 @@
     python -m experiments.leave_one_out --out docs/validation/models
 
 For each model of the spec (default: llama3_2_1b, llama3_2_3b, llama3_8b, llama2_13b and
-llama_30b measured on an H200, ``DEFAULT_SPEC``), the held-out model's rows are dropped first,
-then:
+llama_30b measured on an H200, ``experiments.model_runs.DEFAULT_SPEC``), the held-out model's
+rows are dropped first, then:
 
 1. GPU: ``conf/hardware/h200_ops.yaml`` prices steps from the operator tables, which cover every
    model shape and were never fitted to one; its two served-vs-isolated factors
@@ -39,26 +39,30 @@ import argparse
 import contextlib
 import glob
 import io
-import json
 import math
 import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from experiments.fit_cpu import fit_overhead
 from experiments.host_speed import on_reference_host, scaled_overhead, with_host_factors
 from experiments.leave_one_out_tables import NEW, OLD, TARGET_METRICS, markdown, write
-from experiments.measured import measured_from_dir
+from experiments.model_runs import (
+    ModelRuns,
+    config_tag,
+    load_spec,
+    measured_configs,
+    predicted_runs,
+    read_steps,
+    served_windows,
+    window_gaps,
+)
 from experiments.validate import (
     InputError,
     _Parser,
-    load_conf,
     load_profile,
     predict,
     run_one,
@@ -66,176 +70,8 @@ from experiments.validate import (
     time_scales,
     writable_dir,
 )
-from policies import ModelSpec
 
-ROOT = Path(__file__).resolve().parents[1]
-POLICIES = [("single_step", None), ("multi_step", 8), ("cp1", 8)]
-# a window after which the GPU idled longer than this many times its timed CPU phases waited
-# for arrivals: its CPU cost is read from the timed phases
-IDLE_FACTOR = 2.0
-IDLE_MARGIN_S = 200e-6
 FACTOR_BOUNDS = (0.5, 3.0)  # op_kernel_factor and op_compute_factor stay within these
-
-
-@dataclass(frozen=True)
-class ModelRuns:
-    """Where one model's measured runs are and how they were run."""
-
-    model: str
-    dirs: list[str]  # result.json trees (t=0 and Poisson), read by experiments.measured
-    rate: float | None  # its Poisson rate (req/s) in the table; None: every measured rate
-    steps: dict[str, str] = field(default_factory=dict)  # "policy_kK" -> t=0 steps.csv
-    poisson_steps: list[str] = field(default_factory=list)  # Poisson runs' steps.csv files
-    overrides: list[str] = field(default_factory=list)  # the runs' scheduler settings
-
-
-def _model_dir(name: str, rate: float | None, overrides: list[str] | None = None,
-               root: str = "docs/validation/measured/models") -> ModelRuns:
-    base = f"{root}/{name}"
-    return ModelRuns(name, [f"{base}/t0", f"{base}/poisson"], rate,
-                     {tag: f"{base}/t0/{tag}/steps.csv.gz"
-                      for tag in ("single_step_k1", "multi_step_k8", "cp1_k8")},
-                     [f"{base}/poisson/*/steps.csv.gz"], overrides or [])
-
-
-DEFAULT_SPEC = [
-    # max_model_len 131072: the runs capped a step at 8192 tokens
-    _model_dir("llama3_2_1b", 79, ["scheduler.max_num_batched_tokens=8192"]),
-    _model_dir("llama3_2_3b", 44),
-    # t=0: the 8B validation grid's runs (two repeats each); Poisson: 28 req/s, ~60% of capacity
-    ModelRuns("llama3_8b", ["docs/validation/measured/grid",
-                            "docs/validation/measured/models/llama3_8b/poisson"],
-              28, {tag: f"docs/validation/measured/steps/{tag}.steps.csv"
-                   for tag in ("single_step_k1", "multi_step_k8", "cp1_k8")},
-              ["docs/validation/measured/models/llama3_8b/poisson/*/steps.csv.gz"]),
-    _model_dir("llama2_13b", 14),
-    # measured after every method choice of this module was made (see docs/validation/models.md)
-    _model_dir("llama_30b", 6),
-]
-
-
-def load_spec(path: str | None) -> list[ModelRuns]:
-    """The built-in spec, or a YAML list of ModelRuns mappings (paths relative to the file)."""
-    if path is None:
-        return [_rooted(r, ROOT) for r in DEFAULT_SPEC]
-    f = Path(path)
-    try:
-        items = yaml.safe_load(f.read_text())
-        runs = [ModelRuns(**item) for item in items]
-    except (OSError, yaml.YAMLError, TypeError) as err:
-        raise InputError(f"--spec {path}: not a list of model runs ({err})") from None
-    return [_rooted(r, f.parent) for r in runs]
-
-
-def run_scheduler_settings(model_dir: Path) -> list[str] | None:
-    """The scheduler settings the runs under ``model_dir`` were measured with, as overrides,
-    from their config.json files (None: there are none); runs measured with different settings
-    are refused, as one ModelRuns carries one set."""
-    found = {}
-    for f in sorted(model_dir.rglob("config.json")):
-        try:
-            found[f] = json.dumps(json.loads(f.read_text())["scheduler"], sort_keys=True)
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise InputError(f"{f}: not a run's config (no scheduler settings: {err})") from None
-    if not found:
-        return None
-    if len(set(found.values())) > 1:
-        raise InputError(f"--predict: the runs under {model_dir} were measured with different "
-                         "scheduler settings; predict them from separate directories")
-    settings = json.loads(next(iter(found.values())))
-    return [f"scheduler.{k}={'null' if v is None else v}" for k, v in sorted(settings.items())]
-
-
-def predicted_runs(root: str, spec: list[ModelRuns]) -> list[ModelRuns]:
-    """--predict ROOT: one ModelRuns per model directory ROOT/MODEL (its t0/ and poisson/ trees,
-    as under docs/validation/measured/models), at every measured rate, with the scheduler
-    settings of the runs' own config.json files, else those of the spec's runs of that
-    model."""
-    base = Path(root)
-    if not base.is_dir():
-        raise InputError(f"--predict {root}: not a directory")
-    known = {r.model: r for r in spec}
-    out = []
-    for d in sorted(p for p in base.iterdir() if p.is_dir()):
-        try:
-            _model_spec(d.name)
-        except ValueError:
-            raise InputError(f"--predict {root}: {d.name} is not a conf/model name") from None
-        own = run_scheduler_settings(d)
-        r = _model_dir(d.name, None, own if own is not None else
-                       known[d.name].overrides if d.name in known else [], root=str(base))
-        out.append(ModelRuns(r.model, [x for x in r.dirs if Path(x).is_dir()], None,
-                             {t: f for t, f in r.steps.items() if Path(f).is_file()},
-                             r.poisson_steps, r.overrides))
-    if not out:
-        raise InputError(f"--predict {root}: no model directories (ROOT/MODEL/t0, ROOT/MODEL/"
-                         "poisson)")
-    return out
-
-
-def _rooted(r: ModelRuns, base: Path) -> ModelRuns:
-    def p(s: str) -> str:
-        return str(base / s)
-
-    return ModelRuns(r.model, [p(d) for d in r.dirs], None if r.rate is None else float(r.rate),
-                     {k: p(v) for k, v in r.steps.items()}, [p(g) for g in r.poisson_steps],
-                     list(r.overrides))
-
-
-def _tag(policy: str, k: int | None) -> str:
-    return f"{policy}_k{k or 1}"
-
-
-def _model_spec(name: str) -> ModelSpec:
-    return ModelSpec.from_dict(load_conf("model", name))
-
-
-def _read_steps(path: Path) -> pd.DataFrame:
-    try:
-        return pd.read_csv(path)
-    except (OSError, ValueError) as err:
-        raise InputError(f"{path}: cannot read steps ({err})") from None
-
-
-# ---------------------------------------------------------------------------- measured
-def measured_configs(runs: ModelRuns) -> dict[tuple, dict[str, Any]]:
-    """(policy, k, rate) -> the measurement (repeats averaged), for the table's configurations."""
-    out = {}
-    for d in runs.dirs:
-        if not Path(d).is_dir():
-            raise InputError(f"{runs.model}: measured directory {d} does not exist")
-        try:
-            found = measured_from_dir(Path(d))
-        except ValueError as err:
-            raise InputError(f"{runs.model}: {err}") from None
-        for (policy, k, rate), meas in found.items():
-            if (policy, k) in POLICIES and (math.isinf(rate) or runs.rate in (None, rate)):
-                out[(policy, k, rate)] = meas
-    if not out:
-        raise InputError(f"{runs.model}: no measured single_step, multi_step k=8 or cp1 k=8 run "
-                         f"in {', '.join(runs.dirs)}")
-    return out
-
-
-def served_windows(runs: ModelRuns) -> pd.DataFrame:
-    """Every measured served window of the model (t=0 and Poisson): fit_overhead's rows."""
-    files = [Path(p) for p in runs.steps.values()]
-    for pattern in runs.poisson_steps:
-        files += [Path(p) for p in sorted(glob.glob(pattern))]
-    if not files:
-        raise InputError(f"{runs.model}: no steps file (steps.csv.gz) of its runs in "
-                         + ", ".join(runs.dirs))
-    frames = []
-    for f in files:
-        s = _read_steps(f)
-        gap = s["t_start"].shift(-1) - s["t_start"] - s["gpu_s"]
-        cpu = s["schedule_s"] + s["prepare_s"] + s["update_s"]
-        timed = cpu + s["launch_s"] + s["pythonize_s"]
-        gap = gap.where(gap <= IDLE_FACTOR * timed + IDLE_MARGIN_S)  # idle: waited for arrivals
-        frames.append(s.assign(kind="served", cpu_s=cpu, gap_s=gap.clip(lower=0.0),
-                               model=runs.model, file=str(f),
-                               num_layers=_model_spec(runs.model).num_layers))
-    return pd.concat(frames, ignore_index=True)
 
 
 # ---------------------------------------------------------------------------- host CPU speed
@@ -243,7 +79,7 @@ def config_factor(runs: ModelRuns, windows: pd.DataFrame, policy: str, k: int | 
                   rate: float) -> float:
     """The host factor of the measured run(s) of a configuration (repeats, directories
     ``TAG_rateR_*``: their mean)."""
-    tag = _tag(policy, k)
+    tag = config_tag(policy, k)
     if math.isinf(rate):
         files = [runs.steps[tag]] if tag in runs.steps else []
     else:
@@ -277,7 +113,7 @@ def factor_rows(runs: ModelRuns, measured: dict[tuple, dict], hw: dict, overhead
     at unit and doubled factors, the launch part G, kernels K and compute-bound share C."""
     frames = []
     for (policy, k, rate), meas in sorted(measured.items(), key=str):
-        tag = _tag(policy, k)
+        tag = config_tag(policy, k)
         if not math.isinf(rate) or tag not in runs.steps:
             continue
         base = sim_overrides(runs, policy, k, rate, meas)
@@ -289,7 +125,7 @@ def factor_rows(runs: ModelRuns, measured: dict[tuple, dict], hw: dict, overhead
             with contextlib.redirect_stdout(io.StringIO()):  # each run prints its summary
                 run_one(base + cache, run_dir, {"hardware": prof, "overhead": overhead})
             gpu[name] = pd.read_csv(run_dir / "steps.csv")
-        meas_steps = _read_steps(Path(runs.steps[tag]))
+        meas_steps = read_steps(Path(runs.steps[tag]))
         cols = ["k", "num_seqs", "num_tokens", "kv_tokens"]
         sim = gpu["unit"]
         if len(sim) != len(meas_steps) or not (sim[cols].to_numpy()
@@ -303,6 +139,21 @@ def factor_rows(runs: ModelRuns, measured: dict[tuple, dict], hw: dict, overhead
                                     "G": sim["gpu_s"] - K}))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["model", "config", "g", "K", "C", "G"])
+
+
+def spec_factor_rows(spec: list[ModelRuns], measured: dict[str, dict], hw: dict, overhead: dict,
+                     work: Path) -> pd.DataFrame:
+    """``factor_rows`` of every model of ``spec`` (``measured``: each model's configurations)."""
+    return pd.concat([factor_rows(r, measured[r.model], hw, overhead, work) for r in spec],
+                     ignore_index=True)
+
+
+def factor_fit_error(rows: pd.DataFrame, kf: float, cf: float) -> pd.Series:
+    """Per model, the windows' summed GPU time at factors (kf, cf), G + a K + b C with a = kf
+    and b = a (cf - 1) as ``fit_factors`` fits it, against the measured (relative error)."""
+    pred = rows["G"] + kf * rows["K"] + kf * (cf - 1.0) * rows["C"]
+    by = rows.assign(pred=pred).groupby("model")[["pred", "g"]].sum()
+    return by["pred"] / by["g"] - 1.0
 
 
 def fit_factors(rows: pd.DataFrame) -> tuple[float, float]:
@@ -340,15 +191,15 @@ def fold_profiles(held_out: str, windows: pd.DataFrame, gpu_rows: pd.DataFrame, 
 def predict_config(runs: ModelRuns, policy: str, k: int | None, rate: float, meas: dict,
                    profiles: dict, scales: list[float], work: Path, label: str,
                    host_factor: float = 1.0) -> list[dict]:
-    tag = f"{_tag(policy, k)}_rate{'inf' if math.isinf(rate) else f'{rate:g}'}"
+    tag = f"{config_tag(policy, k)}_rate{'inf' if math.isinf(rate) else f'{rate:g}'}"
     run_dir = work / runs.model / ("new" if label == NEW else "old") / tag
     with contextlib.redirect_stdout(io.StringIO()):  # each run prints its summary
         pred = predict(sim_overrides(runs, policy, k, rate, meas), run_dir, profiles,
                        meas["cache_sizes"], scales)
     split = {}
-    if math.isinf(rate) and _tag(policy, k) in runs.steps:
+    if math.isinf(rate) and config_tag(policy, k) in runs.steps:
         sizes = meas["cache_sizes"]
-        split = time_split(_read_steps(Path(runs.steps[_tag(policy, k)])),
+        split = time_split(read_steps(Path(runs.steps[config_tag(policy, k)])),
                            sim_run_dirs(run_dir, sizes, sizes[0] if sizes else None, scales))
     rows = []
     for metric, target in TARGET_METRICS.items():
@@ -368,20 +219,19 @@ def time_split(measured: pd.DataFrame, sim_dirs: list[Path]) -> dict[str, float]
     window's start to the next one's less its GPU time), simulated (the mean over ``sim_dirs``,
     which form the same windows) against measured, and the CPU time's share of the run."""
     def gpu_cpu(s: pd.DataFrame) -> tuple[float, float]:
-        gaps = (s["t_start"].shift(-1) - s["t_start"] - s["gpu_s"]).clip(lower=0.0)
-        return float(s["gpu_s"].sum()), float(gaps.sum())
+        return float(s["gpu_s"].sum()), float(window_gaps(s).clip(lower=0.0).sum())
+
+    def rel(sim: float, meas: float) -> float:
+        return sim / meas - 1.0 if meas > 0 else math.nan
 
     g, c = gpu_cpu(measured)
-    frames = [_read_steps(d / "steps.csv") for d in sim_dirs]
+    frames = [read_steps(d / "steps.csv") for d in sim_dirs]
     for d, f in zip(sim_dirs, frames, strict=True):
         if len(f) != len(measured):
             raise InputError(f"{d}: the simulator formed {len(f)} windows where the measured "
                              f"run has {len(measured)}; the time split needs the same windows")
     sims = [gpu_cpu(f) for f in frames]
     sg, sc = (float(np.mean(v)) for v in zip(*sims, strict=True))
-    def rel(sim: float, meas: float) -> float:
-        return sim / meas - 1.0 if meas > 0 else math.nan
-
     return {"gpu_time_error": rel(sg, g), "cpu_time_error": rel(sc, c),
             "cpu_share": c / (g + c) if g + c > 0 else math.nan}
 
@@ -407,8 +257,7 @@ def leave_one_out(spec: list[ModelRuns], models: list[str] | None, scales: list[
         return with_host_factors(windows, in_spec & (windows["model"] != held_out)) \
             if scale_hosts else windows
 
-    gpu_rows = pd.concat([factor_rows(r, measured[r.model], hw, base_ov, work / "factors")
-                          for r in spec], ignore_index=True)
+    gpu_rows = spec_factor_rows(spec, measured, hw, base_ov, work / "factors")
     old_profiles = {"hardware": load_profile("hardware", "h200_calibrated"),
                     "overhead": base_ov}
     rows = []

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from experiments import host_speed
+from experiments import host_speed, model_runs
 from experiments import leave_one_out as loo
 from experiments.fit_cpu import fit_overhead
 from experiments.validate import load_profile, run_one
@@ -36,7 +36,7 @@ def _measure(root: Path, model: str, policy: str, k: int | None, rate: float) ->
     tag = f"{policy}_k{k or 1}" + ("" if math.isinf(rate) else f"_rate{rate:g}")
     run_dir = root / model / ("t0" if math.isinf(rate) else "poisson") / tag
     meas = {"num_prompts": 24, "seed": 0 if math.isinf(rate) else 1}
-    runs = loo.ModelRuns(model, [], rate)
+    runs = model_runs.ModelRuns(model, [], rate)
     run_one(loo.sim_overrides(runs, policy, k, rate, meas) + ["backend.num_blocks=4000"],
             run_dir, {"hardware": hw, "overhead": ov})
     s = pd.read_csv(run_dir / "steps.csv")
@@ -51,12 +51,12 @@ def _measure(root: Path, model: str, policy: str, k: int | None, rate: float) ->
 def _build_tree(root: Path) -> Path:
     spec = []
     for model in MODELS:
-        for policy, k in loo.POLICIES:
+        for policy, k in model_runs.POLICIES:
             _measure(root, model, policy, k, math.inf)
         _measure(root, model, "single_step", None, RATE)
         spec.append({"model": model, "dirs": [f"{model}/t0", f"{model}/poisson"], "rate": RATE,
                      "steps": {f"{p}_k{k or 1}": f"{model}/t0/{p}_k{k or 1}/steps.csv.gz"
-                               for p, k in loo.POLICIES},
+                               for p, k in model_runs.POLICIES},
                      "poisson_steps": [f"{model}/poisson/*/steps.csv.gz"]})
     (root / "spec.yaml").write_text(yaml.safe_dump(spec))
     return root
@@ -145,7 +145,7 @@ def _scale_update(root: Path, model: str, by) -> None:
 
 
 def test_folds_recover_the_factors_and_never_use_the_held_out_rows(fixture_tree, tmp_path):
-    spec = loo.load_spec(str(fixture_tree / "spec.yaml"))
+    spec = model_runs.load_spec(str(fixture_tree / "spec.yaml"))
     work = tmp_path / "runs"
     df, fits = loo.leave_one_out(spec, None, [1.0], work, old=False)
     assert set(fits["held_out"]) == {*MODELS, "none"}
@@ -183,10 +183,10 @@ def test_predict_runs_measured_elsewhere_by_the_fold_that_holds_their_model_out(
     predictions of the spec's own fold for that model, at every measured rate."""
     import shutil
 
-    spec = loo.load_spec(str(fixture_tree / "spec.yaml"))
+    spec = model_runs.load_spec(str(fixture_tree / "spec.yaml"))
     other = tmp_path / "elsewhere"
     shutil.copytree(fixture_tree / MODELS[1], other / MODELS[1])
-    targets = loo.predicted_runs(str(other), spec)
+    targets = model_runs.predicted_runs(str(other), spec)
     assert [(r.model, r.rate) for r in targets] == [(MODELS[1], None)]
     assert "scheduler.max_num_seqs=256" in targets[0].overrides  # the runs' own config.json
     work = tmp_path / "runs"
@@ -207,7 +207,7 @@ def test_predict_runs_measured_elsewhere_by_the_fold_that_holds_their_model_out(
     c = yaml.safe_load(cfg.read_text())
     cfg.write_text(json.dumps({**c, "scheduler": {**c["scheduler"], "max_num_seqs": 8}}))
     with pytest.raises(SystemExit, match="different scheduler settings"):
-        loo.predicted_runs(str(other), spec)
+        model_runs.predicted_runs(str(other), spec)
 
 
 def test_time_split_compares_gpu_time_and_the_cpu_time_between_windows(tmp_path):
@@ -267,9 +267,9 @@ COMMITTED_FIT = ROOT / "docs" / "validation" / "models_fit.csv"
 
 def test_committed_cpu_fits_are_rebuilt_from_the_measured_windows():
     fits = pd.read_csv(COMMITTED_FIT).set_index("held_out")
-    spec = loo.load_spec(None)
+    spec = model_runs.load_spec(None)
     assert set(fits.index) == {"none", *(r.model for r in spec)}
-    windows = pd.concat([loo.served_windows(r) for r in spec], ignore_index=True)
+    windows = pd.concat([model_runs.served_windows(r) for r in spec], ignore_index=True)
     for model in fits.index:  # "none": no model held out
         fold = host_speed.with_host_factors(windows, windows["model"] != model)
         ov, _ = fit_overhead(host_speed.on_reference_host(fold[fold["model"] != model]), "x")
@@ -291,8 +291,8 @@ def test_committed_table_row_is_rebuilt(tmp_path):
     fits = pd.read_csv(COMMITTED_FIT).set_index("held_out")
     table = pd.read_csv(COMMITTED)
     model, policy, k = "llama3_2_1b", "multi_step", 8
-    runs = next(r for r in loo.load_spec(None) if r.model == model)
-    meas = loo.measured_configs(runs)[(policy, k, math.inf)]
+    runs = next(r for r in model_runs.load_spec(None) if r.model == model)
+    meas = model_runs.measured_configs(runs)[(policy, k, math.inf)]
     hw = {**load_profile("hardware", "h200_ops"), "name": f"h200_ops_without_{model}",
           "op_kernel_factor": float(fits.loc[model, "op_kernel_factor"]),
           "op_compute_factor": float(fits.loc[model, "op_compute_factor"])}
