@@ -14,7 +14,8 @@ class BlockManager:
     can still append slots (vLLM's default 1%); appends themselves may use every block.
     """
 
-    __slots__ = ("block_size", "num_blocks", "watermark_blocks", "_free", "_is_free")
+    __slots__ = ("block_size", "num_blocks", "watermark_blocks", "_returned", "_next_fresh",
+                 "_owned")
 
     def __init__(self, num_blocks: int, block_size: int = 16, watermark: float = 0.01) -> None:
         if num_blocks < 1:
@@ -26,26 +27,35 @@ class BlockManager:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.watermark_blocks = int(watermark * num_blocks)
-        # Pop from the end: low block ids are handed out first, which keeps runs reproducible.
-        self._free = list(range(num_blocks - 1, -1, -1))
-        self._is_free = bytearray(b"\x01") * num_blocks
+        # The free list is the blocks never handed out (ids _next_fresh.., lowest first) under a
+        # stack of returned ones (popped first): the order of one list [n-1, ..., 0] popped from
+        # the end, in memory that grows with the blocks in use, never with the cache's size.
+        self._returned: list[int] = []
+        self._next_fresh = 0
+        self._owned: set[int] = set()
 
     def shuffle_free(self, seed: int) -> None:
         """Hand free blocks out in a seeded random order, as an engine's churn of requests
         finishing and growing one block at a time leaves them: block tables then scatter over
         the cache as in a long run (the calibration's microbenchmarks use this)."""
-        random.Random(seed).shuffle(self._free)
+        free = self._free_list()
+        random.Random(seed).shuffle(free)
+        self._returned, self._next_fresh = free, self.num_blocks
+
+    def _free_list(self) -> list[int]:
+        """Every free block, in the order pop() takes them from the end (for shuffle and check)."""
+        return list(range(self.num_blocks - 1, self._next_fresh - 1, -1)) + self._returned
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._returned) + self.num_blocks - self._next_fresh
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
     def can_allocate(self, num_tokens: int) -> bool:
         """Whether a new request holding ``num_tokens`` slots can be admitted (watermark kept)."""
-        return len(self._free) - self.blocks_for(num_tokens) >= self.watermark_blocks
+        return self.num_free_blocks - self.blocks_for(num_tokens) >= self.watermark_blocks
 
     def ensure_slots(self, req: Request, num_tokens: int) -> bool:
         """Grow ``req``'s block table to hold ``num_tokens`` slots; False (nothing taken) if short."""
@@ -53,22 +63,26 @@ class BlockManager:
         need = -(-num_tokens // self.block_size) - len(table)
         if need <= 0:
             return True
-        free = self._free
-        if need > len(free):
+        if need > self.num_free_blocks:
             return False
+        returned, owned = self._returned, self._owned
         for _ in range(need):
-            block = free.pop()
-            self._is_free[block] = 0
+            if returned:
+                block = returned.pop()
+            else:
+                block = self._next_fresh
+                self._next_fresh += 1
+            owned.add(block)
             table.append(block)
         return True
 
     def free(self, req: Request) -> None:
-        is_free = self._is_free
+        owned = self._owned
         for block in req.block_table:
-            if is_free[block]:
+            if block not in owned:
                 raise RuntimeError(f"block {block} of request {req.request_id} freed twice")
-            is_free[block] = 1
-        self._free.extend(reversed(req.block_table))
+            owned.discard(block)
+        self._returned.extend(reversed(req.block_table))
         req.block_table = []
 
     def check(self, requests: list[Request]) -> None:
@@ -76,8 +90,8 @@ class BlockManager:
         owned = [b for r in requests for b in r.block_table]
         if len(owned) != len(set(owned)):
             raise AssertionError("a block is in two block tables")
-        if len(owned) + len(self._free) != self.num_blocks:
+        if len(owned) + self.num_free_blocks != self.num_blocks:
             raise AssertionError(
-                f"{len(owned)} owned + {len(self._free)} free != {self.num_blocks} blocks")
-        if any(self._is_free[b] for b in owned) or not all(self._is_free[b] for b in self._free):
-            raise AssertionError("free map disagrees with the free list")
+                f"{len(owned)} owned + {self.num_free_blocks} free != {self.num_blocks} blocks")
+        if set(owned) != self._owned or self._owned.intersection(self._returned):
+            raise AssertionError("the owned set disagrees with the free list")

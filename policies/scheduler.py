@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from policies.base import Policy, check_int, check_number, check_settings
@@ -62,6 +63,10 @@ class Scheduler:
         self.policy = policy
         self.config = config
         self.max_model_len = max_model_len
+        if policy.max_steps > max_model_len:  # each step of a window takes a position
+            raise ValueError(f"policy.num_steps = {policy.max_steps} exceeds model.max_model_len "
+                             f"{max_model_len}: a window cannot run more steps than a sequence "
+                             "has positions")
         default_budget = 2048 if policy.mixed_batches else max(max_model_len, 2048)
         self.max_num_batched_tokens = config.max_num_batched_tokens or default_budget
         self.block_manager = BlockManager(num_blocks, config.block_size, config.watermark)
@@ -357,7 +362,6 @@ class Scheduler:
             return self._settle_placeholders(batch, step_times, sampled)
         finished: list[Request] = []
         wasted = 0
-        times = [step_times[:u] for u in range(batch.num_steps + 1)]  # shared prefixes
         for i, s in enumerate(batch.seqs):
             req = s.request
             n = s.num_steps
@@ -368,7 +372,7 @@ class Scheduler:
                 continue  # a prefill chunk that samples nothing
             useful = n if n < owed else owed
             tokens = None if sampled is None else sampled[i]
-            useful, done = _credit(req, n, useful, useful == owed, tokens, times)
+            useful, done = _credit(req, n, useful, useful == owed, tokens, step_times)
             wasted += n - useful
             if done:
                 req.state = RequestState.FINISHED
@@ -389,7 +393,6 @@ class Scheduler:
         self._in_flight.popleft()
         finished: list[Request] = []
         wasted = late = 0
-        times = [step_times[:u] for u in range(batch.num_steps + 1)]
         for i, s in enumerate(batch.seqs):
             useful = s.num_placeholders
             if useful == 0:
@@ -403,7 +406,7 @@ class Scheduler:
             req.num_output_placeholders -= useful
             done = req.num_output_tokens + useful == req.max_tokens
             tokens = None if sampled is None else sampled[i]
-            useful, done = _credit(req, n, useful, done, tokens, times)
+            useful, done = _credit(req, n, useful, done, tokens, step_times)
             wasted += n - useful
             if done:
                 req.state = RequestState.FINISHED
@@ -428,7 +431,7 @@ def _known_done(req: Request) -> bool:
 
 
 def _credit(req: Request, n: int, useful: int, done: bool, tokens: Sequence[int] | None,
-            times: list[Sequence[float]]) -> tuple[int, bool]:
+            step_times: Sequence[float]) -> tuple[int, bool]:
     """Give ``req`` the first ``useful`` of its ``n`` steps' tokens (``tokens``: the sampled ids,
     None where the backend samples none), stopping after an EOS; (tokens kept, finished)."""
     if tokens is not None:
@@ -439,6 +442,6 @@ def _credit(req: Request, n: int, useful: int, done: bool, tokens: Sequence[int]
             useful = list(tokens[:useful]).index(req.eos_token_id) + 1
             done = True
         req.output_token_ids.extend(tokens[:useful])
-    req.token_times.extend(times[useful])
+    req.token_times.extend(islice(step_times, useful))
     req.num_output_tokens += useful
     return useful, done

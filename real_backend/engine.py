@@ -124,6 +124,12 @@ def build_rank_runner(spec: ModelSpec, cfg: BackendConfig, shape: RunnerShape,
     if num_blocks is None:  # cpu: a fixed budget, as vLLM's CPU backend does
         num_blocks = max(1, int(cfg.cpu_kv_cache_gib * 2**30
                                 // block_bytes(local, shape.block_size, dtype)))
+    elif device.type == "cpu":  # refused before the allocation would take the host's memory
+        need = num_blocks * block_bytes(local, shape.block_size, dtype)
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if need > 0.8 * host:
+            raise ValueError(f"backend.num_blocks {num_blocks} needs {need / GB:.1f} GB of KV "
+                             f"cache but the host has {host / GB:.1f} GB of memory")
     runner.allocate_kv_cache(num_blocks)
     runner.capture_graphs()
     if device.type == "cuda":
