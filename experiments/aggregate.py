@@ -31,11 +31,86 @@ SCHEDLAB_KEYS = ["backend", "policy", "k", "overlap", "tensor_parallel_size", "m
                  "simulated_seconds_per_wall_second", "time_scale", "config_sha256"]
 
 
+# Settings a row holds as text, and as numbers (JSON numbers; None where not recorded).
+TEXT_KEYS = frozenset({"backend", "policy", "model", "hardware", "overhead", "config_sha256",
+                       "workload"})
+# An integer beyond int64 fits no table column (parquet, numpy) and is no count or time anyway.
+MAX_INT = 2**63 - 1
+# How metrics.py writes a number that is not finite (JSON has none).
+_NOT_FINITE = {"nan": math.nan, "inf": math.inf, ".inf": math.inf, "-inf": -math.inf}
+
+
+class UnreadableFile(ValueError):
+    """A JSON file that cannot be read as JSON; ``reason`` says why, without the path."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+def read_json(path: Path) -> Any:
+    """The JSON value of a result (or any) file; every way it can fail is an UnreadableFile
+    naming it: invalid JSON or UTF-8, an integer past Python's 4,300 digits, nesting too deep
+    for the parser."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise UnreadableFile(path, f"not valid JSON ({err.msg} at line {err.lineno})") from None
+    except UnicodeDecodeError:
+        raise UnreadableFile(path, "not UTF-8 text") from None
+    except RecursionError:
+        raise UnreadableFile(path, "not a result: JSON nested too deep to read") from None
+    except ValueError as err:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        raise UnreadableFile(path, f"not a result: a number too long to read "
+                                   f"({str(err).partition(':')[0]})") from None
+    except OSError as err:
+        raise UnreadableFile(path, f"cannot be read ({err.strerror or err})") from None
+
+
 def parse_rate(rate: str | float) -> float:
     """A request rate as written in configs and result files: a number, or inf / .inf."""
+    if isinstance(rate, bool):  # true is no rate, though float(True) is 1.0
+        raise ValueError(f"request_rate must be a number or inf, got {rate!r}")
     if isinstance(rate, str) and rate.strip().lower() in ("inf", ".inf"):
         return math.inf
     return float(rate)
+
+
+def check_row(row: dict[str, Any]) -> None:
+    """Refuse a row whose values no table column can hold: a list or mapping where a setting
+    goes, text where a number goes, an integer beyond int64, text that is not UTF-8. The
+    "nan" and "inf" a result writes for a number that is not finite become floats."""
+    for key, v in row.items():
+        if v is None or (key == "overlap" and isinstance(v, bool)):
+            continue
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"{key} holds text that is not UTF-8 (a lone surrogate)"
+                                 ) from None
+            if key in TEXT_KEYS or key == "run_dir":
+                continue
+            if v.strip().lower() in _NOT_FINITE:
+                row[key] = _NOT_FINITE[v.strip().lower()]
+                continue
+            raise ValueError(f"{key} must be a number, got {_short(v)}")
+        if key in TEXT_KEYS:
+            raise ValueError(f"{key} must be text, got {_short(v)}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"{key} must be a number, got {_short(v)}")
+        if isinstance(v, int) and abs(v) > MAX_INT:
+            raise ValueError(f"{key} must be below 2**63, got an integer of {len(str(v))} "
+                             "digits")
+
+
+def _short(v: Any) -> str:
+    """A value for an error message: its type where it is a container, else its first 40
+    characters."""
+    if isinstance(v, (list, dict)):
+        return f"a JSON {'array' if isinstance(v, list) else 'object'}"
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -62,6 +137,8 @@ def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
                    burstiness=wl.get("burstiness"), max_concurrency=wl.get("max_concurrency"),
                    num_prompts=wl.get("num_prompts"), seed=wl.get("seed"))
     rate = row.get("request_rate")
+    if isinstance(rate, (list, dict)):
+        raise ValueError(f"request_rate must be a number or inf, got {_short(rate)}")
     row["request_rate"] = parse_rate(rate) if rate is not None else None
     row["run_dir"] = str(path.parent)
     return row
@@ -71,20 +148,15 @@ def collect(root: str | os.PathLike) -> pd.DataFrame:
     paths = sorted(Path(root).rglob("result.json"))
     rows = []
     for p in paths:
-        try:
-            res = json.loads(p.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{p}: not valid JSON ({err.msg} at line {err.lineno})") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"{p}: not a text file") from None
-        except OSError as err:
-            raise ValueError(f"{p}: cannot be read ({err.strerror})") from None
+        res = read_json(p)
         if not isinstance(res, dict) or "request_throughput" not in res:
             raise ValueError(f"{p}: not a benchmark result (no request_throughput)")
         try:
-            rows.append(row_of(res, p))
-        except (ValueError, TypeError, AttributeError) as err:  # e.g. request_rate "fast"
+            row = row_of(res, p)
+            check_row(row)
+        except (ValueError, TypeError, AttributeError, OverflowError) as err:
             raise ValueError(f"{p}: not a benchmark result ({err})") from None
+        rows.append(row)
     return pd.DataFrame(rows)
 
 

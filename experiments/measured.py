@@ -3,7 +3,6 @@ the repeats of one configuration averaged."""
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Sequence
@@ -11,12 +10,23 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from experiments.aggregate import parse_rate, row_of
+from experiments.aggregate import (
+    MAX_INT,
+    UnreadableFile,
+    check_row,
+    parse_rate,
+    read_json,
+    row_of,
+)
 from policies.base import POLICIES
 
 METRICS = ["request_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
            "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms",
            "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms"]
+
+
+# The integer settings of a result and their least values.
+_COUNTS = {"k": 1, "num_prompts": 1, "seed": 0, "num_blocks": 1}
 
 
 def measured_from_dir(root: Path | Sequence[Path], skip_unreadable: bool = False
@@ -39,26 +49,26 @@ def measured_from_dir(root: Path | Sequence[Path], skip_unreadable: bool = False
     runs: dict[tuple, list[dict[str, Any]]] = {}
     unreadable = []
     roots = [root] if isinstance(root, Path) else list(root)
+    resolved = [r.resolve() for r in roots]
     # a directory named twice, or inside another named, is read once
     for p in sorted({q.resolve() for r in roots for q in r.rglob("*.json")}):
         if p.is_dir() or (p.name == "config.json" and (p.parent / "result.json").exists()):
             continue  # a run's own config, beside its result
         try:
-            res = json.loads(p.read_text())
-        except json.JSONDecodeError as err:
-            unreadable.append(f"{p} (not valid JSON: {err.msg}, line {err.lineno})")
-            continue
-        except UnicodeDecodeError:
-            unreadable.append(f"{p} (not UTF-8 text)")
-            continue
-        except OSError as err:
-            unreadable.append(f"{p} ({err.strerror or err})")
+            res = read_json(p)
+        except UnreadableFile as err:
+            unreadable.append(f"{p} ({err.reason})")
             continue
         if not isinstance(res, dict) or "request_throughput" not in res:
             print(f"note: --measured-dir: skipped {p}: not a benchmark result "
                   "(no request_throughput)", file=sys.stderr)
             continue
-        row = measured_row(res, p)
+        row = measured_row(res, p, next((r for r in resolved if p.is_relative_to(r)), None))
+        if all(known(row.get(m)) is None for m in METRICS):
+            # a run that completed nothing: averaged in, it would count as a repeat
+            print(f"note: --measured-dir: skipped {p}: no metric is a number (all null or "
+                  "NaN)", file=sys.stderr)
+            continue
         runs.setdefault((row["policy"], row["k"], row["request_rate"]), []).append(row)
     if unreadable and not skip_unreadable:
         raise ValueError(f"{len(unreadable)} unreadable file(s): " + "; ".join(unreadable)
@@ -68,8 +78,13 @@ def measured_from_dir(root: Path | Sequence[Path], skip_unreadable: bool = False
     return {key: average_repeats(rows) for key, rows in runs.items()}
 
 
-def measured_row(res: dict[str, Any], path: Path) -> dict[str, Any]:
-    """The table row of one measured result file, its settings and metrics checked."""
+def measured_row(res: dict[str, Any], path: Path, root: Path | None = None) -> dict[str, Any]:
+    """The table row of one measured result file, its settings and metrics checked.
+
+    A client's send times (``schedlab.workload.arrivals``) are read only from inside ``root``
+    (the measured directory, resolved; the file's own directory if None): a result names
+    them, and a result copied from elsewhere must not make validate read any file it names.
+    """
     ext = res.get("schedlab")
     if ext is not None and not (isinstance(ext, dict)
                                 and isinstance(ext.get("workload") or {}, dict)):
@@ -92,24 +107,25 @@ def measured_row(res: dict[str, Any], path: Path) -> dict[str, Any]:
     except ValueError as err:
         raise ValueError(f"{path}: {names['request_rate']} {err}") from None
     row = row_of(res, path)
-    row["request_rate"], row["file"] = rate, str(path)
+    row["request_rate"] = rate
+    try:  # the counts are checked below, where vLLM's text ("300") is taken too
+        check_row({k: v for k, v in row.items() if k not in _COUNTS})
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    row["file"] = str(path)
     arrivals = (ext.get("workload") or {}).get("arrivals") if ext else None
     if arrivals is not None:  # the requests as a client sent them (experiments.loadgen)
-        trace = path.parent / str(arrivals)
-        if not trace.is_file():
-            raise ValueError(f"{path}: schedlab.workload.arrivals names {trace}, which is "
-                             "missing")
-        row["arrivals"] = str(trace)
+        row["arrivals"] = str(_arrivals_file(path, arrivals, root or path.parent.resolve()))
     if ext is None:
         steps = res.get("num_steps", res.get("num_scheduler_steps"))
         row["policy"] = res.get("policy") or ("multi_step" if steps else "single_step")
         row["k"] = steps
         row["num_prompts"] = res.get("num_prompts") or res.get("completed")
         row["seed"] = res.get("seed", 0)  # benchmark_serving's default
-    if row["policy"] not in POLICIES:
+    if not isinstance(row["policy"], str) or row["policy"] not in POLICIES:
         raise ValueError(f"{path}: policy {row['policy']!r} is not one of "
                          + ", ".join(sorted(POLICIES)))
-    for field, minimum in (("k", 1), ("num_prompts", 1), ("seed", 0), ("num_blocks", 1)):
+    for field, minimum in _COUNTS.items():
         row[field] = _count(path, names[field], row.get(field), minimum)
     if "num_steps" not in {f.name for f in fields(POLICIES[row["policy"]])}:
         row["k"] = None  # recorded as 1 by a policy without a step count
@@ -124,6 +140,27 @@ def measured_row(res: dict[str, Any], path: Path) -> dict[str, Any]:
     return row
 
 
+def _arrivals_file(path: Path, arrivals: Any, root: Path) -> Path:
+    """The send-times file a result names, refused unless it lies inside ``root`` once resolved
+    (symbolic links followed); its content is never quoted."""
+    if not isinstance(arrivals, str) or not arrivals.strip() or "\x00" in arrivals:
+        raise ValueError(f"{path}: schedlab.workload.arrivals must be a file name, got "
+                         f"{_short(arrivals)}")
+    trace = (path.parent / arrivals).resolve()
+    if not trace.is_relative_to(root):
+        raise ValueError(f"{path}: schedlab.workload.arrivals names a file outside the measured "
+                         f"directory {root}; refused (copy the send times beside the result)")
+    if not trace.is_file():
+        raise ValueError(f"{path}: schedlab.workload.arrivals names {trace}, which is "
+                         "missing")
+    return trace
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _count(path: Path, field: str, value: Any, minimum: int) -> int | None:
     """An integer setting of a result file (vLLM's --metadata records "300" as text); None
     where not recorded."""
@@ -134,8 +171,9 @@ def _count(path: Path, field: str, value: Any, minimum: int) -> int | None:
         n = int(n)
     elif isinstance(n, float) and n.is_integer():
         n = int(n)
-    if isinstance(n, bool) or not isinstance(n, int) or n < minimum:
-        raise ValueError(f"{path}: {field} must be an integer >= {minimum}, got {value!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or not minimum <= n <= MAX_INT:
+        raise ValueError(f"{path}: {field} must be an integer from {minimum} to 2**63 - 1, "
+                         f"got {_short(value)}")
     return n
 
 

@@ -144,10 +144,14 @@ def repeats_note(counts: Iterable[int], varied: str = "") -> str:
 
 
 def _varied(sub: pd.DataFrame) -> str:
-    """What the repeats of one configuration differ in, where the table says (time_scale)."""
+    """What the repeats of one configuration differ in, where the table says (time_scale,
+    seed)."""
+    text = ""
     if "time_scale" in sub and sub["time_scale"].nunique() > 1:
-        return (f" at time_scale {sub['time_scale'].min():g}-{sub['time_scale'].max():g}")
-    return ""
+        text += f" at time_scale {sub['time_scale'].min():g}-{sub['time_scale'].max():g}"
+    if "seed" in sub and sub["seed"].nunique() > 1:
+        text += f" over {sub['seed'].nunique()} seeds"
+    return text
 
 
 def _workload_text(ctx: dict) -> str:
@@ -263,29 +267,51 @@ def _stem(ctx: dict) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", stem)
 
 
-def steps_figures(df: pd.DataFrame) -> list[tuple[str, Figure]]:
+# The settings that make a k figure's configuration, in the order its file name gives them.
+_STEPS_CONTEXT = ["backend", "model", "workload", "request_rate", "overhead", "num_prompts",
+                  "seed", "burstiness", "max_concurrency"]
+
+
+def _with_seeds(ctx: dict, sub: pd.DataFrame) -> dict:
+    """``ctx`` with the figure's seed in its place: the one seed, or "seeds0-99" where the
+    figure's points are repeats over several."""
+    seeds = sub["seed"].dropna().unique() if "seed" in sub else []
+    if len(seeds) == 0:
+        return ctx
+    seed = seeds[0] if len(seeds) == 1 else f"seeds{min(seeds):g}-{max(seeds):g}"
+    return {k: seed if k == "seed" else ctx[k] for k in _STEPS_CONTEXT
+            if k in ctx or k == "seed"}
+
+
+def iter_steps_figures(df: pd.DataFrame) -> Iterator[tuple[str, Figure]]:
     """req/s versus k, and median TTFT and TPOT versus k: a figure of each per configuration
-    (every setting but k and the series' own keys), a series per policy, overlap and GPU;
-    repeated runs of one configuration as their mean and range."""
-    made: list[tuple[str, Figure]] = []
+    (every setting but k, the seed and the series' own keys), a series per policy, overlap and
+    GPU; repeated runs of one configuration (other seeds too) as their mean and range. One
+    figure at a time, so the caller can save and close each before the next is drawn."""
     df = df[df["k"].notna()]
-    for ctx, sub in _groups(df, ["backend", "model", "workload", "request_rate", "overhead",
-                                 "num_prompts", "seed", "burstiness", "max_concurrency"]):
+    for ctx, sub in _groups(df, [k for k in _STEPS_CONTEXT if k != "seed"]):
         if sub["k"].nunique() < 2:
             continue
+        ctx = _with_seeds(ctx, sub)
         series = _series(sub)
         gpus = " vs ".join(sorted({s.hardware for s, _ in series} - {""}))
         stem = _stem({**ctx, "hardware": gpus})
-        made.append((f"reqs_vs_k_{stem}", _k_figure(
-            ctx, series, ["request_throughput"], "Request throughput versus steps per window")))
-        made.append((f"latency_vs_k_{stem}", _k_figure(
+        yield f"reqs_vs_k_{stem}", _k_figure(
+            ctx, series, ["request_throughput"], "Request throughput versus steps per window")
+        yield f"latency_vs_k_{stem}", _k_figure(
             ctx, series, ["median_ttft_ms", "median_tpot_ms"],
-            "Median latency versus steps per window")))
-    return made
+            "Median latency versus steps per window")
+
+
+def steps_figures(df: pd.DataFrame) -> list[tuple[str, Figure]]:
+    """Every figure of iter_steps_figures, all open (for inspecting them)."""
+    return list(iter_steps_figures(df))
 
 
 def plot_steps(df: pd.DataFrame, out: Path) -> list[Path]:
-    return [p for stem, fig in steps_figures(df) for p in save(fig, out, stem)]
+    """The k figures as files, each closed once saved: a table of many configurations never
+    holds more than one figure in memory."""
+    return [p for stem, fig in iter_steps_figures(df) for p in save(fig, out, stem)]
 
 
 # ---- versus load ------------------------------------------------------------------------------
@@ -296,10 +322,14 @@ def _k_or_0(k: float) -> float:
 
 
 def rates_figures(df: pd.DataFrame) -> list[tuple[str, Figure]]:
+    """Every figure of iter_rates_figures, all open (for inspecting them)."""
+    return list(iter_rates_figures(df))
+
+
+def iter_rates_figures(df: pd.DataFrame) -> Iterator[tuple[str, Figure]]:
     """Throughput-latency curves: median TTFT and TPOT versus the achieved throughput, a point
-    per offered request rate (its repeats as their mean, bars their range), a series per
-    policy, k and overlap."""
-    made: list[tuple[str, Figure]] = []
+    per offered request rate (its repeats, other seeds too, as their mean, bars their range),
+    a series per policy, k and overlap; one figure at a time."""
     df = df[df["request_rate"].notna() & ~df["request_rate"].apply(
         lambda r: math.isinf(r) if isinstance(r, float) else False)]
     for ctx, sub in _groups(df, ["backend", "model", "hardware", "workload", "overhead",
@@ -342,12 +372,11 @@ def rates_figures(df: pd.DataFrame) -> list[tuple[str, Figure]]:
         fig.legend([h for h, _ in entries], [lbl for _, lbl in entries], ncol=ncol,
                    loc="outside lower center", frameon=False, fontsize=9, title_fontsize=8,
                    title=repeats_note(counts, _varied(sub)) + " (a point per offered rate)")
-        made.append((f"latency_vs_rate_{_stem(ctx)}", fig))
-    return made
+        yield f"latency_vs_rate_{_stem(ctx)}", fig
 
 
 def plot_rates(df: pd.DataFrame, out: Path) -> list[Path]:
-    return [p for stem, fig in rates_figures(df) for p in save(fig, out, stem)]
+    return [p for stem, fig in iter_rates_figures(df) for p in save(fig, out, stem)]
 
 
 # ---- simulated versus measured ----------------------------------------------------------------
@@ -446,6 +475,37 @@ def plot_validation(df: pd.DataFrame, out: Path, title: str = "", *, model: str 
 
 # ---- command line -----------------------------------------------------------------------------
 
+# What each drawn column may hold: the figures' metrics are finite and >= 0; k, where a
+# policy has one, and the offered rate (inf: all at t=0), where recorded, are > 0.
+_METRIC_COLUMNS = ("request_throughput", "median_ttft_ms", "median_tpot_ms", "predicted",
+                   "measured")
+_SETTING_COLUMNS = ("k", "request_rate")
+
+
+def check_table(df: pd.DataFrame, table: Path) -> None:
+    """Refuse, naming the column and row (1: the first after the header), a value no figure
+    can draw truthfully: a word where a number goes, a metric that is NaN, infinite or
+    negative, a k or rate <= 0. Drawn anyway, a point would be missing or wrong without a
+    word."""
+    for col in (c for c in _METRIC_COLUMNS + _SETTING_COLUMNS if c in df):
+        raw = df[col]
+        values = pd.to_numeric(raw.where(raw.map(lambda v: not isinstance(v, bool))),
+                               errors="coerce").astype(float)
+        if col in _METRIC_COLUMNS:
+            bad = ~(values.between(0, math.inf) & values.map(math.isfinite))
+            want = "a finite number >= 0"
+        else:
+            bad = raw.notna() & ~(values > 0)
+            want = "a number > 0 or empty" + (" (inf: all at t=0)" if col == "request_rate"
+                                               else "")
+        if bad.any():
+            pos = int(bad.to_numpy().nonzero()[0][0])
+            value = raw.iloc[pos]
+            text = repr(value) if isinstance(value, str) else str(value)
+            text = text if len(text) <= 40 else text[:37] + "..."
+            raise ValueError(f"{table}: column {col}, row {pos + 1}: {text} is not {want}")
+
+
 def plot_table(table: str | os.PathLike, out: str | os.PathLike | None = None) -> list[Path]:
     table = Path(table)
     if not table.is_file():
@@ -459,6 +519,7 @@ def plot_table(table: str | os.PathLike, out: str | os.PathLike | None = None) -
         "k", "policy", "request_throughput", "median_ttft_ms", "median_tpot_ms", "request_rate"}
     if need - set(df.columns):
         raise ValueError(f"{table}: missing columns {', '.join(sorted(need - set(df.columns)))}")
+    check_table(df, table)
     out = Path(out) if out else table.parent / "figures"
     if "metric" in df and "predicted" in df:
         return plot_validation(df, out)

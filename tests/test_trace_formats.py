@@ -35,10 +35,11 @@ BURST = BURST_HEADER + (
     "46,GPT-4,300,0,300,API log\n"  # failed: no response
     "118,GPT-4,417,276,693,Conversation log\n"
     "120,ChatGPT,80,12,92,API log\n")
+# One hash a 512-token block of the prompt, as in Mooncake's traces.
 MOONCAKE = [
-    {"timestamp": 27482, "input_length": 6955, "output_length": 52, "hash_ids": [46, 47]},
-    {"timestamp": 30535, "input_length": 672, "output_length": 26, "hash_ids": [46]},
-    {"timestamp": 31000, "input_length": 12, "output_length": 3, "hash_ids": []},
+    {"timestamp": 27482, "input_length": 1030, "output_length": 52, "hash_ids": [46, 47, 48]},
+    {"timestamp": 30535, "input_length": 512, "output_length": 26, "hash_ids": [46]},
+    {"timestamp": 31000, "input_length": 12, "output_length": 3, "hash_ids": [49]},
 ]
 
 
@@ -97,8 +98,8 @@ def test_mooncake_times_are_milliseconds_and_hash_ids_stay_on_the_request(tmp_pa
     path = write(tmp_path, "m.jsonl", jsonl(MOONCAKE))
     specs = build_workload(cfg(path, "mooncake"))
     assert [(s.arrival_time, s.prompt_len, s.output_len) for s in specs] == [
-        (0.0, 6955, 52), (3.053, 672, 26), (3.518, 12, 3)]
-    assert [s.hash_ids for s in specs] == [(46, 47), (46,), ()]
+        (0.0, 1030, 52), (3.053, 512, 26), (3.518, 12, 3)]
+    assert [s.hash_ids for s in specs] == [(46, 47, 48), (46,), (49,)]
     # Without hash_ids (aiperf writes some traces so) a request carries none.
     bare = [{k: v for k, v in r.items() if k != "hash_ids"} for r in MOONCAKE]
     path = write(tmp_path, "bare.jsonl", jsonl(bare))
@@ -110,7 +111,7 @@ def test_mooncake_times_are_milliseconds_and_hash_ids_stay_on_the_request(tmp_pa
 def test_a_bom_blank_lines_and_equal_times(tmp_path):
     text = "\ufeff" + jsonl(MOONCAKE[:1]) + "\n  \n" + jsonl([{**MOONCAKE[1], "timestamp": 27482}])
     got = specs_of(write(tmp_path, "m.jsonl", text), "mooncake")
-    assert got == [(0.0, 6955, 52), (0.0, 672, 26)]  # ties keep file order
+    assert got == [(0.0, 1030, 52), (0.0, 512, 26)]  # ties keep file order
 
 
 @pytest.mark.parametrize("fmt, name, text", [
@@ -185,20 +186,22 @@ def test_num_prompts_holds_only_those_requests(tmp_path, monkeypatch):
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20  # all 50k rows held would take ~10 MB
-    # With memory for 20 rows, the whole trace is refused while it is read; its first 2 are not.
-    monkeypatch.setattr(footprint, "available_memory",
-                        lambda: 20 * footprint.BYTES_PER_TRACE_ROW)
+    # With memory for 20 rows and their run, the whole trace is refused while it is read; its
+    # first 2 are not.
+    row = footprint.trace_row_bytes(10, 1, 0, with_token_ids=False)
+    monkeypatch.setattr(footprint, "available_memory", lambda: 20 * row)
     one_line_error(cfg(path, "burstgpt"), r"big\.csv:22: the trace has more than 20 requests, "
                                           r"the most whose replay fits in the memory available")
     assert len(build_workload(cfg(path, "burstgpt", num_prompts=2))) == 2
 
 
 def test_mooncake_block_hashes_count_against_memory(tmp_path, monkeypatch):
-    # Enough for the run of 10 requests (~20 KiB), and for 82 trace rows without hashes.
-    monkeypatch.setattr(footprint, "available_memory", lambda: 21_000)
+    # Enough for 10 trace rows without hashes and their run (~23 KiB), for 2 with 200 each.
+    row = footprint.trace_row_bytes(10, 1, 0, with_token_ids=False)
+    monkeypatch.setattr(footprint, "available_memory", lambda: 10 * row + 1000)
     small = [{"timestamp": i, "input_length": 10, "output_length": 1} for i in range(10)]
     assert len(build_workload(cfg(write(tmp_path, "s.jsonl", jsonl(small)), "mooncake"))) == 10
-    big = [{**r, "hash_ids": list(range(1000, 1200))} for r in small]
+    big = [{**r, "input_length": 200 * 512, "hash_ids": list(range(1000, 1200))} for r in small]
     one_line_error(cfg(write(tmp_path, "b.jsonl", jsonl(big)), "mooncake"),
                    r"b\.jsonl:3: the trace has more than 2 requests")
 

@@ -169,7 +169,9 @@ def test_sharegpt_is_guarded_too(monkeypatch):
 
 
 def test_trace_rows_beyond_memory_are_refused_while_reading(monkeypatch):
-    available(monkeypatch, 3 * footprint.BYTES_PER_TRACE_ROW)
+    # room for the first 3 rows of the file and their run, not the 4th
+    available(monkeypatch, sum(footprint.trace_row_bytes(p, o, 0, with_token_ids=False)
+                               for p, o in ((128, 32), (64, 16), (512, 128))))
     one_line_error(TRACE, r"trace_small\.csv:5: the trace has more than 3 requests, the most "
                           r"whose replay fits in the memory available")
     available(monkeypatch, None)  # memory unknown: nothing is refused

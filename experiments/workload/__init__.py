@@ -99,7 +99,7 @@ def build_workload(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
     sample = None
     hash_ids: list[tuple[int, ...] | None] | None = None
     if kind == "trace":
-        trace = read_trace_section(cfg, num_prompts)
+        trace = read_trace_section(cfg, num_prompts, with_token_ids=with_ids)
         arrivals = [r.arrival_time for r in trace]
         prompt_lens = [r.prompt_len for r in trace]
         output_lens = [r.output_len for r in trace]

@@ -77,7 +77,10 @@ def check_run_fits(num_requests: int, prompt_tokens: int | None, output_tokens: 
             f"workload.num_prompts")
 
 
-def max_trace_rows() -> int | None:
-    """The most trace rows that may be read into memory; None where memory is unknown."""
-    available = available_memory()
-    return None if available is None else max(available // BYTES_PER_TRACE_ROW, 1)
+def trace_row_bytes(prompt_len: int, output_len: int, hash_ids: int, *,
+                    with_token_ids: bool) -> int:
+    """Bytes one trace row takes while the file is read, plus what its request takes in the
+    run: the whole trace fits only if the sum over its rows fits, so a reader can refuse it
+    at the first row past the memory available rather than after the whole file."""
+    return BYTES_PER_TRACE_ROW + run_bytes(1, prompt_len, output_len,
+                                           with_token_ids=with_token_ids, hash_ids=hash_ids)

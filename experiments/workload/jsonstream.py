@@ -109,6 +109,11 @@ def _decode_value(r: _ArrayReader) -> tuple[Any, int] | None:
                 raise r.error(e.pos, f"malformed JSON ({e.msg.removesuffix(' at')})") from None
             if not r.fill():
                 return None
+        except RecursionError:
+            raise r.error(r.pos, "JSON nested too deep to read") from None
+        except ValueError as e:  # Python's 4,300-digit limit on integers
+            raise r.error(r.pos, f"a number too long to read ({str(e).partition(':')[0]})"
+                          ) from None
 
 
 def _open_reader(f: BinaryIO, path: str, chunk_size: int) -> _ArrayReader:

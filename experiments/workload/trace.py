@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from experiments.workload.arrivals import trace_arrival_times
-from experiments.workload.footprint import BYTES_PER_HASH_ID, BYTES_PER_TRACE_ROW, max_trace_rows
+from experiments.workload import footprint
 from experiments.workload.settings import get_float, get_path
 from experiments.workload.trace_formats import FORMATS, RowCounts, RowFilter, TraceRow
 
@@ -37,20 +37,21 @@ class TraceRequest(NamedTuple):
 
 def read_trace(path: str | os.PathLike[str], *, format: str = "csv",
                num_prompts: int | None = None, time_scale: float = 1.0,
-               row_filter: RowFilter = NO_FILTER, max_requests: int | None = None
-               ) -> list[TraceRequest]:
+               row_filter: RowFilter = NO_FILTER, max_bytes: int | None = None,
+               with_token_ids: bool = False) -> list[TraceRequest]:
     """The requests of a trace file sorted by arrival time (ties in file order), the times in
     seconds after the first arrival times ``time_scale`` (trace_arrival_times).
 
     ``num_prompts``: only the first that many by arrival time, the file streamed and no more
-    rows held. Without it, a file with more than ``max_requests`` rows (fewer with Mooncake
-    block hashes) is refused as soon as the row after the last allowed one is read.
+    rows held. Without it, a file whose rows and their run (footprint.trace_row_bytes, prompt
+    token ids counted ``with_token_ids``) would take more than ``max_bytes`` is refused at
+    the first row past it, not after the whole file is read.
     """
     path_s = os.fspath(path)
     fmt = FORMATS[format]
     counts = RowCounts()
     rows = fmt.read(path_s, row_filter, counts)
-    kept = _all(rows, path_s, max_requests) if num_prompts is None \
+    kept = _all(rows, path_s, max_bytes, with_token_ids) if num_prompts is None \
         else _earliest(rows, num_prompts)
     if not kept:
         raise _nothing_left(path_s, format, row_filter, counts)
@@ -69,12 +70,13 @@ def read_trace(path: str | os.PathLike[str], *, format: str = "csv",
     return out
 
 
-def _all(rows: Iterable[TraceRow], path: str, max_requests: int | None) -> list[TraceRow]:
-    budget = None if max_requests is None else max_requests * BYTES_PER_TRACE_ROW
+def _all(rows: Iterable[TraceRow], path: str, budget: int | None, with_token_ids: bool
+         ) -> list[TraceRow]:
     kept: list[TraceRow] = []
     held = 0
     for r in rows:
-        held += BYTES_PER_TRACE_ROW + (len(r.hash_ids) * BYTES_PER_HASH_ID if r.hash_ids else 0)
+        held += footprint.trace_row_bytes(r.prompt_len, r.output_len, len(r.hash_ids or ()),
+                                with_token_ids=with_token_ids)
         if budget is not None and held > budget:
             raise ValueError(f"{path}:{r.line}: the trace has more than {len(kept)} requests, "
                              f"the most whose replay fits in the memory available")
@@ -110,9 +112,10 @@ def _nothing_left(path: str, fmt: str, flt: RowFilter, counts: RowCounts) -> Val
                       f"tokens; workload.keep_failed=true keeps them)")
 
 
-def read_trace_section(cfg: Mapping[str, Any], num_prompts: int | None
-                       ) -> list[TraceRequest]:
-    """The requests of a kind=trace ``workload`` section, its settings checked."""
+def read_trace_section(cfg: Mapping[str, Any], num_prompts: int | None, *,
+                       with_token_ids: bool = False) -> list[TraceRequest]:
+    """The requests of a kind=trace ``workload`` section, its settings checked; a trace whose
+    run would not fit in memory is refused while it is read."""
     path = get_path(cfg, "trace_path")
     if path is None:
         raise ValueError("workload.trace_path must be set to a trace file")
@@ -132,7 +135,8 @@ def read_trace_section(cfg: Mapping[str, Any], num_prompts: int | None
                              f"{' or '.join(formats)} only, not {fmt}")
     row_filter = RowFilter(_names(cfg, "model_filter"), _names(cfg, "log_type"), keep_failed)
     requests = read_trace(path, format=fmt, num_prompts=num_prompts, time_scale=time_scale,
-                          row_filter=row_filter, max_requests=max_trace_rows())
+                          row_filter=row_filter, max_bytes=footprint.available_memory(),
+                          with_token_ids=with_token_ids)
     if num_prompts is not None and len(requests) < num_prompts:
         filtered = " that pass the filters" if row_filter != NO_FILTER else ""
         raise ValueError(f"workload.num_prompts = {num_prompts}, but {path} has only "

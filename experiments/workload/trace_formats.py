@@ -21,6 +21,13 @@ MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
 # A Mooncake line holds one request's lengths and block hashes (a few KiB at 128k tokens);
 # a longer line is a file of another kind, not read into memory whole.
 MAX_JSONL_LINE = 16 << 20
+# Tokens per block hash in Mooncake's traces: a request's hash_ids are its prompt's blocks, one
+# per 512 tokens or part of them (kvcache-ai/Mooncake, FAST'25 trace README).
+MOONCAKE_BLOCK_SIZE = 512
+# Integers beyond this are no time or length: Python could not even make them floats.
+MAX_JSON_INT = 2**63 - 1
+# UTC offsets in use run from -12:00 to +14:00; a larger one is a typo, not a time zone.
+MAX_UTC_OFFSET_S = 14 * 3600
 
 
 class TraceRow(NamedTuple):
@@ -212,8 +219,13 @@ def _azure_time(text: str, path: str, line: int, minutes: dict[str, float]) -> f
         raise ValueError(f"{path}:{line}: TIMESTAMP is not a date and time: {text.strip()!r} "
                          f"(expected e.g. 2023-11-16 18:15:46.6805900)")
     zone = m[3]
-    offset = 0 if not zone or zone == "Z" else \
-        (1 if zone[0] == "+" else -1) * (int(zone[1:3]) * 3600 + int(zone[-2:]) * 60)
+    offset = 0
+    if zone and zone != "Z":
+        hours, mins = int(zone[1:3]), int(zone[-2:])
+        offset = (1 if zone[0] == "+" else -1) * (hours * 3600 + mins * 60)
+        if mins >= 60 or abs(offset) > MAX_UTC_OFFSET_S:
+            raise ValueError(f"{path}:{line}: TIMESTAMP has no such UTC offset: {zone!r} in "
+                             f"{text.strip()!r} (offsets run from -12:00 to +14:00)")
     return minute + seconds - offset
 
 
@@ -280,6 +292,12 @@ def _mooncake_row(raw: bytes, path: str, line: int) -> TraceRow:
                              f"newline); the file may be partly written or copied") from None
         raise ValueError(f"{path}:{line}: not a JSON object ({e.msg}, column {e.colno})"
                          ) from None
+    except RecursionError:
+        raise ValueError(f"{path}:{line}: JSON nested too deep to read; a Mooncake request "
+                         f"is one flat object") from None
+    except ValueError as e:  # Python's 4,300-digit limit on integers
+        raise ValueError(f"{path}:{line}: a number too long to read "
+                         f"({str(e).partition(':')[0]})") from None
     if not isinstance(record, dict):
         raise ValueError(f"{path}:{line}: a JSON {type(record).__name__}, expected an object "
                          f"with {', '.join(MOONCAKE_KEYS)}")
@@ -298,6 +316,12 @@ def _mooncake_row(raw: bytes, path: str, line: int) -> TraceRow:
         if not isinstance(hash_ids, list) or not all(
                 isinstance(h, int) and not isinstance(h, bool) for h in hash_ids):
             raise ValueError(f"{path}:{line}: hash_ids must be a list of integers")
+        # one hash a block of the prompt: any other count is not this request's prefix
+        blocks = -(-int(prompt_len) // MOONCAKE_BLOCK_SIZE)
+        if len(hash_ids) != blocks:
+            raise ValueError(f"{path}:{line}: {len(hash_ids)} hash_ids for input_length "
+                             f"{int(prompt_len)}; a Mooncake request has one per "
+                             f"{MOONCAKE_BLOCK_SIZE}-token block of its prompt ({blocks})")
         hash_ids = tuple(hash_ids)
     return TraceRow(float(arrival), int(prompt_len), int(output_len), line, hash_ids)
 
@@ -306,7 +330,11 @@ def _json_number(record: dict[str, Any], key: str, path: str, line: int, *, inte
                  ) -> float:
     v = record[key]
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"{path}:{line}: {key} must be a number, got {v!r}")
+        text = repr(v) if len(repr(v)) <= 40 else f"a JSON {type(v).__name__}"
+        raise ValueError(f"{path}:{line}: {key} must be a number, got {text}")
+    if isinstance(v, int) and abs(v) > MAX_JSON_INT:
+        raise ValueError(f"{path}:{line}: {key} must be below 2**63, got an integer of "
+                         f"{len(str(v))} digits")
     if not math.isfinite(v):
         raise ValueError(f"{path}:{line}: {key} must be finite, got {v!r}")
     if integer and v != int(v):
