@@ -13,7 +13,7 @@ import traceback
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from omegaconf import DictConfig
@@ -21,13 +21,21 @@ from omegaconf import DictConfig
 from experiments.run import CONF_DIR, PolicyChoice, known_settings, plain
 from policies import ModelSpec
 from policies.base import check_int, check_settings
+from policies.scheduler import Scheduler
 
-SERVER_KEYS = ("host", "port")
+if TYPE_CHECKING:
+    from real_backend.serving.front_end import HTTPSettings
+
+SERVER_KEYS = ("host", "port", "allowed_hosts", "api_key", "max_body_bytes",
+               "request_timeout_s", "keep_alive_timeout_s", "max_connections")
 STEP_ROWS_KEPT = 100_000  # the newest windows' rows, written to steps.csv at shutdown
 
 
-def check_server(cfg: Mapping[str, Any]) -> tuple[str, int]:
-    """The top-level keys (config.yaml's and ``server``) and the ``server`` section."""
+def check_server(cfg: Mapping[str, Any]) -> tuple[int, HTTPSettings]:
+    """The top-level keys (config.yaml's and ``server``) and the ``server`` section: the port,
+    and the front end's settings."""
+    from real_backend.serving.front_end import HTTPSettings
+
     check_settings("the config's top level", cfg, [*known_settings()[0], "server"])
     server = plain(cfg["server"])
     check_settings("server", server, SERVER_KEYS)
@@ -37,11 +45,42 @@ def check_server(cfg: Mapping[str, Any]) -> tuple[str, int]:
     port = check_int("server.port", server.get("port"), 0)
     if port > 65535:
         raise ValueError(f"server.port must be in [0, 65535], got {port}")
+    hosts = server.get("allowed_hosts") or []
+    if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
+        raise ValueError(f"server.allowed_hosts must be a list of host names, got {hosts!r}")
+    key = server.get("api_key")
+    if key is not None and (not isinstance(key, str) or not key or not key.isprintable()
+                            or not key.isascii()):
+        raise ValueError("server.api_key must be printable ASCII text, or null for none")
+    timeouts = {}
+    for name in ("request_timeout_s", "keep_alive_timeout_s"):
+        value = server.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"server.{name} must be a number of seconds > 0, got {value!r}")
+        timeouts[name] = float(value)
+    settings = HTTPSettings(
+        host=host, allowed_hosts=tuple(hosts), api_key=key,
+        max_body_bytes=check_int("server.max_body_bytes", server.get("max_body_bytes"), 1),
+        max_connections=check_int("server.max_connections", server.get("max_connections"), 1),
+        **timeouts)
     backend = plain(cfg["backend"])
     if backend.get("name") != "real":
         raise ValueError(f"experiments.serve serves the real engine: backend must be real, got "
                          f"{backend.get('name')!r}")
-    return host, port
+    return port, settings
+
+
+def max_request_tokens(sched: Scheduler) -> int:
+    """The longest request (prompt + output tokens) ``sched`` admits, alone: its
+    ``add_request`` checks solved for the total (model.max_model_len; the KV cache's blocks
+    less the watermark, less the policy's lookahead slots; the token budget of a policy that
+    does not chunk prefills). A request without max_tokens gets this, less its prompt."""
+    bm = sched.block_manager
+    limits = [sched.max_model_len,
+              (bm.num_blocks - bm.watermark_blocks) * bm.block_size - sched.policy.max_steps]
+    if not sched.policy.chunk_prefills:
+        limits.append(sched.max_num_batched_tokens)
+    return min(limits)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -76,7 +115,8 @@ class Server:
         from real_backend.serving.metrics import EngineMetrics
         from real_backend.serving.tokenizer import Tokenizer
 
-        self.host, self.port = check_server(cfg)
+        self.port, self.http = check_server(cfg)
+        self.host = self.http.host
         parallel = plain(cfg.get("parallel") or {})
         if any(parallel.get(k, 1) != 1 for k in ("tensor_parallel_size",
                                                  "pipeline_parallel_size")):
@@ -87,8 +127,6 @@ class Server:
         policy, policy_name, new_scheduler = choice.policy, choice.name, choice.new_scheduler
         backend = BackendConfig.from_mapping({k: v for k, v in plain(cfg["backend"]).items()
                                               if k != "name"})
-        self.served = ServedModel(model.name, model.max_model_len, model.vocab_size,
-                                  backend.sampling, model.tokenizer)
         Tokenizer(model.tokenizer, model.vocab_size)  # a bad model.tokenizer fails here, at once
 
         probe = new_scheduler(1)
@@ -98,6 +136,9 @@ class Server:
             self.clock = Clock()  # delivery times and arrival times on one clock
             self.runner = build_runner(model, backend, probe, self.clock)
             self.sched = new_scheduler(self.runner.kv_cache.num_blocks)
+            self.served = ServedModel(model.name, model.max_model_len, model.vocab_size,
+                                      backend.sampling, model.tokenizer,
+                                      max_request_tokens(self.sched))
             self.metrics = EngineMetrics({
                 "model": model.name, "policy": policy_name,
                 "k": str(getattr(policy, "num_steps", 1)), "overlap": str(probe.overlap).lower(),
@@ -143,7 +184,7 @@ class Server:
 
         front_end = multiprocessing.get_context("spawn").Process(
             target=run_front_end, name="schedlab-front-end", daemon=True,
-            args=(self.served, self.banner, self.front_end_conn, self.socket))
+            args=(self.served, self.http, self.banner, self.front_end_conn, self.socket))
         signals = {"seen": 0, "passed": 0}  # stop signals received, and passed on
 
         def stop(sig: int | None = None, frame: Any = None) -> None:

@@ -1,12 +1,17 @@
 """The HTTP front end (FastAPI): OpenAI's /v1/completions and /v1/chat/completions (SSE
-streaming included), /v1/models, /health and /metrics, over the pipe to the engine process."""
+streaming included), /v1/models, /health and /metrics, over the pipe to the engine process;
+every request passes the Guard (its Host, its API key, its body's size) first, and every error
+reply is OpenAI's error object."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import ipaddress
 import itertools
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,10 +19,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from policies.request import Request as EngineRequest
 from real_backend.serving.engine_client import EngineClient, Event, Stream
-from real_backend.serving.front_end import ServedModel
+from real_backend.serving.front_end import HTTPSettings, ServedModel
 from real_backend.serving.metrics import FrontEndMetrics
 from real_backend.serving.protocol import (
     APIError,
@@ -30,21 +39,37 @@ from real_backend.serving.protocol import (
 )
 from real_backend.serving.tokenizer import Tokenizer
 
+log = logging.getLogger("uvicorn.error")
+
 
 def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
-              metrics: FrontEndMetrics) -> FastAPI:
+              metrics: FrontEndMetrics, settings: HTTPSettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.attach(asyncio.get_running_loop())
         yield
 
-    app = FastAPI(title="schedlab", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app = FastAPI(title="schedlab", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
+    app.add_middleware(Guard, settings=settings)
     ids = itertools.count()
     created = int(time.time())
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, err: APIError) -> JSONResponse:
         return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(HTTPException)  # routing's 404 and 405
+    async def http_error(request: Request, err: HTTPException) -> JSONResponse:
+        body = APIError(f"{request.method} {request.url.path}: {err.detail}",
+                        err.status_code).body()
+        return JSONResponse(body, status_code=err.status_code, headers=err.headers)
+
+    @app.exception_handler(Exception)  # a bug: the JSON reply, and the traceback in the log
+    async def server_error(_: Request, err: Exception) -> JSONResponse:
+        body = APIError(f"internal server error ({type(err).__name__})", 500,
+                        "server_error").body()
+        return JSONResponse(body, status_code=500)
 
     @app.get("/health")
     async def health() -> Response:
@@ -65,7 +90,7 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req = parse(CompletionRequest, await _json(request))
+        req = parse(CompletionRequest, await _body(request))
         prompt = req.single_prompt()
         if isinstance(prompt, str):
             prompt_ids = tokenizer.encode_prompt(prompt)
@@ -79,7 +104,7 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = parse(ChatCompletionRequest, await _json(request))
+        req = parse(ChatCompletionRequest, await _body(request))
         prompt_ids = tokenizer.encode_chat(req.turns())
         return await _generate(request, req, prompt_ids, req.output_limit, chat=True)
 
@@ -94,8 +119,14 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
         if room < 1:
             raise APIError(f"the prompt has {n} tokens; model.max_model_len is "
                            f"{model.max_model_len}, leaving no room for output", param="prompt")
-        max_tokens = room if max_tokens is None else max_tokens
-        if max_tokens > room:
+        if max_tokens is None:  # what fits the model's context and, alone, the KV cache
+            max_tokens = model.max_request_tokens - n
+            if max_tokens < 1:
+                raise APIError(f"the prompt has {n} tokens; this server admits at most "
+                               f"{model.max_request_tokens} tokens of prompt and output per "
+                               "request (its KV cache), leaving no room for output",
+                               param="prompt")
+        elif max_tokens > room:
             raise APIError(f"max_tokens {max_tokens} + the prompt's {n} tokens exceed "
                            f"model.max_model_len {model.max_model_len}", param="max_tokens")
         stop = None if req.ignore_eos else tokenizer.stop_id(chat)
@@ -202,9 +233,89 @@ def _data(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-async def _json(request: Request) -> Any:
+async def _body(request: Request) -> bytes:
+    """The request's body; a client gone before sending it all is one line in the log."""
     try:
-        return json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise APIError(f"the request body is not JSON: {err}") from None
+        return await request.body()
+    except ClientDisconnect:
+        client = request.client
+        log.warning("%s %s: the client disconnected before sending the whole body",
+                    f"{client.host}:{client.port}" if client else "a client", request.url.path)
+        raise APIError("the client disconnected", 499, "client_closed_request") from None
+
+
+class Guard:
+    """What every HTTP request passes before the app: its Host header (DNS rebinding), its API
+    key, and its body's size (read no further than ``max_body_bytes``).
+
+    The Host rule: an IP address, ``localhost`` and ``*.localhost`` (browsers resolve these to
+    loopback themselves), ``server.host`` and the names in ``server.allowed_hosts`` ("*": any).
+    DNS rebinding needs a name the attacker's DNS answers for, so an address is safe; any other
+    name is refused. A request without Host (HTTP/1.0) is no browser's and passes.
+    """
+
+    def __init__(self, app: ASGIApp, settings: HTTPSettings) -> None:
+        self.app, self.settings = app, settings
+        names = {h.lower().rstrip(".") for h in settings.allowed_hosts}
+        if not _is_address(settings.host):
+            names.add(settings.host.lower().rstrip("."))
+        self.any_host, self.hosts = "*" in names, frozenset(names)
+        key = settings.api_key
+        self.bearer = None if key is None else f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        try:
+            self.check(scope, headers)
+        except APIError as err:
+            extra = {"www-authenticate": "Bearer"} if err.status == 401 else None
+            await JSONResponse(err.body(), err.status, headers=extra)(scope, receive, send)
+            return
+        limit, seen = self.settings.max_body_bytes, 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:  # a chunked body, or one longer than its Content-Length said
+                    raise _too_large(limit)
+            return message
+
+        await self.app(scope, counted, send)
+
+    def check(self, scope: Scope, headers: Headers) -> None:
+        host = headers.get("host")
+        if host is not None and not self.any_host and not self.host_allowed(host):
+            raise APIError(f"Host {host!r} is not allowed: add its name to server.allowed_hosts "
+                           "(docs/serving.md)", param="host")
+        if self.bearer is not None and scope["path"].startswith("/v1/"):
+            got = headers.get("authorization", "").encode("latin-1")
+            if not hmac.compare_digest(got, self.bearer):
+                raise APIError("a valid API key is needed: Authorization: Bearer <server.api_key>",
+                               401, "authentication_error")
+        length, limit = headers.get("content-length", ""), self.settings.max_body_bytes
+        if length.isdigit() and (len(length) > 18 or int(length) > limit):  # refused unread
+            raise _too_large(limit)
+
+    def host_allowed(self, host: str) -> bool:
+        name = host[1:host.find("]")] if host.startswith("[") else host.rsplit(":", 1)[0]
+        name = name.lower().rstrip(".")
+        return (name in self.hosts or name == "localhost" or name.endswith(".localhost")
+                or _is_address(name))
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return True
+    except ValueError:
+        return False
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(f"the request body exceeds {limit} bytes (server.max_body_bytes)", 413)
 

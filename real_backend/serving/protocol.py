@@ -4,7 +4,7 @@ error and response shapes."""
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -24,8 +24,19 @@ class APIError(Exception):
                           "code": self.status}}
 
 
+# Integers in 64 bits: a 4,000-digit one is refused here, not at its first use (str() of it
+# raises). A count the API allows only at 1 (n, best_of) is an int, not a Literal[1], which
+# would take true and 1.0 for 1.
+Int64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]
+Count = Annotated[int, Field(ge=1, lt=2**63)]
+One = Annotated[int, Field(ge=1, le=1)]
+# Strict: a JSON value of the wrong type is refused, never coerced ("3" or true as max_tokens,
+# "0" as logprobs, "yes" as stream, [true, false] as token ids).
+STRICT = ConfigDict(extra="forbid", strict=True)
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: usage in every chunk (guidellm asks for it)
 
@@ -35,23 +46,23 @@ class _Common(BaseModel):
     fields this engine does not implement are accepted only at their no-op values, so a
     request is never silently served as something else."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Count | None = None
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = None  # vLLM's extension; -1: whole vocabulary
+    top_k: Int64 | None = None  # vLLM's extension; -1: whole vocabulary
     ignore_eos: bool = False  # vLLM's extension; benchmark clients set it
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] = 1
-    best_of: Literal[1] | None = None
+    n: One = 1
+    best_of: One | None = None
     stop: None | Literal[""] | list[str] = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logprobs: bool | int | None = None
+    logprobs: bool | Int64 | None = None
     user: str | None = None
-    seed: int | None = None  # absent or null only (sampling_check)
+    seed: Int64 | None = None  # absent or null only (sampling_check)
 
     def sampling_check(self, served: SamplingParams) -> None:
         """This engine samples every request with the server's ``backend.sampling``; a request
@@ -85,12 +96,14 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    echo: Literal[False] = False
+    prompt: str | list[Int64] | list[str] | list[list[Int64]]
+    echo: bool = False
     suffix: None = None
 
     def single_prompt(self) -> str | list[int]:
-        """The one prompt of the request (n=1, no batched prompts)."""
+        """The one prompt of the request (n=1, no batched prompts, no echo)."""
+        if self.echo:
+            raise APIError("echo: not supported (false or absent only)", param="echo")
         p = self.prompt
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):
             if len(p) != 1:
@@ -103,7 +116,7 @@ class CompletionRequest(_Common):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     role: Literal["system", "user", "assistant"]
     content: str
     name: str | None = None  # absent or null only (ChatCompletionRequest.turns)
@@ -111,7 +124,7 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: Count | None = None
 
     def turns(self) -> list[tuple[str, str]]:
         """The messages as the chat template's (role, content) turns. Llama-3's template has
@@ -129,16 +142,30 @@ class ChatCompletionRequest(_Common):
         return self.max_completion_tokens or self.max_tokens
 
 
-def parse(model: type[BaseModel], body: Any) -> Any:
-    """``body`` as ``model``, or a 400 naming the first bad field."""
-    if not isinstance(body, dict):
-        raise APIError("the request body must be a JSON object")
+def parse(model: type[BaseModel], body: bytes) -> Any:
+    """The JSON ``body`` as ``model``, or a 400 naming the first bad field.
+
+    pydantic's own JSON parser reads it: it refuses what Python's json module lets through
+    to fail later, as a 500 (lone surrogates, which no tokenizer encodes; nesting beyond 200
+    levels, which json.loads meets with a RecursionError; integers of thousands of digits)."""
     try:
-        return model.model_validate(body)
+        return model.model_validate_json(body)
     except ValidationError as err:
         e = err.errors()[0]
-        where = ".".join(str(p) for p in e["loc"]) or "body"
+        if e["type"] == "json_invalid":
+            raise APIError(f"the request body is not JSON: {e['msg']}") from None
+        loc = e["loc"]
+        if not loc:
+            raise APIError("the request body must be a JSON object") from None
+        if loc[0] in UNIONS and len(loc) > 1 and isinstance(loc[1], str):  # a member's tag
+            raise APIError(f"{loc[0]}: must be {UNIONS[loc[0]]}", param=loc[0]) from None
+        where = ".".join(str(p) for p in loc)
         raise APIError(f"{where}: {e['msg']}", param=where) from None
+
+
+# the fields of several types, said in words (pydantic names the first type's failure only)
+UNIONS = {"prompt": "a string, a list of token ids, or a list of one of these",
+          "logprobs": "a boolean or an integer", "stop": '"" or a list of strings'}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
