@@ -175,10 +175,20 @@ class PolicyChoice:
         self.policy: Policy = make_policy(self.name, **self.settings)  # fail fast on bad settings
         self.scheduler = SchedulerConfig.from_dict(plain(cfg["scheduler"]))
         self.max_model_len = model.max_model_len
+        # Policies that size windows by time price them with the hardware profile's cost model,
+        # on either backend (for the real engine: the profile of its GPU, e.g. hardware=h200_ops)
+        self.step_time_fn = None
+        if cfg.get("hardware") is not None:
+            from simulator.cost_model import step_time_fn
+            from simulator.hardware import HardwareSpec
+
+            parallel = ParallelConfig.from_mapping(plain(cfg.get("parallel") or {}))
+            self.step_time_fn = step_time_fn(
+                model, HardwareSpec.from_dict(plain(cfg["hardware"]), parallel))
 
     def new_scheduler(self, num_blocks: int) -> Scheduler:
         return make_scheduler(self.name, self.settings, self.scheduler, num_blocks,
-                              self.max_model_len)
+                              self.max_model_len, self.step_time_fn)
 
 
 def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,

@@ -10,10 +10,16 @@ from policies import (  # noqa: F401  (importing registers each policy)
     cp1,
     cp2,
     cp_promote,
+    edf,
+    mlfq,
     multi_step,
+    priority,
+    sarathi,
     single_step,
+    sjf,
+    slo_adaptive,
 )
-from policies.base import POLICIES, Policy, make_policy
+from policies.base import POLICIES, Policy, StepTimeFn, make_policy
 from policies.batch import Batch, ScheduledSeq
 from policies.block_manager import BlockManager
 from policies.model_spec import ModelSpec
@@ -22,10 +28,11 @@ from policies.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 
 
 def make_scheduler(policy_name: str, policy_params: dict[str, Any] | None,
-                   config: SchedulerConfig, num_blocks: int, max_model_len: int) -> Scheduler:
+                   config: SchedulerConfig, num_blocks: int, max_model_len: int,
+                   step_time_fn: StepTimeFn | None = None) -> Scheduler:
     """A scheduler running the named policy over a KV cache of ``num_blocks`` blocks."""
     policy = make_policy(policy_name, **(policy_params or {}))
-    return Scheduler(policy, config, num_blocks, max_model_len)
+    return Scheduler(policy, config, num_blocks, max_model_len, step_time_fn)
 
 
 __all__ = [

@@ -1,13 +1,20 @@
-"""The policy interface and the registry that picks a policy by name."""
+"""The policy interface (every scheduling decision, each with vLLM V0's FCFS as its default)
+and the registry that picks a policy by name."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import math
-from collections.abc import Iterable
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from policies.request import Request
     from policies.scheduler import Scheduler
 
 POLICIES: dict[str, type[Policy]] = {}
@@ -18,13 +25,26 @@ def register(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
+# GPU seconds of one forward step from the window being formed, for policies that size their
+# windows by time (sarathi, slo_adaptive): (decoding sequences, their KV tokens, the longest
+# one's, prefill chunks as (query tokens, cached tokens, samples)). The run builds it from its
+# hardware profile's cost model, the same for both backends.
+StepTimeFn = Callable[[int, int, int, Sequence[tuple[int, int, bool]]], float]
+
+
 @dataclass(frozen=True)
 class Policy:
-    """What distinguishes one scheduling policy from another; the Scheduler does the rest.
+    """Every scheduling decision; the Scheduler keeps the mechanism (queues, KV blocks, lookahead
+    slots, overlap's placeholders, update()). Each hook's default is vLLM V0's FCFS scheduler,
+    so a policy overrides only the decisions it changes (docs/policies.md).
 
     ``mixed_batches``: decodes and prefills share a batch (the chunked-prefill family); else a
     batch is prefill-only (one step) or decode-only (a window of ``num_steps`` steps).
     ``chunk_prefills``: a prompt may be split over several batches.
+    ``orders_queue``: ``queue_key`` orders the waiting queue before each window (and the running
+    queue too for a ``preemptive`` policy, so that its tail is the first victim); otherwise the
+    queue is FCFS, preempted requests at its head.
+    ``preemptive``: ``preempt_for_waiting`` may preempt running requests for waiting ones.
     ``overlap``: overlap scheduling (vLLM V1's async scheduling, SGLang's overlap scheduler):
     the next window is formed while the last one is still on the GPU, so the CPU's work hides
     behind the GPU's (the contract is on ``Scheduler.schedule``).
@@ -37,6 +57,9 @@ class Policy:
     name: ClassVar[str] = ""
     mixed_batches: ClassVar[bool] = False
     chunk_prefills: ClassVar[bool] = False
+    orders_queue: ClassVar[bool] = False
+    preemptive: ClassVar[bool] = False
+    needs_step_time: ClassVar[bool] = False  # the run must give the scheduler a StepTimeFn
     # keyword-only: a policy's own settings keep their positions
     overlap: bool = field(default=False, kw_only=True)
     overlap_late_schedule: bool = field(default=True, kw_only=True)
@@ -45,6 +68,7 @@ class Policy:
         check_bool("policy.overlap", self.overlap)
         check_bool("policy.overlap_late_schedule", self.overlap_late_schedule)
 
+    # ---------------------------------------------------------------- window length
     @property
     def max_steps(self) -> int:
         """The longest window this policy runs: decodes reserve that many slots (lookahead)."""
@@ -58,8 +82,41 @@ class Policy:
         """Steps of a k-step window that a request whose prefill completes in it takes part in."""
         return 1
 
+    # ---------------------------------------------------------------- order and admission
+    def queue_key(self, req: Request, sched: Scheduler) -> Any:
+        """With ``orders_queue``: the sort key of ``req`` (lowest first; ties keep queue order)."""
+        return 0
+
+    def window_budget(self, sched: Scheduler) -> tuple[int, int]:
+        """(tokens, sequences) the window being formed may hold: the scheduler's limits."""
+        return sched.max_num_batched_tokens, sched.config.max_num_seqs
+
+    def admit(self, req: Request, sched: Scheduler) -> bool:
+        """Whether waiting ``req`` may join the window being formed; False passes it over this
+        time (admission control) and the next one in order is tried."""
+        return True
+
+    def chunk_size(self, req: Request, num_new: int, budget: int, sched: Scheduler) -> int:
+        """Prefill tokens ``req`` computes in the window being formed (of ``num_new`` it still
+        lacks, ``budget`` tokens left); 0: it does not fit, and admission stops there."""
+        if self.chunk_prefills:
+            return min(num_new, budget)
+        return num_new if num_new <= budget else 0
+
+    # ---------------------------------------------------------------- preemption
+    def preemption_victim(self, sched: Scheduler, req: Request) -> Request:
+        """The running request to preempt (recompute) when ``req``'s decode slots find no free
+        KV block: the last admitted (or last in order, for a preemptive policy)."""
+        return sched.running[-1]
+
+    def preempt_for_waiting(self, sched: Scheduler) -> list[Request]:
+        """Running requests to preempt before the window is formed, to make room for waiting
+        ones (preemptive policies, with ``orders_queue`` having sorted both queues)."""
+        return []
+
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, **{f.name: getattr(self, f.name) for f in fields(self)}}
+        return {"name": self.name, **{f.name: getattr(self, f.name) for f in fields(self)
+                                      if f.init}}
 
 
 @dataclass(frozen=True)
@@ -118,11 +175,52 @@ def check_steps(setting: str, value: Any) -> int:
     return check_int(f"policy.{setting}", value, 1)
 
 
-def make_policy(name: str, **params: Any) -> Policy:
-    """Build a policy by registry name; unknown names and settings are one-line errors."""
+def make_policy(name: str, module: str | None = None, **params: Any) -> Policy:
+    """Build a policy by registry name; unknown names and settings are one-line errors.
+
+    ``module`` (``policy.module``): a policy defined outside schedlab, as a dotted module name
+    importable from the working directory or a path to a ``.py`` file; importing it registers
+    its classes (``@register``), docs/policies.md shows one."""
+    if module is not None:
+        import_policy_module(module)
     cls = POLICIES.get(name)
     if cls is None:
         raise ValueError(f"unknown policy {name!r} (policy.name); choose one of: "
                          + ", ".join(sorted(POLICIES)))
-    check_settings(f"policy {name}", params, (f.name for f in fields(cls)))
+    check_settings(f"policy {name}", params, (f.name for f in fields(cls) if f.init))
     return cls(**params)
+
+
+def import_policy_module(module: str) -> None:
+    """Import a user's policy module (a dotted name or a .py path), once; one-line errors."""
+    if not isinstance(module, str) or not module:
+        raise ValueError(f"policy.module must be a module name or a .py file, got {module!r}")
+    if module in _IMPORTED:
+        return
+    path = Path(module).expanduser()
+    try:
+        if module.endswith(".py"):
+            if not path.is_file():
+                raise ValueError(f"policy.module {module}: no such file")
+            spec = importlib.util.spec_from_file_location(f"schedlab_user_{path.stem}", path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = mod
+            spec.loader.exec_module(mod)
+        else:
+            if "" not in sys.path and os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            importlib.import_module(module)
+    except ValueError:
+        raise
+    except Exception as err:  # the user's code: its error, in one line
+        where = ""
+        tb = err.__traceback__
+        while tb is not None:
+            where = f" ({tb.tb_frame.f_code.co_filename}:{tb.tb_lineno})"
+            tb = tb.tb_next
+        raise ValueError(f"policy.module {module} failed to import: "
+                         f"{type(err).__name__}: {err}{where}") from None
+    _IMPORTED.add(module)
+
+
+_IMPORTED: set[str] = set()

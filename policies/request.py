@@ -43,6 +43,15 @@ class Request:
     # A Mooncake trace's block hashes (equal leading ids: a shared prompt prefix, one id per
     # block of the trace's block size), for prefix caching; None where the workload has none.
     hash_ids: tuple[int, ...] | None = None
+    # What a workload may say of a request, for the policies that read it: its priority (lower
+    # is served first, as vLLM's), its SLO class and that class's TTFT and TPOT targets.
+    priority: int = 0
+    slo_class: str | None = None
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+    # Queueing: since when the request waits (None while admitted), and its longest wait so far
+    waiting_since: float | None = None
+    max_wait: float = 0.0
 
     def __post_init__(self) -> None:
         if self.prompt_token_ids is not None:

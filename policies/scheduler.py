@@ -1,4 +1,5 @@
-"""The scheduler both backends call: FCFS queues, admission, lookahead reservation, preemption."""
+"""The scheduler both backends call: the mechanism under a policy's decisions (queues, admission
+under budgets, lookahead reservation, recompute preemption, overlap's placeholders, update())."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from policies.base import Policy, check_int, check_number, check_settings
+from policies.base import Policy, StepTimeFn, check_int, check_number, check_settings
 from policies.batch import Batch, ScheduledSeq
 from policies.block_manager import BlockManager
 from policies.request import Request, RequestState
@@ -59,7 +60,7 @@ class Scheduler:
     """
 
     def __init__(self, policy: Policy, config: SchedulerConfig, num_blocks: int,
-                 max_model_len: int) -> None:
+                 max_model_len: int, step_time_fn: StepTimeFn | None = None) -> None:
         self.policy = policy
         self.config = config
         self.max_model_len = max_model_len
@@ -85,6 +86,11 @@ class Scheduler:
         self.recent_arrivals: deque[float] = deque(maxlen=256)
         self.step_time: float | None = None  # EWMA of seconds per step, idle gaps excluded
         self._last_window: tuple[float, int] | None = None  # (start time, k)
+        self.forming: list[ScheduledSeq] = []  # the window being formed, for the policy's hooks
+        self.step_time_fn = step_time_fn  # a cost model's step time (Policy.needs_step_time)
+        if policy.needs_step_time and step_time_fn is None:
+            raise ValueError(f"policy {policy.name} sizes windows by time and needs a hardware "
+                             "profile's cost model")
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: Request) -> None:
@@ -106,6 +112,7 @@ class Scheduler:
                 f"{bm.num_blocks} (minus {bm.watermark_blocks} watermark); give the KV cache more "
                 "memory (gpu_memory_utilization) or use shorter requests")
         req.state = RequestState.WAITING
+        req.waiting_since = req.arrival_time
         self.waiting.append(req)
         self.recent_arrivals.append(req.arrival_time)
 
@@ -168,8 +175,18 @@ class Scheduler:
         if len(self._in_flight) > 1:
             raise RuntimeError("schedule(): two windows are in flight; update() the older first")
         self._observe(now)
+        self.forming = []
+        policy = self.policy
+        if policy.orders_queue:
+            self._order_queues()
         preempted: list[Request] = []
-        if self.policy.mixed_batches:
+        if policy.preemptive and self.waiting:
+            for victim in policy.preempt_for_waiting(self):
+                self._preempt(victim)
+                self.waiting.append(victim)
+            if self.waiting and self.waiting[-1].state is RequestState.PREEMPTED:
+                self._order_queues()
+        if policy.mixed_batches:
             seqs, k = self._schedule_mixed(preempted)
         else:
             seqs, k = self._schedule_separate(preempted)
@@ -185,8 +202,12 @@ class Scheduler:
             older = self._in_flight[0] if self._in_flight else None
             self._last_window = (now, older.num_steps, older.has_prefill) if older else None
         for s in seqs:
-            if s.request.first_scheduled_time is None:
-                s.request.first_scheduled_time = now
+            req = s.request
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+            if req.waiting_since is not None:  # admitted from the queue now
+                req.max_wait = max(req.max_wait, now - req.waiting_since)
+                req.waiting_since = None
         self._window_id += 1
         st = self.stats
         st.num_invocations += 1
@@ -226,6 +247,14 @@ class Scheduler:
                 self.step_time = per_step if self.step_time is None else \
                     0.8 * self.step_time + 0.2 * per_step
 
+    def _order_queues(self) -> None:
+        """``policy.queue_key`` order (stable): the waiting queue, and for a preemptive policy
+        the running one, whose tail is then its first victim."""
+        key = self.policy.queue_key
+        self.waiting = deque(sorted(self.waiting, key=lambda r: key(r, self)))
+        if self.policy.preemptive:
+            self.running.sort(key=lambda r: key(r, self))
+
     def arrival_rate(self, horizon: float = 1.0) -> float:
         """Requests per second of the arrival stream over the last ``horizon`` seconds.
 
@@ -246,33 +275,37 @@ class Scheduler:
 
     def _schedule_separate(self, preempted: list[Request]) -> tuple[list[ScheduledSeq], int]:
         """vLLM V0 default: a prefill-only batch (one step) when prompts fit, else a decode window."""
+        tokens, seqs = self.policy.window_budget(self)
         if self.waiting:
-            prefills = self._admit(self.max_num_batched_tokens, chunk=False, steps=1)
+            prefills = self._admit(tokens, seqs, steps=1)
             if prefills:
                 return prefills, 1
         k = self.policy.window_steps(self, False)
-        return self._reserve_decodes(k, self.max_num_batched_tokens, preempted), k
+        return self._reserve_decodes(k, tokens, preempted), k
 
     def _schedule_mixed(self, preempted: list[Request]) -> tuple[list[ScheduledSeq], int]:
         """Chunked-prefill family: decodes first, then prefill chunks up to the token budget."""
         policy = self.policy
-        budget = self.max_num_batched_tokens
+        budget, max_seqs = policy.window_budget(self)
         seqs = self._reserve_decodes(policy.max_steps, budget, preempted)
         budget -= len(seqs)
         prefills: list[ScheduledSeq] = []
+        self.forming = seqs + prefills
         for req in self.running:  # prefills started in an earlier window continue first
             if budget <= 0:
                 break
             outputs = req.num_output_tokens + req.num_output_placeholders
             if outputs > 0 and req.num_computed_tokens >= req.prompt_len + outputs - 1:
                 continue  # decoding
-            chunk = min(req.seq_len - req.num_computed_tokens, budget)
+            chunk = policy.chunk_size(req, req.seq_len - req.num_computed_tokens, budget, self)
+            if chunk <= 0:
+                break
             prefills.append(ScheduledSeq(req, chunk, req.num_computed_tokens, 1, True))
+            self.forming.append(prefills[-1])
             budget -= chunk
         if self.waiting and budget > 0:
             lookahead = policy.prefill_steps(policy.max_steps) - 1
-            prefills += self._admit(budget, chunk=policy.chunk_prefills,
-                                    steps=lookahead + 1)
+            prefills += self._admit(budget, max_seqs, steps=lookahead + 1)
         k = policy.window_steps(self, bool(prefills))
         for s in seqs:
             s.num_steps = k
@@ -285,32 +318,42 @@ class Scheduler:
                 k = max(s.num_steps for s in prefills)
         return seqs + prefills, k
 
-    def _admit(self, budget: int, *, chunk: bool, steps: int) -> list[ScheduledSeq]:
-        """Admit waiting requests FCFS while tokens, seats and blocks allow."""
+    def _admit(self, budget: int, max_seqs: int, *, steps: int) -> list[ScheduledSeq]:
+        """Admit waiting requests in queue order while tokens, seats and blocks allow; the
+        first that does not fit stops admission (no request overtakes it)."""
         out: list[ScheduledSeq] = []
         bm = self.block_manager
+        policy = self.policy
         waiting, running = self.waiting, self.running
-        max_seqs = self.config.max_num_seqs
-        while waiting and budget > 0 and len(running) < max_seqs:
-            req = waiting[0]
+        forming = self.forming
+        i = 0
+        while i < len(waiting) and budget > 0 and len(running) < max_seqs:
+            req = waiting[i]
             if req.num_output_placeholders:
-                break  # preempted while in flight: its tokens are not all known yet
+                if not policy.orders_queue:
+                    break  # preempted while in flight: its tokens are not all known yet
+                i += 1
+                continue
+            if not policy.admit(req, self):
+                i += 1
+                continue
             num_new = req.seq_len  # a preempted request recomputes its outputs too
-            if chunk:
-                q = min(num_new, budget)
-            elif num_new > budget:
+            q = policy.chunk_size(req, num_new, budget, self)
+            if q <= 0:
                 break
-            else:
-                q = num_new
             reserve = num_new + (steps - 1 if q == num_new else 0)
             if not bm.can_allocate(reserve):
                 break
             bm.ensure_slots(req, reserve)
-            waiting.popleft()
+            if i == 0:
+                waiting.popleft()
+            else:
+                del waiting[i]
             req.state = _RUNNING
             req.num_computed_tokens = 0
             running.append(req)
             out.append(ScheduledSeq(req, q, 0, steps if q == num_new else 1, True))
+            forming.append(out[-1])
             budget -= q
         return out
 
@@ -332,21 +375,32 @@ class Scheduler:
             # fast path: the block table already covers the window (the common case)
             if (cached + k + bs - 1) // bs > len(req.block_table):
                 while not ensure(req, cached + k):
-                    victim = running[-1]
+                    victim = self.policy.preemption_victim(self, req)
+                    at = running.index(victim)
                     self._preempt(victim)
                     preempted.append(victim)
                     if victim is req:
+                        i -= 1
                         break
+                    if at < i:  # reserved earlier in this window: its slots are gone
+                        i -= 1
+                        out = [s for s in out if s.request is not victim]
                 else:
                     out.append(ScheduledSeq(req, 1, cached, k, False))
                 continue
             out.append(ScheduledSeq(req, 1, cached, k, False))
+        self.forming = out
         return out
 
     def _preempt(self, req: Request) -> None:
-        """Recompute-preemption: give the blocks back (schedule() returns it to the queue head)."""
-        self.running.pop()  # callers only ever preempt the tail
+        """Recompute-preemption: give the blocks back (schedule() returns it to the queue)."""
+        running = self.running
+        if running and running[-1] is req:  # the usual victim: the tail
+            running.pop()
+        else:
+            running.remove(req)
         self.block_manager.free(req)
+        req.waiting_since = self.now
         req.state = RequestState.PREEMPTED
         req.num_computed_tokens = 0
         req.num_preemptions += 1

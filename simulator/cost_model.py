@@ -51,8 +51,10 @@ traffic: at decode sizes they stay in L2, and at prefill sizes the compute term 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from policies.base import StepTimeFn
 from policies.batch import Batch
 from policies.model_spec import ModelSpec
 from policies.parallel import kv_heads_per_rank
@@ -294,3 +296,23 @@ def stage_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec, slow: float
 def window_gpu_times(batch: Batch, model: ModelSpec, hw: HardwareSpec) -> list[float]:
     """Per-stage seconds of each of the window's k steps (full step times when ``pp`` == 1)."""
     return [stage_time(s, model, hw) for s in window_shapes(batch)]
+
+
+def step_time_fn(model: ModelSpec, hw: HardwareSpec) -> StepTimeFn:
+    """The policies' view of this cost model (``policies.base.StepTimeFn``): the first step of a
+    window from its decodes and prefill chunks, the shape ``window_shapes`` would build."""
+
+    def first_step_time(decodes: int, decode_kv: int, longest: int,
+                        chunks: Sequence[tuple[int, int, bool]]) -> float:
+        tokens = pairs = prefill_kv = sampled = 0
+        for q, c, samples in chunks:
+            tokens += q
+            pairs += q * (q + 1) // 2 + q * c
+            prefill_kv += c + q
+            sampled += samples
+        shape = StepShape(decodes + tokens, decodes + len(chunks), tokens, decodes + sampled,
+                          float(pairs), decode_kv + prefill_kv, True, longest, len(chunks),
+                          prefill_kv)
+        return step_time(shape, model, hw)
+
+    return first_step_time
