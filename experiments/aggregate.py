@@ -94,19 +94,19 @@ def check_row(row: dict[str, Any]) -> None:
             if v.strip().lower() in _NOT_FINITE:
                 row[key] = _NOT_FINITE[v.strip().lower()]
                 continue
-            raise ValueError(f"{key} must be a number, got {_short(v)}")
+            raise ValueError(f"{key} must be a number, got {short_repr(v)}")
         if key in TEXT_KEYS:
-            raise ValueError(f"{key} must be text, got {_short(v)}")
+            raise ValueError(f"{key} must be text, got {short_repr(v)}")
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ValueError(f"{key} must be a number, got {_short(v)}")
+            raise ValueError(f"{key} must be a number, got {short_repr(v)}")
         if isinstance(v, int) and abs(v) > MAX_INT:
             raise ValueError(f"{key} must be below 2**63, got an integer of {len(str(v))} "
                              "digits")
 
 
-def _short(v: Any) -> str:
+def short_repr(v: Any) -> str:
     """A value for an error message: its type where it is a container, else its first 40
-    characters."""
+    characters (a result may hold a megabyte where a name goes)."""
     if isinstance(v, (list, dict)):
         return f"a JSON {'array' if isinstance(v, list) else 'object'}"
     text = repr(v)
@@ -138,7 +138,7 @@ def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
                    num_prompts=wl.get("num_prompts"), seed=wl.get("seed"))
     rate = row.get("request_rate")
     if isinstance(rate, (list, dict)):
-        raise ValueError(f"request_rate must be a number or inf, got {_short(rate)}")
+        raise ValueError(f"request_rate must be a number or inf, got {short_repr(rate)}")
     row["request_rate"] = parse_rate(rate) if rate is not None else None
     row["run_dir"] = str(path.parent)
     return row

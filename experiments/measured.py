@@ -17,6 +17,7 @@ from experiments.aggregate import (
     parse_rate,
     read_json,
     row_of,
+    short_repr,
 )
 from policies.base import POLICIES
 
@@ -145,8 +146,12 @@ def _arrivals_file(path: Path, arrivals: Any, root: Path) -> Path:
     (symbolic links followed); its content is never quoted."""
     if not isinstance(arrivals, str) or not arrivals.strip() or "\x00" in arrivals:
         raise ValueError(f"{path}: schedlab.workload.arrivals must be a file name, got "
-                         f"{_short(arrivals)}")
-    trace = (path.parent / arrivals).resolve()
+                         f"{short_repr(arrivals)}")
+    try:
+        trace = (path.parent / arrivals).resolve()
+    except (OSError, RuntimeError):  # a loop of symbolic links
+        raise ValueError(f"{path}: schedlab.workload.arrivals names a path that cannot be "
+                         "resolved") from None
     if not trace.is_relative_to(root):
         raise ValueError(f"{path}: schedlab.workload.arrivals names a file outside the measured "
                          f"directory {root}; refused (copy the send times beside the result)")
@@ -154,11 +159,6 @@ def _arrivals_file(path: Path, arrivals: Any, root: Path) -> Path:
         raise ValueError(f"{path}: schedlab.workload.arrivals names {trace}, which is "
                          "missing")
     return trace
-
-
-def _short(v: Any) -> str:
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _count(path: Path, field: str, value: Any, minimum: int) -> int | None:
@@ -173,7 +173,7 @@ def _count(path: Path, field: str, value: Any, minimum: int) -> int | None:
         n = int(n)
     if isinstance(n, bool) or not isinstance(n, int) or not minimum <= n <= MAX_INT:
         raise ValueError(f"{path}: {field} must be an integer from {minimum} to 2**63 - 1, "
-                         f"got {_short(value)}")
+                         f"got {short_repr(value)}")
     return n
 
 

@@ -9,8 +9,8 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from experiments.workload.arrivals import trace_arrival_times
 from experiments.workload import footprint
+from experiments.workload.arrivals import trace_arrival_times
 from experiments.workload.settings import get_float, get_path
 from experiments.workload.trace_formats import FORMATS, RowCounts, RowFilter, TraceRow
 
