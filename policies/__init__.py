@@ -19,7 +19,7 @@ from policies import (  # noqa: F401  (importing registers each policy)
     sjf,
     slo_adaptive,
 )
-from policies.base import POLICIES, Policy, StepTimeFn, make_policy
+from policies.base import POLICIES, KStepPolicy, Policy, StepTimeFn, make_policy, register
 from policies.batch import Batch, ScheduledSeq
 from policies.block_manager import BlockManager
 from policies.model_spec import ModelSpec
@@ -36,7 +36,8 @@ def make_scheduler(policy_name: str, policy_params: dict[str, Any] | None,
 
 
 __all__ = [
-    "POLICIES", "Batch", "BlockManager", "ModelSpec", "Policy", "Request", "RequestState",
+    "POLICIES", "Batch", "BlockManager", "KStepPolicy", "ModelSpec", "Policy", "Request",
+    "RequestState", "StepTimeFn", "register",
     "ScheduledSeq", "Scheduler", "SchedulerConfig", "SchedulerStats", "make_policy",
     "make_scheduler",
 ]

@@ -6,15 +6,15 @@ prompt, since its first iteration alone would use up the quanta above it; it is 
 each time it has used the quantum of its level (the last level keeps it). Lower levels are
 served first (FCFS within a level), and a waiting request that cannot be admitted preempts
 running requests of higher levels, the most demoted first. A request that has waited
-``starvation_s`` seconds goes ahead of every level (FCFS among such), so none starves past that
-bound while the cache can hold it. Simplifications: a preempted request is recomputed rather
+``starvation_s`` seconds goes ahead of every level until it finishes (FCFS among such, and
+never preempted by another), so none starves past that bound while the cache can hold it. Simplifications: a preempted request is recomputed rather
 than swapped to host memory (FastServe's proactive KV swapping), and demotion is counted in
 tokens rather than in seconds of GPU time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from policies.base import Policy, check_int, check_number, register
 from policies.preemption import victims_for
@@ -29,6 +29,7 @@ class MLFQ(Policy):
     num_levels: int = 4
     quantum_tokens: int = 256  # level 0's quantum; level i's is quantum_tokens * 2**i
     starvation_s: float = 30.0
+    _boosted: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -49,8 +50,12 @@ class MLFQ(Policy):
         return level
 
     def queue_key(self, req, sched):
-        if req.waiting_since is not None and sched.now - req.waiting_since >= self.starvation_s:
-            return (-1, req.waiting_since)
+        boosted = self._boosted.get(req.request_id)
+        if boosted is None and req.waiting_since is not None \
+                and sched.now - req.waiting_since >= self.starvation_s:
+            boosted = self._boosted[req.request_id] = req.waiting_since + self.starvation_s
+        if boosted is not None:  # until it finishes: no other starving request preempts it
+            return (-1, boosted)
         return (self.level(req), req.arrival_time)
 
     def preempt_for_waiting(self, sched):

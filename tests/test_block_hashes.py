@@ -19,9 +19,12 @@ N, HASHES = 10, 200
 def mooncake(tmp_path: Path, hashes: int = HASHES) -> dict:
     """A workload of N requests from a Mooncake trace, each with ``hashes`` block hashes."""
     path = tmp_path / "t.jsonl"
-    path.write_text("".join(json.dumps({"timestamp": i, "input_length": 10, "output_length": 1,
-                                        "hash_ids": list(range(1000 * i, 1000 * i + hashes))})
-                            + "\n" for i in range(N)))
+    rows = [{"timestamp": i, "input_length": 512 * hashes or 10, "output_length": 1}
+            for i in range(N)]
+    for i, row in enumerate(rows):
+        if hashes:  # one hash per 512-token block, as Mooncake's traces give them
+            row["hash_ids"] = list(range(1000 * i, 1000 * i + hashes))
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return {"kind": "trace", "trace_path": str(path), "format": "mooncake", "num_prompts": N}
 
 
