@@ -16,12 +16,16 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 
 from experiments.files import atomic_path
+from experiments.scheduling_metrics import class_columns
 
 SUMMARY_KEYS = ["completed", "duration", "total_input_tokens", "total_output_tokens",
                 "request_throughput", "request_goodput", "output_throughput",
                 "total_token_throughput"]
 LATENCY_KEYS = [f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
                 for stat in ("mean", "median", "std", "p99")]
+# experiments/scheduling_metrics.py's run-wide metrics; per SLO class: "<class>.<metric>" columns
+SCHEDULING_KEYS = ["max_queueing_delay_ms", "mean_slowdown", "p99_slowdown",
+                   "jain_fairness_slowdown"]
 # percentiles chosen beyond p99 (metrics.metric_percentiles, --metric-percentiles)
 _PERCENTILE_KEY = re.compile(r"p[0-9.]+_(ttft|tpot|itl|e2el)_ms")
 SCHEDLAB_KEYS = ["backend", "policy", "k", "overlap", "tensor_parallel_size", "model", "hardware",
@@ -128,6 +132,9 @@ def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
             row["request_goodput"] = result.get("request_goodput:")
     else:
         row.update({k: ext.get(k) for k in SCHEDLAB_KEYS})
+        row.update({k: result[k] for k in SCHEDULING_KEYS if k in result})
+        if isinstance(ext.get("classes"), dict):
+            row.update(class_columns(ext["classes"]))
         if row["overlap"] is None:  # older results keep it only among the policy's settings
             row["overlap"] = bool((ext.get("policy_settings") or {}).get("overlap", False))
         if row["tensor_parallel_size"] is None:  # results from before the setting: one GPU

@@ -177,14 +177,16 @@ class PolicyChoice:
         self.max_model_len = model.max_model_len
         # Policies that size windows by time price them with the hardware profile's cost model,
         # on either backend (for the real engine: the profile of its GPU, e.g. hardware=h200_ops)
-        self.step_time_fn = None
+        # (and slowdown's service time alone)
+        self.step_time_fn = self.service_time_fn = None
         if cfg.get("hardware") is not None:
-            from simulator.cost_model import step_time_fn
+            from simulator.cost_model import service_time_fn, step_time_fn
             from simulator.hardware import HardwareSpec
 
             parallel = ParallelConfig.from_mapping(plain(cfg.get("parallel") or {}))
-            self.step_time_fn = step_time_fn(
-                model, HardwareSpec.from_dict(plain(cfg["hardware"]), parallel))
+            hardware = HardwareSpec.from_dict(plain(cfg["hardware"]), parallel)
+            self.step_time_fn = step_time_fn(model, hardware)
+            self.service_time_fn = service_time_fn(model, hardware)
 
     def new_scheduler(self, num_blocks: int) -> Scheduler:
         return make_scheduler(self.name, self.settings, self.scheduler, num_blocks,
@@ -196,6 +198,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     """Run one configuration and write result.json, requests.csv (, steps.csv) and summary.txt
     into run_dir. The summary is printed, or with ``sweep_label`` (a run of a sweep) one line
     named by it; either way run.log gets the summary."""
+    from experiments.scheduling_metrics import scheduling_metrics
     from experiments.metrics import (
         format_summary,
         result_settings,
@@ -261,6 +264,9 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     summary = summarize(requests, outcome.duration, percentiles=results.percentiles,
                         goodput=results.goodput, generated_texts=texts,
                         per_request=results.save_per_request)
+    scheduling = scheduling_metrics(requests, outcome.duration, choice.service_time_fn)
+    classes = scheduling.pop("classes", None)
+    summary.update(scheduling)
     trace = workload.get("kind") == "trace"
     result = {**save_result_metadata(
         backend=f"schedlab-{backend['name']}", model_id=model.name, tokenizer_id=tokenizer_id,
@@ -287,6 +293,8 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     }
     if results.goodput:
         extra["goodput_slo_ms"] = dict(results.goodput)
+    if classes:
+        extra["classes"] = classes
     if backend["name"] == "sim":
         extra["time_scale"] = time_scale
         extra["simulated_seconds"] = outcome.duration

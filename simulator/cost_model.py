@@ -316,3 +316,17 @@ def step_time_fn(model: ModelSpec, hw: HardwareSpec) -> StepTimeFn:
         return step_time(shape, model, hw)
 
     return first_step_time
+
+
+def service_time_fn(model: ModelSpec, hw: HardwareSpec):
+    """GPU seconds of a request served alone on an idle engine: its prompt in one prefill step,
+    then one decode step per further token at batch 1 (priced at the middle context; a decode
+    step's time is close to linear in its context). Slowdown's denominator."""
+    first = step_time_fn(model, hw)
+
+    def alone(req) -> float:
+        prefill = first(0, 0, 0, [(req.prompt_len, 0, True)])
+        mid = req.prompt_len + req.max_tokens // 2
+        return prefill + (req.max_tokens - 1) * first(1, mid, mid, ())
+
+    return alone

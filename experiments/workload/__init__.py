@@ -29,6 +29,7 @@ from experiments.workload.sharegpt import (
     sharegpt_prompt_token_ids,
     sharegpt_token_counts,
 )
+from experiments.workload.classes import assign_classes, read_classes
 from experiments.workload.spec import RequestSpec, to_request
 from experiments.workload.synthetic import SYNTHETIC_KEYS, random_token_ids, synthetic_lengths
 from experiments.workload.trace import TRACE_KEYS, TraceRequest, read_trace, read_trace_section
@@ -46,7 +47,7 @@ KINDS = ("sharegpt", "synthetic", "trace")
 
 # Keys each kind reads; anything else in the section is a typo or a leftover and is refused,
 # because a silently ignored knob gives a silently wrong experiment.
-_COMMON_KEYS = frozenset({"kind", "num_prompts", "seed", "max_concurrency"})
+_COMMON_KEYS = frozenset({"kind", "num_prompts", "seed", "max_concurrency", "classes"})
 _KEYS_BY_KIND = {
     "sharegpt": _COMMON_KEYS | ARRIVAL_KEYS | SHAREGPT_KEYS,
     "synthetic": _COMMON_KEYS | ARRIVAL_KEYS | SYNTHETIC_KEYS,
@@ -96,8 +97,10 @@ def build_workload(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
     if num_prompts is not None:
         check_run_fits(num_prompts, None, None, with_token_ids=with_ids)
 
+    classes = read_classes(cfg.get("classes"))
     sample = None
     hash_ids: list[tuple[int, ...] | None] | None = None
+    named = where = None  # a trace's slo_class column
     if kind == "trace":
         trace = read_trace_section(cfg, num_prompts, with_token_ids=with_ids)
         arrivals = [r.arrival_time for r in trace]
@@ -105,6 +108,13 @@ def build_workload(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
         output_lens = [r.output_len for r in trace]
         if any(r.hash_ids is not None for r in trace):
             hash_ids = [r.hash_ids for r in trace]
+        if any(r.slo_class is not None for r in trace):
+            if classes is None:
+                first = next(r for r in trace if r.slo_class is not None)
+                raise ValueError(f"{cfg.get('trace_path')}:{first.line}: the trace names SLO "
+                                 "classes (slo_class) but workload.classes defines none")
+            named = [r.slo_class for r in trace]
+            where = [f"{cfg.get('trace_path')}:{r.line}" for r in trace]
         del trace
     else:
         assert num_prompts is not None
@@ -138,6 +148,8 @@ def build_workload(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
     if vocab_size is not None:
         token_ids = sample.prompt_token_ids(vocab_size) if sample is not None \
             else random_token_ids(prompt_lens, vocab_size, seed)
+    slo = None if classes is None else assign_classes(classes, len(arrivals), seed, named, where)
     return [RequestSpec(float(a), int(p), int(o), None if token_ids is None else token_ids[i],
-                        None if hash_ids is None else hash_ids[i])
+                        None if hash_ids is None else hash_ids[i],
+                        None if slo is None else slo[i])
             for i, (a, p, o) in enumerate(zip(arrivals, prompt_lens, output_lens, strict=True))]

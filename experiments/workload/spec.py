@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from experiments.workload.classes import SLOClass
 from policies.request import Request
 
 
@@ -18,6 +19,7 @@ class RequestSpec:
     # A Mooncake trace's block hashes: equal ids at the start of two prompts mark a shared
     # prefix (one id per block of the trace's block size), passed on to the Request.
     hash_ids: tuple[int, ...] | None = None
+    slo_class: SLOClass | None = None  # its priority and targets (workload.classes)
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.output_len < 1:
@@ -44,6 +46,12 @@ def to_request(spec: RequestSpec, request_id: int, with_token_ids: bool) -> Requ
                 f"request {request_id} carries no prompt token ids; "
                 f"build the workload with vocab_size set")
         token_ids = list(spec.prompt_token_ids)
+    c = spec.slo_class
+    if c is None:
+        return Request(request_id=request_id, arrival_time=spec.arrival_time,
+                       prompt_len=spec.prompt_len, max_tokens=spec.output_len,
+                       prompt_token_ids=token_ids, hash_ids=spec.hash_ids)
     return Request(request_id=request_id, arrival_time=spec.arrival_time,
                    prompt_len=spec.prompt_len, max_tokens=spec.output_len,
-                   prompt_token_ids=token_ids, hash_ids=spec.hash_ids)
+                   prompt_token_ids=token_ids, hash_ids=spec.hash_ids, priority=c.priority,
+                   slo_class=c.name, ttft_slo_ms=c.ttft_ms, tpot_slo_ms=c.tpot_ms)

@@ -33,6 +33,8 @@ class TraceRequest(NamedTuple):
     prompt_len: int
     output_len: int
     hash_ids: tuple[int, ...] | None = None
+    slo_class: str | None = None
+    line: int = 0
 
 
 def read_trace(path: str | os.PathLike[str], *, format: str = "csv",
@@ -66,7 +68,7 @@ def read_trace(path: str | os.PathLike[str], *, format: str = "csv",
     # In place: a large trace is not held twice.
     out: list[Any] = kept
     for i, (t, r) in enumerate(zip(times, kept, strict=True)):
-        out[i] = TraceRequest(t, r.prompt_len, r.output_len, r.hash_ids)
+        out[i] = TraceRequest(t, r.prompt_len, r.output_len, r.hash_ids, r.slo_class, r.line)
     return out
 
 

@@ -38,6 +38,7 @@ class TraceRow(NamedTuple):
     output_len: int
     line: int
     hash_ids: tuple[int, ...] | None = None
+    slo_class: str | None = None  # the optional slo_class column (workload.classes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +77,11 @@ class TraceFormat:
 
 # --------------------------------------------------------------------------- CSV formats
 
-def _csv_fields(path: str, fmt: str, columns: Sequence[str]
+def _csv_fields(path: str, fmt: str, columns: Sequence[str], optional: Sequence[str] = ()
                 ) -> Iterator[tuple[int, Any]]:
-    """(line, the fields of ``columns``) per non-blank row of a CSV trace; the header, the
-    encoding and each row's field count checked."""
+    """(line, the fields of ``columns``, then of ``optional`` ones: None where the header lacks
+    them) per non-blank row of a CSV trace; the header, the encoding and each row's field count
+    checked."""
     try:
         # utf-8-sig drops the byte-order mark that spreadsheet exports put before the header.
         with open(path, newline="", encoding="utf-8-sig") as f:
@@ -90,6 +92,7 @@ def _csv_fields(path: str, fmt: str, columns: Sequence[str]
             header = [h.strip() for h in header]
             _check_text(header, path, 1)
             fields = operator.itemgetter(*_header_columns(header, path, fmt, columns))
+            extra = [header.index(c) if c in header else None for c in optional]
             width = len(header)
             for row in reader:
                 line = reader.line_num
@@ -100,7 +103,11 @@ def _csv_fields(path: str, fmt: str, columns: Sequence[str]
                     _check_text(row, path, line)
                 if len(row) != width:
                     raise ValueError(f"{path}:{line}: expected {width} fields, got {len(row)}")
-                yield line, fields(row)
+                if optional:
+                    yield line, (*fields(row), *(None if j is None else row[j].strip() or None
+                                                 for j in extra))
+                else:
+                    yield line, fields(row)
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not a UTF-8 text file (byte 0x{e.object[e.start]:02x} "
                          f"cannot be decoded); a trace is a CSV file") from None
@@ -181,7 +188,7 @@ def _row_with_failures(arrival: float, prompt: str, output: str, names: tuple[st
 
 
 def _read_csv(path: str, flt: RowFilter, counts: RowCounts) -> Iterator[TraceRow]:
-    for line, (t, p, o) in _csv_fields(path, "csv", CSV_COLUMNS):
+    for line, (t, p, o, slo_class) in _csv_fields(path, "csv", CSV_COLUMNS, ("slo_class",)):
         counts.rows += 1
         arrival = _number(t, path, line, "arrival_time", integer=False)
         prompt_len = _number(p, path, line, "prompt_len", integer=True)
@@ -189,7 +196,7 @@ def _read_csv(path: str, flt: RowFilter, counts: RowCounts) -> Iterator[TraceRow
         if arrival < 0:
             raise ValueError(f"{path}:{line}: arrival_time must be >= 0, got {arrival}")
         _check_lengths(prompt_len, output_len, path, line, ("prompt_len", "output_len"))
-        yield TraceRow(arrival, int(prompt_len), int(output_len), line)
+        yield TraceRow(arrival, int(prompt_len), int(output_len), line, None, slo_class)
 
 
 # "2023-11-16 18:15:46.6805900" (2023: no zone, 7 fractional digits) or
@@ -323,7 +330,11 @@ def _mooncake_row(raw: bytes, path: str, line: int) -> TraceRow:
                              f"{int(prompt_len)}; a Mooncake request has one per "
                              f"{MOONCAKE_BLOCK_SIZE}-token block of its prompt ({blocks})")
         hash_ids = tuple(hash_ids)
-    return TraceRow(float(arrival), int(prompt_len), int(output_len), line, hash_ids)
+    slo_class = record.get("slo_class")
+    if slo_class is not None and not isinstance(slo_class, str):
+        raise ValueError(f"{path}:{line}: slo_class must be a class name (text), got "
+                         f"{type(slo_class).__name__}")
+    return TraceRow(float(arrival), int(prompt_len), int(output_len), line, hash_ids, slo_class)
 
 
 def _json_number(record: dict[str, Any], key: str, path: str, line: int, *, integer: bool

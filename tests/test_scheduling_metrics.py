@@ -1,0 +1,97 @@
+"""SLO classes (drawn by share or named by a trace) and the metrics a scheduling policy is judged
+by: per-class goodput and tails, slowdown, Jain's fairness, the longest queueing delay; in
+result.json and the aggregate table."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+from experiments.aggregate import aggregate
+from experiments.run import CONF_DIR, run
+from experiments.scheduling_metrics import jain_index
+from experiments.workload import build_workload
+
+CLASSES = {"hi": {"share": 0.25, "priority": 0, "ttft_ms": 300.0, "tpot_ms": 60.0},
+           "lo": {"share": 0.75, "priority": 2}}
+SYNTH = {"kind": "synthetic", "num_prompts": 400, "seed": 5, "request_rate": 20.0,
+         "lengths": {"dist": "fixed", "prompt_len": 64, "output_len": 16}}
+
+
+def test_classes_are_drawn_by_share_without_moving_the_workload():
+    plain = build_workload(SYNTH)
+    drawn = build_workload({**SYNTH, "classes": CLASSES})
+    assert [(s.arrival_time, s.prompt_len) for s in plain] == \
+        [(s.arrival_time, s.prompt_len) for s in drawn]
+    names = [s.slo_class.name for s in drawn]
+    assert names == [s.slo_class.name for s in build_workload({**SYNTH, "classes": CLASSES})]
+    assert 0.18 < names.count("hi") / len(names) < 0.32
+    hi = next(s.slo_class for s in drawn if s.slo_class.name == "hi")
+    assert (hi.priority, hi.ttft_ms, hi.tpot_ms) == (0, 300.0, 60.0)
+
+
+def test_a_trace_names_each_request_class(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_time,prompt_len,output_len,slo_class\n0,10,5,lo\n1,10,5,hi\n2,10,5,\n")
+    specs = build_workload({"kind": "trace", "trace_path": str(path), "classes": CLASSES})
+    assert [s.slo_class.name for s in specs][:2] == ["lo", "hi"]  # the third is drawn
+    path.write_text("arrival_time,prompt_len,output_len,slo_class\n0,10,5,lo\n1,10,5,gold\n")
+    with pytest.raises(ValueError) as err:
+        build_workload({"kind": "trace", "trace_path": str(path), "classes": CLASSES})
+    assert str(err.value) == f"{path}:3: slo_class 'gold' is not one of workload.classes (hi, lo)"
+    with pytest.raises(ValueError, match=r"t.csv:2: the trace names SLO classes \(slo_class\) "
+                                         "but workload.classes defines none"):
+        build_workload({"kind": "trace", "trace_path": str(path)})
+
+
+@pytest.mark.parametrize(("classes", "message"), [
+    ({"hi": {"share": 1, "prio": 0}}, "workload.classes.hi has no setting 'prio'"),
+    ({"hi": {"share": -1}}, "workload.classes.hi.share must be >= 0"),
+    ({"hi": {"share": 1, "ttft_ms": 0}}, "workload.classes.hi.ttft_ms must be > 0"),
+    ({"hi": {"share": 0}}, "workload.classes: the shares sum to 0"),
+    ([1, 2], "workload.classes must map class names"),
+])
+def test_bad_classes_are_one_line_errors(classes, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        build_workload({**SYNTH, "classes": classes})
+
+
+def test_jain_index():
+    assert jain_index([2.0, 2.0, 2.0]) == pytest.approx(1.0)
+    assert jain_index([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
+
+
+def _run(tmp_path, *overrides):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose("config", overrides=["workload=synthetic", "progress=false", *overrides])
+    return run(cfg, tmp_path)
+
+
+def test_a_request_alone_has_slowdown_one(tmp_path):
+    result = _run(tmp_path, "workload.num_prompts=1", "overhead=none", "hardware=h200")
+    assert result["mean_slowdown"] == pytest.approx(1.0, abs=0.02)
+    assert result["jain_fairness_slowdown"] == pytest.approx(1.0)
+    assert result["max_queueing_delay_ms"] == 0.0
+
+
+def test_classes_reach_result_json_and_the_aggregate(tmp_path):
+    classes = ("workload.classes={hi: {share: 0.3, priority: 0, ttft_ms: 200}, "
+               "lo: {share: 0.7, priority: 1, ttft_ms: 200}}")
+    result = _run(tmp_path / "run", "policy=priority", "workload.num_prompts=200", classes,
+                  "workload.request_rate=inf")
+    per = result["schedlab"]["classes"]
+    assert set(per) == {"hi", "lo"} and per["hi"]["num_requests"] + per["lo"]["num_requests"] == 200
+    # priority serves the high class first: more of it meets the same TTFT target
+    assert per["hi"]["slo_attainment"] > per["lo"]["slo_attainment"]
+    assert per["hi"]["median_ttft_ms"] < per["lo"]["median_ttft_ms"]
+    for m in ("ttft", "tpot", "e2el"):
+        assert per["hi"][f"median_{m}_ms"] <= per["hi"][f"p90_{m}_ms"] <= per["hi"][f"p99_{m}_ms"]
+    saved = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert saved["max_queueing_delay_ms"] > 0 and saved["p90_ttft_ms"] > 0
+    table = aggregate(tmp_path)
+    assert isinstance(table, pd.DataFrame)
+    assert table.loc[0, "hi.request_goodput"] == pytest.approx(per["hi"]["request_goodput"])
+    assert table.loc[0, "mean_slowdown"] == pytest.approx(result["mean_slowdown"])
