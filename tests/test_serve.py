@@ -181,6 +181,19 @@ def test_bad_requests_get_openai_errors(server, body, param):
     assert err["message"]
 
 
+def test_without_max_tokens_a_request_gets_what_the_kv_cache_holds(server):
+    """The docs' CPU example: 64 blocks of 16 under multi_step k=4 hold 1020 tokens of prompt
+    and output (not model.max_model_len's 4096, which the scheduler refused)."""
+    with server.http.stream("POST", "/v1/completions", json={
+            "prompt": [1, 2, 3], "ignore_eos": True, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break
+    m = wait_for(server, lambda m: m["schedlab_num_requests_running"] == 0)  # aborted
+    assert m["schedlab_kv_cache_free_blocks"] == BLOCKS
+
+
 def test_a_named_chat_message_is_refused(server):
     # Llama-3's chat template has no place for a name: refused, not served without it
     messages = [{"role": "user", "content": "Hi!", "name": "ada"}]

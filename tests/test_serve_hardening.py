@@ -277,7 +277,7 @@ def test_a_client_gone_mid_body_is_one_line_in_the_log(caplog):
              "server": ("127.0.0.1", 8000), "headers": [(b"host", b"127.0.0.1")]}
     asyncio.run(app(scope, receive, send))  # before: ClientDisconnect, raised
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 1 and "disconnected before sending the whole body" in lines[0]
+    assert len(lines) == 1 and "closed before the whole body arrived" in lines[0]
     no_traceback(caplog)
 
 

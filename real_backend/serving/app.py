@@ -234,12 +234,13 @@ def _data(obj: dict[str, Any]) -> str:
 
 
 async def _body(request: Request) -> bytes:
-    """The request's body; a client gone before sending it all is one line in the log."""
+    """The request's body; a connection that ends before it is all in (the client left, or
+    server.request_timeout_s passed) is one line in the log."""
     try:
         return await request.body()
     except ClientDisconnect:
         client = request.client
-        log.warning("%s %s: the client disconnected before sending the whole body",
+        log.warning("%s %s: the connection closed before the whole body arrived",
                     f"{client.host}:{client.port}" if client else "a client", request.url.path)
         raise APIError("the client disconnected", 499, "client_closed_request") from None
 
