@@ -88,15 +88,18 @@ LONG_WRITE_REQUESTS = 10_000
 # The run's lines for its run.log (Hydra's job log); the console gets them from print. Its
 # handlers are Hydra's file handlers, attached by the app for each job (log_to_run_log).
 _RUN_LOG = logging.getLogger("schedlab.run")
-_RUN_LOG.propagate = False
 
 
 def log_to_run_log() -> None:
     """Send say()'s lines to the file handlers Hydra's job logging gave the root logger (the
-    run's run.log); none (hydra/job_logging=disabled): no log."""
+    run's run.log) and nowhere else; none (hydra/job_logging=disabled): no log."""
     _RUN_LOG.handlers = [h for h in logging.getLogger().handlers
                          if isinstance(h, logging.FileHandler)]
     _RUN_LOG.setLevel(logging.INFO)
+    # Set for each job, not at import: a joblib worker gets the app by value (it is __main__
+    # there) and its logger by name, a fresh one that would also pass every line to the root
+    # logger's console and file handlers (each run's line printed two or three times).
+    _RUN_LOG.propagate = False
 
 
 def say(text: str, *, console: bool = True, error: bool = False) -> None:

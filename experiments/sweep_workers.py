@@ -1,5 +1,5 @@
-"""A joblib sweep's worker processes stop when the sweep process is gone (killed), instead of
-running its remaining jobs for no one."""
+"""A sweep's jobs: a joblib sweep's worker processes stop when the sweep process is gone
+(killed), instead of running its remaining jobs for no one; and no job's config outlives it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,7 +21,8 @@ _watching = False
 
 
 class SweepWorkersCallback(Callback):
-    """Marks a joblib sweep's environment before its workers start."""
+    """Marks a joblib sweep's environment before its workers start, and empties each job's
+    return of its configs when it ends."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if "joblib" not in str(OmegaConf.select(config, "hydra.launcher._target_", default="")):
@@ -31,6 +33,14 @@ class SweepWorkersCallback(Callback):
         quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
         os.environ["PYTHONWARNINGS"] = ",".join(
             filter(None, [os.environ.get("PYTHONWARNINGS"), quiet]))
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        # Hydra's sweeper keeps every job's return until the sweep ends, each with two deep
+        # copies of the job's config (~0.2 MB): a 500-job sweep grew by 100 MB for nothing.
+        # Nothing reads them after the job (the table is built from result.json files), and a
+        # joblib or submitit worker no longer pickles them back.
+        job_return.cfg = None
+        job_return.hydra_cfg = None
 
 
 def stop_with_sweep() -> None:
