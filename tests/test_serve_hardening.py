@@ -130,9 +130,9 @@ def test_a_declared_length_over_the_limit_is_refused_unread():
     app = make_app()
     sent, reads = [], []
 
-    async def receive():
+    async def receive():  # (an app that reads it gets a short body, not 100 MB)
         reads.append(1)
-        return {"type": "http.request", "body": b"{}", "more_body": True}
+        return {"type": "http.request", "body": b"{}", "more_body": False}
 
     async def send(message):
         sent.append(message)
