@@ -24,7 +24,7 @@ SUMMARY_KEYS = ["completed", "duration", "total_input_tokens", "total_output_tok
 LATENCY_KEYS = [f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
                 for stat in ("mean", "median", "std", "p99")]
 # experiments/scheduling_metrics.py's run-wide metrics; per SLO class: "<class>.<metric>" columns
-SCHEDULING_KEYS = ["max_queueing_delay_ms", "mean_slowdown", "p99_slowdown",
+SCHEDULING_KEYS = ["class_goodput", "max_queueing_delay_ms", "mean_slowdown", "p99_slowdown",
                    "jain_fairness_slowdown"]
 # percentiles chosen beyond p99 (metrics.metric_percentiles, --metric-percentiles)
 _PERCENTILE_KEY = re.compile(r"p[0-9.]+_(ttft|tpot|itl|e2el)_ms")

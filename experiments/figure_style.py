@@ -5,17 +5,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from experiments.files import atomic_path
 from experiments.labels import HUMAN_NAMES
 
 # Colours are the policy's everywhere (tab10 in this order), so figures can be read side by side.
-POLICY_COLOURS = {p: f"C{i}" for i, p in enumerate(HUMAN_NAMES["policy"])}
-EXTRA_COLOURS = ("C7", "C8", "C9", "black", "olive", "navy")  # policies not named above
+# the ten of matplotlib's cycle, then colours apart from them for the policies past ten
+_PALETTE = [f"C{i}" for i in range(10)] + ["black", "saddlebrown", "darkkhaki", "teal", "navy"]
+POLICY_COLOURS = {p: _PALETTE[i % len(_PALETTE)] for i, p in enumerate(HUMAN_NAMES["policy"])}
+EXTRA_COLOURS = ("olive", "magenta", "lime", "gold", "cyan", "pink")  # policies not named above
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h")  # one per GPU (steps) or per k / load
 # overlap off: solid line, filled marker; on: dashed line, open marker (a point alone has no line)
 OVERLAP_STYLES = {False: "-", True: "--"}
@@ -75,3 +80,21 @@ def figure_legend(fig: Figure, groups: list[list[tuple[Any, str]]], note: str,
     else:
         spare.axis("off")
         spare.legend(handles, labels, loc="center", **style)
+
+
+def save(fig: Figure, out: Path, stem: str) -> list[Path]:
+    """PNG and SVG, each written to a temporary file first so no half figure is left behind;
+    drawing one table twice gives the same files."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    try:
+        for ext in ("png", "svg"):
+            path = out / f"{stem}.{ext}"
+            # no date and fixed element ids: the same figure gives the same SVG file
+            with atomic_path(path) as tmp, plt.rc_context({"svg.hashsalt": "schedlab"}):
+                fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight",
+                            metadata={"Date": None} if ext == "svg" else None)
+            paths.append(path)
+    finally:
+        plt.close(fig)
+    return paths

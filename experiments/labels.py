@@ -12,7 +12,9 @@ from typing import Any
 HUMAN_NAMES: dict[str, dict[str, str]] = {
     "policy": {"multi_step": "multi-step", "cp1": "CP1", "cp2": "CP2",
                "single_step": "single-step", "chunked_prefill": "chunked prefill",
-               "cp_promote": "CP-promote", "adaptive": "adaptive"},
+               "cp_promote": "CP-promote", "adaptive": "adaptive", "priority": "priority",
+               "sjf": "SJF", "edf": "EDF", "sarathi": "Sarathi-Serve", "mlfq": "MLFQ (FastServe)",
+               "slo_adaptive": "SLO-adaptive k"},
     "hardware": {"h100_sxm": "H100 SXM", "h200": "H200", "a100_80g": "A100 80GB", "a10g": "A10G",
                  "cpu": "CPU", "h200_calibrated": "H200 (calibrated)",
                  "h200_ops": "H200 (operator tables)", "NVIDIA H200": "H200",

@@ -39,8 +39,9 @@ from experiments.figure_style import (  # noqa: E402
     overlap_on,
     policy_colours,
     policy_order,
+    save,
 )
-from experiments.files import atomic_path  # noqa: E402
+from experiments.plot_policies import plot_policies  # noqa: E402
 from experiments.labels import (  # noqa: E402
     human,
     metric_label,
@@ -54,24 +55,6 @@ DEFAULT_TABLE = "multirun/steps_sweep/aggregate.csv"
 # Series of one panel are shifted sideways by this much (in octaves of k) one from the next, so
 # that equal values (cp1 and cp2 at k=1 are one policy) stay visible side by side.
 DODGE_OCTAVES = 0.05
-
-
-def save(fig: Figure, out: Path, stem: str) -> list[Path]:
-    """PNG and SVG, each written to a temporary file first so no half figure is left behind;
-    drawing one table twice gives the same files."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    try:
-        for ext in ("png", "svg"):
-            path = out / f"{stem}.{ext}"
-            # no date and fixed element ids: the same figure gives the same SVG file
-            with atomic_path(path) as tmp, plt.rc_context({"svg.hashsalt": "schedlab"}):
-                fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight",
-                            metadata={"Date": None} if ext == "svg" else None)
-            paths.append(path)
-    finally:
-        plt.close(fig)
-    return paths
 
 
 def _groups(df: pd.DataFrame, keys: list[str]) -> Iterator[tuple[dict, pd.DataFrame]]:
@@ -523,7 +506,7 @@ def plot_table(table: str | os.PathLike, out: str | os.PathLike | None = None) -
     out = Path(out) if out else table.parent / "figures"
     if "metric" in df and "predicted" in df:
         return plot_validation(df, out)
-    made = plot_steps(df, out) + plot_rates(df, out)
+    made = plot_steps(df, out) + plot_rates(df, out) + plot_policies(df, out)
     if not made:
         raise ValueError(f"{table}: nothing to plot (need >= 2 values of k or of request_rate)")
     return made

@@ -72,6 +72,8 @@ def scheduling_metrics(requests: Sequence[Request], duration: float,
         classes[name] = row
     if classes:
         out["classes"] = classes
+        # every request against its own class's targets: the goodput a policy sweep compares
+        out["class_goodput"] = sum(c["request_goodput"] for c in classes.values())
     return out
 
 

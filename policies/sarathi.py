@@ -4,8 +4,8 @@ Every window holds all running decodes first (never stalled behind a prefill), t
 chunks, continuing ones first, as ``chunked_prefill`` does; but the chunk sizes come from a time
 budget rather than a fixed token count: each chunk is the largest that keeps the window's step
 within ``tpot_slo_ms`` by the run's cost model (the hardware profile's), the way Sarathi-Serve
-sizes its token budget from profiling against its TBT SLO. ``scheduler.max_num_batched_tokens``
-still caps the tokens. Simplification: the budget is priced per window from the batch at hand
+sizes its token budget from profiling against its TBT SLO: no other token budget applies unless
+``scheduler.max_num_batched_tokens`` is set. Simplification: the budget is priced per window from the batch at hand
 (Sarathi-Serve fixes one budget offline from the worst case); a window of decodes alone that is
 over the target is not split.
 """
@@ -30,6 +30,10 @@ class Sarathi(Policy):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_number("policy.tpot_slo_ms", self.tpot_slo_ms, positive=True)
+
+    def window_budget(self, sched):
+        tokens = sched.config.max_num_batched_tokens or sched.max_model_len
+        return tokens, sched.config.max_num_seqs
 
     def chunk_size(self, req, num_new, budget, sched):
         return largest_chunk(sched, req, num_new, budget, self.tpot_slo_ms / 1e3)

@@ -95,3 +95,36 @@ def test_classes_reach_result_json_and_the_aggregate(tmp_path):
     assert isinstance(table, pd.DataFrame)
     assert table.loc[0, "hi.request_goodput"] == pytest.approx(per["hi"]["request_goodput"])
     assert table.loc[0, "mean_slowdown"] == pytest.approx(result["mean_slowdown"])
+
+
+def test_the_policy_sweep_figures(tmp_path):
+    """Goodput and p99 TTFT versus rate, a line per policy, and the TTFT CDF at the second
+    highest rate from each run's requests.csv."""
+    from experiments.plot_policies import plot_policies, policy_figures
+
+    rows = []
+    for policy in ("single_step", "sjf"):
+        for rate in (10.0, 20.0, 30.0):
+            run_dir = tmp_path / f"{policy}_{rate:g}"
+            run_dir.mkdir()
+            pd.DataFrame({"ttft": [0.01 * rate, 0.02 * rate]}).to_csv(run_dir / "requests.csv")
+            rows.append({"policy": policy, "request_rate": rate, "class_goodput": rate * 0.9,
+                         "p99_ttft_ms": rate * 10, "run_dir": str(run_dir), "model": "llama3_8b"})
+    df = pd.DataFrame(rows)
+    stems = [stem for stem, _ in policy_figures(df)]
+    assert stems == ["goodput_vs_rate", "p99_ttft_vs_rate", "ttft_cdf_rate20"]
+    made = plot_policies(df, tmp_path / "figures")
+    assert len(made) == 6 and all(p.stat().st_size > 0 for p in made)
+    assert list(policy_figures(df[df["policy"] == "sjf"])) == []  # one policy: nothing to compare
+
+
+def test_the_policy_sweep_composes_every_policy_and_rate():
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose("config", overrides=["+experiment=policy_sweep"], return_hydra_config=True)
+    params = cfg.hydra.sweeper.params
+    assert set(params["policy"].split(",")) == {
+        "single_step", "chunked_prefill", "priority", "sjf", "edf", "sarathi", "mlfq",
+        "slo_adaptive"}
+    assert [float(r) for r in params["workload.request_rate"].split(",")] == [28, 42, 56, 70, 84]
+    assert set(cfg.workload.classes) == {"interactive", "standard", "batch"}
+    assert cfg.hardware.name == "h200_calibrated"

@@ -104,3 +104,23 @@ def test_a_policy_from_outside_schedlab_runs_on_both_backends(tmp_path):
     assert real == windows("short_prompt_first", params, None, real=False)
     first = [w for w in real if w[3]][0]  # the first prefill window: short prompts, one long
     assert first[3] > 1
+
+
+def test_validate_policies_predicts_a_measured_run_from_its_config(tmp_path):
+    """benchmarks/policy_suite.py's run layout (config.json beside result.json) scored by
+    experiments.validate_policies: every metric of the table, predicted from the config."""
+    import sys
+
+    from experiments.validate import run_one
+    from experiments.validate_policies import main
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from policy_suite import overrides
+
+    run_one(overrides("priority", "inf", 6, smoke=True), tmp_path / "runs" / "priority_rateinf")
+    df = main([str(tmp_path / "runs"), "--hardware", "cpu", "--overhead", "none",
+               "--sim-repeats", "1", "--out", str(tmp_path / "out")])
+    assert set(df["metric"]) == {"request_throughput", "median_ttft_ms", "median_tpot_ms",
+                                 "p90_ttft_ms", "p90_tpot_ms", "slo_attainment"}
+    assert (df["run"] == "priority_rateinf").all() and (df["policy"] == "priority").all()
+    assert "cells within target" in (tmp_path / "out" / "policies.md").read_text()
