@@ -16,7 +16,17 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.paths import conf_dir
-from experiments.run_dir import CONTROL_KEYS, STAMP_KEY, config_stamp, finished
+from experiments.run_dir import (
+    CONTROL_KEYS,
+    MANIFEST,
+    STAMP_KEY,
+    RunDirError,
+    check_inputs_outside,
+    config_stamp,
+    finished,
+    record,
+    remove_recorded,
+)
 from experiments.sweep_workers import stop_with_sweep
 from policies import ModelSpec, Scheduler, SchedulerConfig, make_policy, make_scheduler
 from policies.base import Policy, check_int, check_number, check_settings
@@ -53,8 +63,8 @@ def check_sim_settings(cfg: Mapping[str, Any], backend: Mapping[str, Any]) -> No
     _check_bool("backend.stream_per_step", backend.get("stream_per_step", False))
     if backend.get("num_blocks") is not None:
         check_int("backend.num_blocks", backend["num_blocks"], 1)
-    # types only: the simulator checks the ranges (simulate: time_scale; memory: utilization)
-    check_number("backend.time_scale", backend.get("time_scale", 1.0))
+    # the utilization's range is checked with the KV cache's size (simulator/memory.py)
+    check_number("backend.time_scale", backend.get("time_scale", 1.0), positive=True)
     check_number("gpu_memory_utilization", cfg.get("gpu_memory_utilization", 0.9))
 
 
@@ -200,15 +210,20 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         sweep_label: str | None = None) -> dict[str, Any]:
     """Run one configuration and write result.json, requests.csv (, steps.csv) and summary.txt
     into run_dir. The summary is printed, or with ``sweep_label`` (a run of a sweep) one line
-    named by it; either way run.log gets the summary."""
-    from experiments.scheduling_metrics import scheduling_metrics
+    named by it; either way run.log gets the summary.
+
+    Every setting is checked, and every input read, before run_dir is touched; then a previous
+    run's result files go, if schedlab wrote them there (run_dir's manifest lists them): a file
+    of that name it did not write, or an input the run would overwrite, is refused."""
     from experiments.metrics import (
+        RESULT_FILES,
         format_summary,
         result_settings,
         save_result_metadata,
         summarize,
         write_results,
     )
+    from experiments.scheduling_metrics import scheduling_metrics
     from experiments.workload import build_workload, load_tokenizer, max_concurrency, to_request
     from experiments.workload.settings import get_float
 
@@ -237,28 +252,46 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
 
     time_scale = float(backend.get("time_scale", 1.0))  # the simulator's
     progress = bool(cfg.get("progress", True))
-    wall0 = time.perf_counter()
+    settings = {k: v for k, v in backend.items() if k != "name"}
     if backend["name"] == "sim":
-        from simulator.engine import simulate
         from simulator.hardware import HardwareSpec
+        from simulator.memory import blocks_per_engine
         from simulator.overhead import OverheadSpec
 
         hardware = HardwareSpec.from_dict(plain(cfg["hardware"]), parallel)
-        outcome = simulate(requests, choice.new_scheduler, model, hardware,
-                           OverheadSpec.from_dict(plain(cfg["overhead"])),
+        overhead = OverheadSpec.from_dict(plain(cfg["overhead"]))
+        num_blocks = backend.get("num_blocks")
+        if num_blocks is None:  # sized now: a model too big for the GPU is refused here
+            num_blocks = blocks_per_engine(
+                model, hardware, block_size=choice.scheduler.block_size,
+                gpu_memory_utilization=float(cfg["gpu_memory_utilization"]))
+    elif backend["name"] == "real":
+        from real_backend.config import BackendConfig
+        from real_backend.engine import check_overlap_backend
+
+        check_overlap_backend(choice.new_scheduler(1), BackendConfig.from_mapping(settings))
+    else:
+        raise ValueError(f"backend.name must be sim or real, got {backend['name']!r}")
+    # Every setting is checked: now the run directory (a run of a sweep: a job directory)
+    setting = "hydra.run.dir" if sweep_label is None else "hydra.sweep.dir"
+    check_inputs_outside(cfg, run_dir, (*RESULT_FILES, MANIFEST), setting)
+    remove_recorded(run_dir, RESULT_FILES, setting)
+
+    wall0 = time.perf_counter()
+    if backend["name"] == "sim":
+        from simulator.engine import simulate
+
+        outcome = simulate(requests, choice.new_scheduler, model, hardware, overhead,
                            block_size=choice.scheduler.block_size,
                            gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
                            stream_per_step=bool(backend.get("stream_per_step", False)),
-                           num_blocks=backend.get("num_blocks"),
+                           num_blocks=num_blocks,
                            time_scale=time_scale, max_concurrency=limit, progress=progress)
-    elif backend["name"] == "real":
+    else:
         from real_backend.engine import run_real
 
-        settings = {k: v for k, v in backend.items() if k != "name"}
         outcome = run_real(requests, choice.new_scheduler, model, settings, max_concurrency=limit,
                            progress=progress, parallel=parallel)
-    else:
-        raise ValueError(f"backend.name must be sim or real, got {backend['name']!r}")
     wall = time.perf_counter() - wall0
 
     if len(requests) >= LONG_WRITE_REQUESTS:
@@ -309,6 +342,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
                           shown=results.shown)
     write_results(run_dir, result, requests, extra, steps=getattr(outcome, "steps", None),
                   summary_text=text)
+    record(run_dir, [name for name in RESULT_FILES if (run_dir / name).is_file()])
     if sweep_label is None:
         say(text)
         say(f"results: {run_dir}{os.sep} ({', '.join(_written(run_dir))})")
@@ -330,8 +364,6 @@ def _app(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from experiments.metrics import clear_results
-
     stop_with_sweep()
     log_to_run_log()
     warnings.formatwarning = one_line_warning
@@ -344,11 +376,10 @@ def _app(cfg: DictConfig) -> None:
         say(f"skipping {run_dir}: result.json of this configuration exists")
         return
     try:
-        # Hydra has written this run's .hydra files already; a previous run's results go now,
-        # so a failure or a kill below never leaves them beside this run's config.
-        clear_results(run_dir)
+        # Hydra has written this run's .hydra files already; run() checks every setting before
+        # it removes a previous run's results (a typo keeps them), then the run starts.
         run(cfg, run_dir, sweep_label=sweep_label)
-    except (ValueError, OSError, TypeError) as err:  # bad settings or input: one line
+    except (ValueError, OSError, TypeError, RunDirError) as err:  # bad settings, input: one line
         # TypeError: a setting of the wrong type (e.g. a word where a number goes)
         what = "a setting has the wrong type: " if isinstance(err, TypeError) else ""
         line = f"error: {what}{err}"

@@ -1,5 +1,6 @@
-"""A run directory's life: unique by default, made and locked before Hydra writes into it, and
-finished only when its result carries the stamp of the config now asked for."""
+"""A run directory's life: unique by default, named safely, made and locked before Hydra writes
+into it, finished only when its result carries the stamp of the config now asked for, and
+cleared of nothing but the files schedlab recorded writing there (its manifest)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from experiments.files import write_text_atomic
 
 # Settings that change how a run is driven, never its result. They name no run directory
 # (conf/config.yaml lists them in override_dirname.exclude_keys, a test checks it) and are left
@@ -32,13 +36,38 @@ if not OmegaConf.has_resolver("pid"):
     OmegaConf.register_new_resolver("pid", os.getpid, use_cache=True)
 
 
+# A sweep job's directory name: its overrides as written (policy.num_steps=4,policy=cp1), with
+# any other character than these made "_" (a "/" would make "..": a way out of the sweep dir).
+_DIRNAME_CHARS = re.compile(r"[^A-Za-z0-9._,=+@:%\[\]{}-]")
+MAX_DIRNAME = 200  # characters; file systems allow 255 bytes
+
+
+def safe_dirname(overrides: str) -> str:
+    """``${safe_dirname:${hydra.job.override_dirname}}`` in conf/config.yaml: one path component
+    that stays inside the sweep dir. Ordinary overrides keep their name; a changed or shortened
+    one ends in a digest of the original, so two runs never share a directory."""
+    name = _DIRNAME_CHARS.sub("_", overrides)
+    if name in (".", ".."):
+        name = name.replace(".", "_")
+    if name != overrides or len(name) > MAX_DIRNAME:
+        digest = hashlib.sha256(overrides.encode()).hexdigest()[:10]
+        name = f"{name[:MAX_DIRNAME - len(digest) - 1]}-{digest}"
+    return name
+
+
+if not OmegaConf.has_resolver("safe_dirname"):
+    OmegaConf.register_new_resolver("safe_dirname", safe_dirname)
+
+
 class RunDirError(Exception):
-    """A run directory that cannot be made, written or locked; the message is one line."""
+    """A run directory that cannot be made, written, locked or cleared; the message is one line."""
 
 
 def claim(path: str | os.PathLike[str], setting: str = "hydra.run.dir") -> Path:
     """Make ``path`` and hold its lock until release() or exit; a directory another run holds,
     a file in its place, or one this process cannot write, is a RunDirError naming it."""
+    if not str(path).strip():  # Path("") is the current directory
+        raise RunDirError(f"{setting} is empty; give a directory ({setting}=DIR)")
     path = Path(path).absolute()
     if path in _held:
         return path
@@ -87,8 +116,7 @@ def _claim_or_exit(config: DictConfig, setting: str) -> None:
         if setting == "hydra.sweep.dir":
             # A sweep that fails or is interrupted never reaches the aggregate callback: the
             # tables of an earlier sweep into this directory go now, so none is left stale.
-            for name in ("aggregate.csv", "aggregate.parquet"):
-                (path / name).unlink(missing_ok=True)
+            remove_recorded(path, AGGREGATE_FILES, setting)
     except (RunDirError, IsADirectoryError) as err:
         # Hydra turns a callback's exception into a warning; only an exit stops the run.
         print(f"error: {err}", file=sys.stderr)
@@ -108,7 +136,12 @@ class RunDirCallback(Callback):
         _claim_or_exit(config, "hydra.sweep.dir")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        release(str(config.hydra.sweep.dir))
+        # Hydra ends callbacks in reverse order: the aggregate callback has written its tables
+        path = Path(str(config.hydra.sweep.dir))
+        try:
+            record(path, [n for n in AGGREGATE_FILES if (path / n).is_file()])
+        finally:
+            release(path)
 
 
 def config_stamp(cfg: Mapping[str, Any]) -> str:
@@ -128,3 +161,99 @@ def finished(run_dir: str | os.PathLike[str], stamp: str) -> bool:
         return False
     ext = result.get("schedlab") if isinstance(result, dict) else None
     return isinstance(ext, dict) and ext.get(STAMP_KEY) == stamp
+
+
+# ---------------------------------------------------------------------------------------------
+# The manifest: what schedlab wrote in a directory, so that only those files are ever removed
+# ---------------------------------------------------------------------------------------------
+
+MANIFEST = ".schedlab-manifest.json"
+AGGREGATE_FILES = ("aggregate.csv", "aggregate.parquet")  # a sweep dir's tables
+
+
+def _fingerprint(path: Path) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def _recorded(directory: Path) -> dict[str, Any]:
+    try:
+        files = json.loads((directory / MANIFEST).read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return {}  # none, unreadable or not ours: nothing in the directory counts as ours
+    return files if isinstance(files, dict) else {}
+
+
+def record(directory: str | os.PathLike[str], names: Iterable[str]) -> None:
+    """List ``names``, files schedlab has just written in ``directory``, in its manifest (size
+    and sha256), beside the entries of its other files that are still there."""
+    directory = Path(directory)
+    files = {n: e for n, e in _recorded(directory).items() if (directory / n).is_file()}
+    files.update({n: _fingerprint(directory / n) for n in names})
+    if files:
+        write_text_atomic(directory / MANIFEST, json.dumps({"files": files}, indent=1) + "\n")
+    else:
+        (directory / MANIFEST).unlink(missing_ok=True)
+
+
+def unrecorded(directory: str | os.PathLike[str], names: Iterable[str]) -> list[str]:
+    """Those of ``names`` present in ``directory`` that its manifest does not list, or that
+    changed since: files schedlab did not write there, never to be removed or replaced."""
+    directory = Path(directory)
+    files = _recorded(directory)
+    present = [n for n in names if (directory / n).exists() or (directory / n).is_symlink()]
+    return [n for n in present if (directory / n).is_symlink() or not (directory / n).is_file()
+            or files.get(n) != _fingerprint(directory / n)]
+
+
+def remove_recorded(directory: str | os.PathLike[str], names: Sequence[str],
+                    setting: str) -> None:
+    """Remove a previous run's ``names`` from ``directory`` (in their order), if schedlab wrote
+    every one of them there; one it did not (or that changed since) is a RunDirError naming it,
+    before anything is removed."""
+    directory = Path(directory)
+    foreign = unrecorded(directory, names)
+    if foreign:
+        them = "it" if len(foreign) == 1 else "them"
+        raise RunDirError(f"{directory} holds {', '.join(foreign)}, which schedlab did not write "
+                          f"there or which changed since ({MANIFEST} lists what it wrote); "
+                          f"move {them} away or choose another {setting}")
+    for name in names:
+        (directory / name).unlink(missing_ok=True)
+    record(directory, [])
+
+
+def check_inputs_outside(cfg: Any, directory: str | os.PathLike[str], names: Iterable[str],
+                         setting: str) -> None:
+    """Refuse (RunDirError) a run whose input (any file a setting names, a trace or arrivals
+    file) is one of the files ``names`` it writes into ``directory``: it would replace it."""
+    directory = Path(directory)
+    targets = {}
+    for name in names:
+        try:
+            st = (directory / name).stat()
+        except OSError:
+            continue
+        targets[(st.st_dev, st.st_ino)] = name
+
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(node, list | tuple):
+            for i, v in enumerate(node):
+                walk(v, f"{key}[{i}]")
+        elif isinstance(node, str | os.PathLike) and targets:
+            try:
+                st = os.stat(node)
+            except (OSError, ValueError):
+                return
+            name = targets.get((st.st_dev, st.st_ino))
+            if name is not None:
+                raise RunDirError(f"{key}={node} is {directory / name}, a file this run writes; "
+                                  f"choose another {setting} (or move the input)")
+
+    walk(OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg, "")

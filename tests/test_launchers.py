@@ -105,3 +105,18 @@ def test_every_experiment_takes_every_launcher():
                     continue
             assert cfg.hydra.launcher._target_.endswith(cls), (name, launcher)
     assert not refused, "\n".join(refused)
+
+
+def test_a_joblib_sweep_prints_and_logs_each_run_once(tmp_path):
+    """A joblib worker's copy of the run's logger passed each line on to the root logger's
+    console and file handlers too: each run's line was printed two or three times."""
+    sweep = tmp_path / "sweep"
+    p = _sweep(ROOT, *SWEEP[:3], "policy.num_steps=1,2", "progress=false", "model=tiny",
+               "hardware=cpu", "overhead=none", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+               f"hydra.sweep.dir={sweep}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = [line for line in p.stdout.splitlines() if "req/s" in line]
+    assert len(lines) == 2 and not any("[schedlab.run]" in line for line in lines), p.stdout
+    assert "Serving Benchmark Result" not in p.stdout  # each summary is in its run.log only
+    for log in sweep.glob("*/run.log"):
+        assert log.read_text().count("Serving Benchmark Result") == 1
