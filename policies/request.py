@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from policies.sampling_params import SamplingParams
+
 
 class RequestState(enum.Enum):
     WAITING = "waiting"
@@ -52,6 +54,9 @@ class Request:
     # Queueing: since when the request waits (None while admitted), and its longest wait so far
     waiting_since: float | None = None
     max_wait: float = 0.0
+    # Its own sampling settings (the HTTP server's per-request temperature, top_p, top_k,
+    # seed); None: the backend's sampling, as every offline run's request
+    sampling: SamplingParams | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_token_ids is not None:

@@ -16,8 +16,8 @@ import torch
 from policies.step_sizes import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS
 from real_backend.attention import AttentionMetadata, DecodeMetadata, PrefillMetadata
 from real_backend.ops import PAD_SLOT_ID
-from real_backend.sampling import TokenMap
-from real_backend.window_inputs import DecodeInputs, FlatInputs, HostPlan
+from real_backend.sampling import RowSampling, TokenMap
+from real_backend.window_inputs import DecodeInputs, FlatInputs, HostPlan, SamplingRows
 
 
 @dataclass(slots=True)
@@ -79,6 +79,7 @@ class WindowPlan:
     gathers: dict[int, torch.Tensor] = field(default_factory=dict)  # step -> rows of last samples
     keep: list[torch.Tensor] = field(default_factory=list)  # pinned sources of queued copies
     map_writes: list[torch.Tensor] = field(default_factory=list)  # step -> map rows of its samples
+    sampling: list[RowSampling] = field(default_factory=list)  # step -> rows' own settings
 
 
 class DeviceInputs:
@@ -124,7 +125,30 @@ class DeviceInputs:
             plan.decode_loads[j] = self._decode_load(d, plan)
         for j, rows in host.gathers.items():
             plan.gathers[j] = self.to_device(rows, plan.keep)
+        built: dict[int, RowSampling] = {}
+        for rows in host.sampling:
+            if id(rows) not in built:
+                built[id(rows)] = self._row_sampling(rows, plan)
+            plan.sampling.append(built[id(rows)])
         return plan
+
+    def _row_sampling(self, h: SamplingRows, plan: WindowPlan) -> RowSampling:
+        greedy = h.temperature == 0
+        sampled = ~greedy
+        seeded = np.zeros(len(greedy), dtype=bool)
+        seeded[h.seeded] = True
+        dev = self.to_device
+        return RowSampling(
+            dev(greedy, plan.keep), dev(np.where(greedy, 1.0, h.temperature).astype(np.float32),
+                                        plan.keep),
+            dev(h.top_k, plan.keep),
+            dev(np.where(h.top_p < 1.0, h.top_p, 2.0).astype(np.float32), plan.keep),
+            dev(h.seeded, plan.keep), dev(h.keys, plan.keep), dev(h.positions, plan.keep),
+            h.first_step, all_greedy=bool(greedy.all()),
+            any_top_k=bool((sampled & (h.top_k > 0)).any()),
+            any_top_p=bool((sampled & (h.top_p < 1.0)).any()),
+            any_unseeded=bool((sampled & ~seeded).any()),
+            all_seeded=len(h.seeded) == len(greedy))
 
     def _decode_load(self, d: DecodeInputs, plan: WindowPlan) -> Callable[[], None]:
         """Copies ``d`` into the decode buffers when run (window_inputs.DecodeInputs)."""

@@ -35,7 +35,7 @@ from real_backend.model import (
     forward_piecewise,
 )
 from real_backend.ops import PAD_SLOT_ID
-from real_backend.sampling import TokenMap, sample
+from real_backend.sampling import TokenMap, sample, sample_rows
 from real_backend.window_inputs import HostPlan, PlanSizes, plan_window
 
 
@@ -251,7 +251,8 @@ class ModelRunner:
                 timers[j][0].record()
             t_launch = perf_counter()
             logits = self._first_step(plan) if j == 0 else self._next_step(plan, j, sampled)
-            sampled = sample(logits, self.cfg.sampling, self.generator)
+            sampled = (sample_rows(logits, plan.sampling[j], j, self.generator)
+                       if plan.sampling else sample(logits, self.cfg.sampling, self.generator))
             if plan.map_writes:
                 self.token_map.write(plan.map_writes[j], sampled)
             if timers:
@@ -343,7 +344,8 @@ class ModelRunner:
             lambda n: (self.graphs.padded_size(n) if self.graphs.graphs else None) or n,
             (lambda t, s: prefill_graph_key(t, s, pre)) if pre else None,
             (lambda t: piecewise_graph_size(t, pieces)) if pieces else None)
-        return plan_window(batch, sizes, self.token_map.rows if overlap else None)
+        return plan_window(batch, sizes, self.token_map.rows if overlap else None,
+                           self.cfg.sampling)
 
     @staticmethod
     def _per_seq(batch: Batch, plan: WindowPlan, ids: list[list[int]]) -> list[list[int]]:

@@ -1,44 +1,20 @@
-"""Token sampling on the device: greedy, temperature, top-k and top-p, seeded, with no host sync;
-the device-side map of each request's newest token that overlap scheduling reads inputs from."""
+"""Token sampling on the device, with no host sync: one setting for a whole batch (``sample``,
+every offline run), or each row its own (``sample_rows``: the server's per-request temperature,
+top-k, top-p and seed); the device-side map of each request's newest token that overlap
+scheduling reads inputs from."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from policies.base import check_int, check_number, check_settings
 from policies.request import Request, RequestState
+from policies.sampling_params import SamplingParams
 
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    temperature: float = 0.0  # 0: greedy (benchmark_serving's setting)
-    top_k: int = -1  # -1: whole vocabulary
-    top_p: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"backend.sampling.temperature must be >= 0, got {self.temperature}")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"backend.sampling.top_k must be -1 or >= 1, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"backend.sampling.top_p must be in (0, 1], got {self.top_p}")
-
-    @classmethod
-    def from_mapping(cls, d: Mapping[str, Any] | None) -> SamplingParams:
-        d = dict(d or {})
-        check_settings("backend.sampling", d, ("temperature", "top_k", "top_p"))
-        # checked, never cast: top_k=2.5 must not run as 2, nor temperature=nan as anything
-        return cls(float(check_number("backend.sampling.temperature", d.get("temperature", 0.0))),
-                   check_int("backend.sampling.top_k", d.get("top_k", -1), -1),
-                   float(check_number("backend.sampling.top_p", d.get("top_p", 1.0))))
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+__all__ = ["RowSampling", "SamplingParams", "TokenMap", "sample", "sample_rows", "seed_key",
+           "seeded_noise"]
 
 
 def sample(logits: torch.Tensor, params: SamplingParams,
@@ -61,6 +37,100 @@ def sample(logits: torch.Tensor, params: SamplingParams,
     # Gumbel-max in its exponential form: argmax(p / E), E ~ Exp(1), samples from p with no sync.
     noise = torch.empty_like(probs).exponential_(generator=generator)
     return (probs / noise).argmax(dim=-1)
+
+
+# Seeded sampling: a counter-based hash of (the request's seed, the token's position, the
+# vocabulary id) gives each candidate its Exp(1) noise, so a seeded request's samples depend on
+# nothing else: not on the rows beside it, the window's k, overlap, a preemption or a CUDA graph
+# (no generator state to carry between steps or to capture). Plain int64 tensor ops, the same on
+# the CPU and the GPU: 32-bit values multiplied in 16-bit halves never overflow int64.
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """x * c mod 2^32 for x in [0, 2^32)."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche hash (Wellons' lowbias32), bijective on [0, 2^32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def seed_key(seed: int) -> int:
+    """A request's 64-bit seed (negative ones too) as the hash's 32-bit key (splitmix64)."""
+    m = (1 << 64) - 1
+    z = (seed + 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return (z ^ (z >> 31)) & _M32
+
+
+def seeded_noise(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Exp(1) noise [n, vocab] (fp32) of n rows, each a function of (key, position) alone."""
+    row = _mix32(keys ^ _mix32(positions & _M32))
+    ids = _mul32(torch.arange(vocab, dtype=torch.int64, device=keys.device), 0x9E3779B9)
+    h = _mix32(row[:, None] ^ ids[None, :])
+    u = ((h >> 8).to(torch.float32) + 0.5) * 2.0 ** -24  # (0, 1), 24 bits: exact in fp32
+    return -torch.log(u)
+
+
+@dataclass(slots=True)
+class RowSampling:
+    """Each row's sampling settings for the steps that sample the same rows, on the device
+    (built from window_inputs.SamplingRows); the flags, known on the host, skip what no row
+    needs without a sync."""
+
+    greedy: torch.Tensor  # [n] bool
+    temperature: torch.Tensor  # [n] fp32 (1 on greedy rows)
+    top_k: torch.Tensor  # [n] int64, -1: whole vocabulary
+    top_p: torch.Tensor  # [n] fp32, 2 where there is no cut
+    seeded: torch.Tensor  # [s] int64 rows with a seed
+    keys: torch.Tensor  # [s] int64 their seed keys
+    positions: torch.Tensor  # [s] int64 the position each samples at the rows' first step
+    first_step: int  # the step ``positions`` count from
+    all_greedy: bool
+    any_top_k: bool
+    any_top_p: bool
+    any_unseeded: bool  # a sampled row without a seed: noise from the engine's generator
+    all_seeded: bool
+
+
+def sample_rows(logits: torch.Tensor, rows: RowSampling, step: int,
+                generator: torch.Generator | None) -> torch.Tensor:
+    """Token ids [N] from fp32 logits [N, vocab], each row with its own settings (``sample``'s
+    rules per row: temperature, then top-k, then top-p over what top-k kept)."""
+    greedy_ids = logits.argmax(dim=-1)
+    if rows.all_greedy:
+        return greedy_ids
+    vocab = logits.shape[-1]
+    x = logits / rows.temperature[:, None]
+    if rows.any_top_k or rows.any_top_p:
+        sorted_x, order = x.sort(dim=-1, descending=True)
+        if rows.any_top_k:
+            k = torch.where(rows.top_k > 0, rows.top_k.clamp(max=vocab), vocab)
+            kth = sorted_x.gather(1, (k - 1)[:, None])
+            x = x.masked_fill(x < kth, float("-inf"))
+            sorted_x = sorted_x.masked_fill(sorted_x < kth, float("-inf"))
+        if rows.any_top_p:
+            p = sorted_x.softmax(dim=-1)
+            # Drop a token once the mass before it already reaches top_p; the first always stays.
+            drop = p.cumsum(dim=-1) - p >= rows.top_p[:, None]
+            x = torch.empty_like(x).scatter_(-1, order, sorted_x.masked_fill(drop, float("-inf")))
+    probs = x.softmax(dim=-1)
+    positions = rows.positions + (step - rows.first_step)
+    if rows.all_seeded:
+        noise = seeded_noise(rows.keys, positions, vocab)
+    else:
+        noise = (torch.empty_like(probs).exponential_(generator=generator) if rows.any_unseeded
+                 else torch.ones_like(probs))
+        if rows.seeded.numel():
+            noise.index_copy_(0, rows.seeded, seeded_noise(rows.keys, positions, vocab))
+    return torch.where(rows.greedy, greedy_ids, (probs / noise).argmax(dim=-1))
 
 
 class TokenMap:

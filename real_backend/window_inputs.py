@@ -1,5 +1,6 @@
 """A window's inputs as host arrays (``HostPlan``): which rows sample at each step, step 1's flat
-prefill + decode batch or its decode rows, later steps' decode state, overlap's token-map rows.
+prefill + decode batch or its decode rows, later steps' decode state, overlap's token-map rows,
+and each row's own sampling settings where a request has them.
 Built from the scheduler's batch on rank 0; with tensor parallelism it is the compact window
 description rank 0 broadcasts, and every rank turns it into device inputs (runner.py)."""
 
@@ -13,7 +14,9 @@ import numpy as np
 
 from policies.batch import Batch, ScheduledSeq
 from policies.request import Request
+from policies.sampling_params import SamplingParams
 from real_backend.ops import PAD_SLOT_ID
+from real_backend.sampling import seed_key
 
 
 @dataclass(slots=True)
@@ -53,6 +56,20 @@ class DecodeInputs:
 
 
 @dataclass(slots=True)
+class SamplingRows:
+    """Each sample row's settings, for the steps that sample the same rows (from
+    ``first_step`` on): the request's own, else the backend's (sampling.RowSampling)."""
+
+    first_step: int
+    temperature: np.ndarray  # [n] float32, 0: greedy
+    top_k: np.ndarray  # [n] int64, -1: whole vocabulary
+    top_p: np.ndarray  # [n] float32
+    seeded: np.ndarray  # [s] int64: rows with a seed
+    keys: np.ndarray  # [s] int64: their seed keys (sampling.seed_key)
+    positions: np.ndarray  # [s] int64: the position each samples at first_step
+
+
+@dataclass(slots=True)
 class HostPlan:
     """Everything the device needs of a window, as host arrays (picklable, compact)."""
 
@@ -65,6 +82,9 @@ class HostPlan:
     gathers: dict[int, np.ndarray] = field(default_factory=dict)  # step -> rows of last samples
     map_rows: list[int] | None = None  # overlap: each sequence's token-map row
     map_writes: list[np.ndarray] = field(default_factory=list)  # step -> map rows of its samples
+    # step -> its rows' own sampling settings; empty when no request has its own (every offline
+    # run), and the whole window samples with the backend's setting
+    sampling: list[SamplingRows] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +98,10 @@ class PlanSizes:
 
 
 def plan_window(batch: Batch, sizes: PlanSizes,
-                map_rows: Callable[[list[Request]], list[int]] | None = None) -> HostPlan:
-    """The window's host inputs; ``map_rows`` (overlap) gives each request's token-map row."""
+                map_rows: Callable[[list[Request]], list[int]] | None = None,
+                sampling: SamplingParams | None = None) -> HostPlan:
+    """The window's host inputs; ``map_rows`` (overlap) gives each request's token-map row;
+    ``sampling``: the backend's, for the rows of requests without their own."""
     seqs = batch.seqs
     multi = [i for i, s in enumerate(seqs) if s.num_query_tokens > 1]
     single = [i for i, s in enumerate(seqs) if s.num_query_tokens == 1]
@@ -113,7 +135,26 @@ def plan_window(batch: Batch, sizes: PlanSizes,
         if rows != loaded:
             plan.decode[j] = decode_inputs(seqs, rows, j, sizes)
             loaded = rows
+    if any(s.request.sampling is not None for s in seqs):
+        for j, rows in enumerate(step_rows):
+            plan.sampling.append(plan.sampling[-1] if j and rows == step_rows[j - 1]
+                                 else sampling_rows(seqs, rows, j, sampling or SamplingParams()))
     return plan
+
+
+def sampling_rows(seqs: list[ScheduledSeq], rows: list[int], step: int,
+                  default: SamplingParams) -> SamplingRows:
+    params = [seqs[i].request.sampling or default for i in rows]
+    seeded = [r for r, p in enumerate(params) if p.seed is not None and not p.greedy]
+    return SamplingRows(
+        step, np.array([p.temperature for p in params], dtype=np.float32),
+        np.array([p.top_k for p in params], dtype=np.int64),
+        np.array([p.top_p for p in params], dtype=np.float32),
+        np.array(seeded, dtype=np.int64),
+        np.array([seed_key(params[r].seed) for r in seeded], dtype=np.int64),
+        # the token sampled at step j sits at position cached + query + j
+        np.array([seqs[rows[r]].num_cached_tokens + seqs[rows[r]].num_query_tokens + step
+                  for r in seeded], dtype=np.int64))
 
 
 def decode_inputs(seqs: list[ScheduledSeq], rows: list[int], step: int, sizes: PlanSizes,
