@@ -28,9 +28,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import scipy
-import yaml
 
-from experiments.files import atomic_path, write_text_atomic
+from experiments.files import atomic_path
 from experiments.fit import (
     FIT_KEYS,
     STEP_KINDS,
@@ -53,7 +52,7 @@ from experiments.measure import (
     grid,
     profile,
 )
-from experiments.run import CONF_DIR
+from experiments.profiles import CONF_DIR, InputError, load_conf, write_yaml
 from policies import ModelSpec
 from simulator.hardware import HardwareSpec
 
@@ -101,21 +100,6 @@ def _two_paths(value: str) -> tuple[Path, Path]:
     if len(parts) != 2 or not all(Path(p).is_file() for p in parts):
         raise ValueError(f"--overlap-runs must be two steps.csv files, PLAIN,OVERLAP; got {value!r}")
     return Path(parts[0]), Path(parts[1])
-
-
-def write_yaml(path: Path, data: dict[str, Any], header: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
-    write_text_atomic(path, comment + yaml.safe_dump(data, sort_keys=False))
-
-
-def load_conf(group: str, name_or_path: str, conf_dir: str = CONF_DIR) -> dict[str, Any]:
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = Path(conf_dir) / group / f"{name_or_path}.yaml"
-    if not path.exists():
-        raise ValueError(f"{group} profile {name_or_path!r} not found ({path})")
-    return yaml.safe_load(path.read_text())
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -177,7 +161,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise SystemExit(2)
     if args.ops:
         from experiments import calibrate_ops
-        from experiments.validate import InputError
 
         args.name = args.name or "h200_ops"
         try:

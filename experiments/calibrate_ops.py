@@ -31,8 +31,7 @@ import scipy
 
 from experiments import leave_one_out as loo
 from experiments import model_runs
-from experiments.calibrate import write_yaml
-from experiments.validate import InputError, load_profile
+from experiments.profiles import InputError, load_profile, write_yaml
 from policies.step_sizes import DECODE_GRAPH_SIZES, PIECEWISE_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
 from simulator.op_tables import CONF_DIR as TABLES_ROOT  # where a relative op_tables points
 

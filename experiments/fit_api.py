@@ -52,8 +52,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from experiments.calibrate import load_conf
 from experiments.files import write_text_atomic
+from experiments.profiles import load_conf
 from experiments.run import CONF_DIR
 from simulator.overhead import OverheadSpec
 

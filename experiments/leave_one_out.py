@@ -60,10 +60,9 @@ from experiments.model_runs import (
     served_windows,
     window_gaps,
 )
+from experiments.profiles import InputError, load_profile
 from experiments.validate import (
-    InputError,
     _Parser,
-    load_profile,
     predict,
     run_one,
     sim_run_dirs,

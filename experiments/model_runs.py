@@ -14,7 +14,7 @@ import pandas as pd
 import yaml
 
 from experiments.measured import measured_from_dir
-from experiments.validate import InputError, load_conf
+from experiments.profiles import InputError, load_conf
 from policies import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -41,7 +41,6 @@ from experiments.figure_style import (  # noqa: E402
     policy_order,
     save,
 )
-from experiments.plot_policies import plot_policies  # noqa: E402
 from experiments.labels import (  # noqa: E402
     human,
     metric_label,
@@ -49,6 +48,7 @@ from experiments.labels import (  # noqa: E402
     rate_label,
     with_unit,
 )
+from experiments.plot_policies import plot_policies  # noqa: E402
 
 DEFAULT_TABLE = "multirun/steps_sweep/aggregate.csv"
 

@@ -12,44 +12,21 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pandas as pd
-import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from experiments.aggregate import row_of
-from experiments.calibrate import load_conf
 from experiments.files import write_text_atomic
 from experiments.measured import METRICS, average_repeats, checked_rate, known, measured_from_dir
+from experiments.profiles import InputError, load_profile, one_line
 from experiments.run import CONF_DIR, run
 from policies.base import POLICIES as POLICY_CLASSES
 
 # (policy, k): the grid of the validation issue
 POLICIES = [("single_step", None), ("multi_step", 1), ("multi_step", 2), ("multi_step", 4),
             ("multi_step", 8), ("multi_step", 16), ("cp1", 8), ("cp2", 8)]
-
-
-class InputError(SystemExit):
-    """A mistake in the settings or the input files: main() prints it as one line, exit code 2."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(2)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
-
-
-def one_line(err: BaseException | str) -> str:
-    """An error's message on one line (Hydra's and YAML's run over several, with the config
-    search path after the point)."""
-    lines = []
-    for line in str(err).splitlines():
-        if line.strip().startswith("Config search path"):
-            break
-        lines.append(line.strip())
-    return " ".join(line for line in lines if line)
 
 
 def replay_overrides(overrides: list[str], trace: str) -> list[str]:
@@ -304,25 +281,6 @@ def _policy_grid(text: str) -> list[tuple[str, int | None]]:
         except argparse.ArgumentTypeError as err:
             raise argparse.ArgumentTypeError(f"{item!r}: the step count {err}") from None
     return grid
-
-
-def load_profile(group: str, name_or_path: str) -> dict[str, Any]:
-    """A hardware or overhead profile (a name in conf/ or a YAML file), checked in full."""
-    from simulator.hardware import HardwareSpec
-    from simulator.overhead import OverheadSpec
-
-    try:
-        conf = load_conf(group, name_or_path)
-    except (ValueError, OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        raise InputError(f"--{group} {name_or_path}: {one_line(err)}") from None
-    if not isinstance(conf, dict):
-        raise InputError(f"--{group} {name_or_path}: not a YAML profile (a mapping of "
-                         f"{group} settings, as in conf/{group}/)")
-    try:
-        (HardwareSpec if group == "hardware" else OverheadSpec).from_dict(dict(conf))
-    except (ValueError, TypeError) as err:
-        raise InputError(f"--{group} {name_or_path}: {one_line(err)}") from None
-    return conf
 
 
 def writable_dir(flag: str, path: str) -> Path:

@@ -17,10 +17,10 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.calibrate import load_conf
 from experiments.files import write_text_atomic
+from experiments.profiles import InputError, load_conf, one_line
 from experiments.run import run
-from experiments.validate import InputError, one_line, time_scales
+from experiments.validate import time_scales
 
 # metric -> (how the error is counted, target): relative errors in %, goodput in points of
 # SLO attainment (the share of requests meeting their class's targets)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from experiments.workload.arrivals import ARRIVAL_KEYS, arrival_times, trace_arrival_times
+from experiments.workload.classes import assign_classes, read_classes
 from experiments.workload.footprint import check_run_fits
 from experiments.workload.jsonstream import iter_json_array, read_record_at
 from experiments.workload.settings import get_float, get_int
@@ -29,7 +30,6 @@ from experiments.workload.sharegpt import (
     sharegpt_prompt_token_ids,
     sharegpt_token_counts,
 )
-from experiments.workload.classes import assign_classes, read_classes
 from experiments.workload.spec import RequestSpec, to_request
 from experiments.workload.synthetic import SYNTHETIC_KEYS, random_token_ids, synthetic_lengths
 from experiments.workload.trace import TRACE_KEYS, TraceRequest, read_trace, read_trace_section
