@@ -82,6 +82,24 @@ class WindowPlan:
     sampling: list[RowSampling] = field(default_factory=list)  # step -> rows' own settings
 
 
+def row_sampling(h: SamplingRows, dev: Callable[[np.ndarray], torch.Tensor]) -> RowSampling:
+    """``h`` on the device (``dev`` queues each array's copy), with the flags that let the
+    sampler skip what no row needs, read on the host."""
+    greedy = h.temperature == 0
+    sampled = ~greedy
+    seeded = np.zeros(len(greedy), dtype=bool)
+    seeded[h.seeded] = True
+    return RowSampling(
+        dev(greedy), dev(np.where(greedy, 1.0, h.temperature).astype(np.float32)),
+        dev(h.top_k), dev(np.where(h.top_p < 1.0, h.top_p, 2.0).astype(np.float32)),
+        dev(h.seeded), dev(h.keys), dev(h.positions), h.first_step,
+        all_greedy=bool(greedy.all()),
+        any_top_k=bool((sampled & (h.top_k > 0)).any()),
+        any_top_p=bool((sampled & (h.top_p < 1.0)).any()),
+        any_unseeded=bool((sampled & ~seeded).any()),
+        all_seeded=len(h.seeded) == len(greedy))
+
+
 class DeviceInputs:
     """The decode and prefill-graph buffers of one runner (``rows`` decode rows, block tables
     ``width`` blocks wide), and the device side of each window's inputs built into them; a
@@ -128,27 +146,9 @@ class DeviceInputs:
         built: dict[int, RowSampling] = {}
         for rows in host.sampling:
             if id(rows) not in built:
-                built[id(rows)] = self._row_sampling(rows, plan)
+                built[id(rows)] = row_sampling(rows, lambda a: self.to_device(a, plan.keep))
             plan.sampling.append(built[id(rows)])
         return plan
-
-    def _row_sampling(self, h: SamplingRows, plan: WindowPlan) -> RowSampling:
-        greedy = h.temperature == 0
-        sampled = ~greedy
-        seeded = np.zeros(len(greedy), dtype=bool)
-        seeded[h.seeded] = True
-        dev = self.to_device
-        return RowSampling(
-            dev(greedy, plan.keep), dev(np.where(greedy, 1.0, h.temperature).astype(np.float32),
-                                        plan.keep),
-            dev(h.top_k, plan.keep),
-            dev(np.where(h.top_p < 1.0, h.top_p, 2.0).astype(np.float32), plan.keep),
-            dev(h.seeded, plan.keep), dev(h.keys, plan.keep), dev(h.positions, plan.keep),
-            h.first_step, all_greedy=bool(greedy.all()),
-            any_top_k=bool((sampled & (h.top_k > 0)).any()),
-            any_top_p=bool((sampled & (h.top_p < 1.0)).any()),
-            any_unseeded=bool((sampled & ~seeded).any()),
-            all_seeded=len(h.seeded) == len(greedy))
 
     def _decode_load(self, d: DecodeInputs, plan: WindowPlan) -> Callable[[], None]:
         """Copies ``d`` into the decode buffers when run (window_inputs.DecodeInputs)."""
