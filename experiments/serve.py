@@ -9,6 +9,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Mapping
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from real_backend.serving.front_end import HTTPSettings
 
 SERVER_KEYS = ("host", "port", "allowed_hosts", "api_key", "max_body_bytes",
-               "request_timeout_s", "keep_alive_timeout_s", "max_connections")
+               "request_timeout_s", "keep_alive_timeout_s", "max_connections", "access_log")
 STEP_ROWS_KEPT = 100_000  # the newest windows' rows, written to steps.csv at shutdown
 
 
@@ -58,8 +59,11 @@ def check_server(cfg: Mapping[str, Any]) -> tuple[int, HTTPSettings]:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(f"server.{name} must be a number of seconds > 0, got {value!r}")
         timeouts[name] = float(value)
+    access_log = server.get("access_log", True)
+    if not isinstance(access_log, bool):
+        raise ValueError(f"server.access_log must be true or false, got {access_log!r}")
     settings = HTTPSettings(
-        host=host, allowed_hosts=tuple(hosts), api_key=key,
+        host=host, allowed_hosts=tuple(hosts), api_key=key, access_log=access_log,
         max_body_bytes=check_int("server.max_body_bytes", server.get("max_body_bytes"), 1),
         max_connections=check_int("server.max_connections", server.get("max_connections"), 1),
         **timeouts)
@@ -213,6 +217,7 @@ class Server:
         self.front_end_conn.close()  # the front end's copies are its own now
         self.socket.close()
         engine = threading.Thread(target=self._engine, name="engine", daemon=True)
+        started = time.monotonic()
         try:
             engine.start()
             while engine.is_alive():  # ends once the front end has closed the inbox or gone
@@ -222,17 +227,23 @@ class Server:
             for s, handler in old.items():
                 signal.signal(s, handler)
             self.conn.close()
+        code = 0
         if front_end.is_alive():
             print("error: the front end did not stop within 30 s", file=sys.stderr)
             front_end.kill()
-            return 1
+            code = 1
         # stopped by the signal passed on before it could take it (still starting): clean
         clean = signals["passed"] == 1 and front_end.exitcode == -signal.SIGTERM
-        if front_end.exitcode and not clean and not self.engine_error:
+        if code == 0 and front_end.exitcode and not clean and not self.engine_error:
             print(f"error: the front end exited with code {front_end.exitcode}",
                   file=sys.stderr)
-            return 1
-        return 1 if self.engine_error else 0
+            code = 1
+        code = code or (1 if self.engine_error else 0)
+        m = self.metrics
+        print(f"shut down after {time.monotonic() - started:.1f} s: "
+              f"{m.count('finished')} requests finished, {m.count('aborted')} aborted, "
+              f"{m.count('windows')} windows; exit {code}", flush=True)
+        return code
 
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="serve")

@@ -13,7 +13,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -37,9 +37,10 @@ from real_backend.serving.protocol import (
     usage,
     usage_chunk,
 )
-from real_backend.serving.tokenizer import Tokenizer
+from real_backend.serving.tokenizer import Detokenizer, StopStrings, Tokenizer
 
 log = logging.getLogger("uvicorn.error")
+access_log = logging.getLogger("schedlab.access")  # a line per request (front_end.py)
 
 
 def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
@@ -113,7 +114,7 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
         if req.model is not None and req.model != model.name:
             raise APIError(f"model {req.model!r} is not served here; this server serves "
                            f"{model.name!r}", param="model")
-        req.sampling_check(model.sampling)
+        sampling = req.sampling(model.sampling)
         n = len(prompt_ids)
         room = model.max_model_len - n
         if room < 1:
@@ -130,36 +131,42 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
             raise APIError(f"max_tokens {max_tokens} + the prompt's {n} tokens exceed "
                            f"model.max_model_len {model.max_model_len}", param="max_tokens")
         stop = None if req.ignore_eos else tokenizer.stop_id(chat)
-        engine_req = EngineRequest(next(ids), 0.0, n, max_tokens, prompt_ids, eos_token_id=stop)
+        engine_req = EngineRequest(next(ids), 0.0, n, max_tokens, prompt_ids, eos_token_id=stop,
+                                   sampling=sampling)
         metrics.received.inc()
         try:
             stream = engine.submit(engine_req)
         except RuntimeError as err:
             raise APIError(str(err), status=503, kind="service_unavailable") from None
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{engine_req.request_id}"
+        reply = Reply(rid, engine_req, tokenizer.detokenizer(stop),
+                      StopStrings(req.stop_strings()), engine.clock)
         done = False
         watcher = asyncio.create_task(_watch(http, stream))
         try:
             first = await stream.queue.get()
             if first.error:  # the scheduler's refusal, or the server's state
+                reply.finish = "error"
                 raise (APIError(first.error, 503, "service_unavailable") if first.unavailable
                        else APIError(first.error))
-            rid = f"{'chatcmpl' if chat else 'cmpl'}-{engine_req.request_id}"
             if req.stream:
                 done = True  # the stream's generator owns the request (and the watcher) now
-                return StreamingResponse(_sse(stream, watcher, req, rid, chat, stop),
+                return StreamingResponse(_sse(stream, watcher, req, reply, chat),
                                          media_type="text/event-stream")
             try:
-                text, finish, count = await _collect(stream, stop)
+                text = await _collect(stream, reply)
             finally:
                 watcher.cancel()
             done = True
-            body = completion_body(rid, model.name, chat, text, finish, usage(n, count),
-                                   chunk=False)
+            reply.log()
+            body = completion_body(rid, model.name, chat, text, reply.finish,
+                                   usage(n, reply.count), chunk=False)
             return JSONResponse(body)
         finally:
             if not done:  # refused, failed, the client gone, or the handler cancelled
                 watcher.cancel()
                 engine.abort(engine_req.request_id)
+                reply.log()
 
     async def _watch(http: Request, stream: Stream) -> None:
         """The client's hang-up, seen as it happens (not at the next write): the request is
@@ -169,53 +176,64 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
         engine.abort(stream.request.request_id)
         stream.queue.put_nowait(Event(error=GONE))
 
-    async def _collect(stream: Stream, stop: int | None) -> tuple[str, str, int]:
-        detok = tokenizer.detokenizer(stop)
-        parts, count = [], 0
+    def _take(stream: Stream, reply: Reply, ev: Event) -> str:
+        """``ev``'s text for the client; a stop sequence found in it ends the request in the
+        engine too (its KV blocks freed at the engine's next iteration)."""
+        text = reply.take(ev)
+        if reply.finish == "stop" and ev.finish is None:
+            engine.finish(stream.request.request_id)
+        return text
+
+    async def _collect(stream: Stream, reply: Reply) -> str:
+        parts = []
         while True:
             ev = await stream.queue.get()
             if ev.error is GONE:
+                reply.finish = "disconnected"
                 raise APIError("the client disconnected", 499, "client_closed_request")
-            _raise_engine_error(ev)
-            count += len(ev.token_ids)
-            parts.append(detok(ev.token_ids, final=ev.finish is not None))
-            if ev.finish:
-                return "".join(parts), ev.finish, count
+            if ev.error:
+                reply.finish = "error"
+                raise APIError(ev.error, 500, "server_error")
+            parts.append(_take(stream, reply, ev))
+            if reply.finish:
+                return "".join(parts)
 
-    async def _sse(stream: Stream, watcher: asyncio.Task, req: Any, rid: str, chat: bool,
-                   stop: int | None) -> AsyncIterator[str]:
-        detok = tokenizer.detokenizer(stop)
-        n = stream.request.prompt_len
-        count, first, finished = 0, True, False
+    async def _sse(stream: Stream, watcher: asyncio.Task, req: Any, reply: Reply,
+                   chat: bool) -> AsyncIterator[str]:
+        n, rid = stream.request.prompt_len, reply.rid
+        first, finished = True, False
         try:
             while True:
                 ev = await stream.queue.get()
                 if ev.error is GONE:  # aborted already; nobody to write to
+                    reply.finish = "disconnected"
                     finished = True
                     return
                 if ev.error:  # the engine failed mid-stream: OpenAI's error object, then stop
+                    reply.finish = "error"
                     yield _data(APIError(ev.error, 500, "server_error").body())
                     finished = True
                     return
-                count += len(ev.token_ids)
-                text = detok(ev.token_ids, final=ev.finish is not None)
-                use = usage(n, count) if req.continuous_usage else None
-                if text or ev.finish or first:
+                text = _take(stream, reply, ev)
+                use = usage(n, reply.count) if req.continuous_usage else None
+                if text or reply.finish or first:
                     if ev.token_ids:
                         metrics.sse_chunks.inc()
-                    yield _data(completion_body(rid, model.name, chat, text, ev.finish, use,
+                    yield _data(completion_body(rid, model.name, chat, text, reply.finish, use,
                                                 chunk=True, first=first))
                     first = False
-                if ev.finish:
+                if reply.finish:
                     break
             if req.include_usage:
-                yield _data(usage_chunk(rid, model.name, chat, usage(n, count)))
+                yield _data(usage_chunk(rid, model.name, chat, usage(n, reply.count)))
             yield "data: [DONE]\n\n"
             finished = True
         finally:
             watcher.cancel()
             if not finished:  # the generator was closed early (a write to a gone client)
                 engine.abort(stream.request.request_id)
+                reply.finish = reply.finish or "disconnected"
+            reply.log()
 
     return app
 
@@ -224,9 +242,54 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
 GONE = "the client disconnected"
 
 
-def _raise_engine_error(ev: Event) -> None:
-    if ev.error:
-        raise APIError(ev.error, 500, "server_error")
+class Reply:
+    """One request's reply as its tokens arrive: the text (detokenized, cut before a stop
+    sequence), the tokens counted, the finish reason, and its access-log line."""
+
+    def __init__(self, rid: str, request: EngineRequest, detok: Detokenizer, stops: StopStrings,
+                 clock: Callable[[], float]) -> None:
+        self.rid, self.request, self.detok, self.stops, self.clock = (rid, request, detok,
+                                                                        stops, clock)
+        self.count = 0  # output tokens (up to the one that completed a stop sequence)
+        self.finish: str | None = None
+        self.first_token: float | None = None  # on the engine clock
+        self._logged = False
+
+    def take(self, ev: Event) -> str:
+        """The text of ``ev``'s tokens that can be sent now; sets ``finish`` at the end."""
+        if self.first_token is None and ev.token_ids:
+            self.first_token = self.clock()
+        final = ev.finish is not None
+        if not self.stops.stops:
+            self.count += len(ev.token_ids)
+            self.finish = ev.finish
+            return self.detok(ev.token_ids, final=final)
+        parts = []
+        for i, token in enumerate(ev.token_ids):  # a token at a time: count up to the stop
+            self.count += 1
+            parts.append(self.stops.feed(self.detok((token,),
+                                                    final=final and i == len(ev.token_ids) - 1)))
+            if self.stops.stopped:
+                self.finish = "stop"
+                return "".join(parts)
+        if final:
+            if not ev.token_ids:
+                parts.append(self.stops.feed(self.detok((), final=True)))
+            if not self.stops.stopped:
+                parts.append(self.stops.flush())
+            self.finish = "stop" if self.stops.stopped else ev.finish
+        return "".join(parts)
+
+    def log(self) -> None:
+        """The access-log line: once per request that reached the engine."""
+        if self._logged:
+            return
+        self._logged = True
+        now, arrival = self.clock(), self.request.arrival_time
+        ttft = "-" if self.first_token is None else f"{self.first_token - arrival:.3f} s"
+        access_log.info("%s: prompt %d tokens, output %d tokens, TTFT %s, E2EL %.3f s, "
+                        "finish %s", self.rid, self.request.prompt_len, self.count, ttft,
+                        now - arrival, self.finish or "abort")
 
 
 def _data(obj: dict[str, Any]) -> str:

@@ -35,7 +35,8 @@ SHUTTING_DOWN = "the server is shutting down"
 class Event:
     """What one request's queue receives: ``accepted`` first (or ``error``, the scheduler's
     refusal), then its new tokens per window, the last with ``finish`` ("stop": the model's
-    stop token; "length": max_tokens; "abort": the server is shutting down)."""
+    stop token; "length": max_tokens; "abort": the server is shutting down). A stop sequence
+    is found by the front end, in the text (app.py)."""
 
     token_ids: tuple[int, ...] = ()
     finish: str | None = None
@@ -164,6 +165,12 @@ class EngineClient:
     def abort(self, request_id: int) -> None:
         if self._streams.pop(request_id, None) is not None:
             self._outbox.put(("abort", request_id))
+
+    def finish(self, request_id: int) -> None:
+        """The request's reply is complete (a stop sequence): the engine ends it as finished,
+        not aborted, and frees its KV blocks."""
+        if self._streams.pop(request_id, None) is not None:
+            self._outbox.put(("stop", request_id))
 
     async def engine_metrics(self) -> bytes:
         """The engine's Prometheus text (empty once it is closing, has failed, or does not

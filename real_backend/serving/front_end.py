@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import resource
 import signal
 import socket
@@ -54,6 +55,7 @@ class HTTPSettings:
     request_timeout_s: float = 30.0  # a request's headers and body, from their first byte
     keep_alive_timeout_s: float = 5.0  # an idle connection between requests
     max_connections: int = 4096
+    access_log: bool = True  # a line per request on stdout (id, tokens, TTFT, E2EL, finish)
 
 
 def error_response(status: int, message: str, kind: str) -> bytes:
@@ -167,6 +169,15 @@ def run_front_end(model: ServedModel, settings: HTTPSettings, banner: str, conn:
 
     # SIGINT is ignored here, as inherited from the engine process (experiments/serve.py),
     # which passes a terminal's Ctrl-C on as SIGTERM
+    access = logging.getLogger("schedlab.access")
+    access.propagate = False
+    if settings.access_log:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        access.addHandler(handler)
+        access.setLevel(logging.INFO)
+    else:
+        access.disabled = True
     client = EngineClient(conn)
     app = build_app(model, Tokenizer(model.tokenizer, model.vocab_size), client,
                     FrontEndMetrics(), settings)

@@ -2,7 +2,8 @@
 front-end process (real_backend/serving/engine_client.py holds the other end).
 
 Messages are tuples. The front end sends ``("add", Request)``, ``("abort", id)``,
-``("metrics", token)`` and ``("close",)``; the engine sends ``("ready", t0)`` once its loop
+``("stop", id)`` (its reply reached a stop sequence: ended as finished), ``("metrics", token)``
+and ``("close",)``; the engine sends ``("ready", t0)`` once its loop
 runs (the engine clock's origin, a ``time.perf_counter`` reading, which is the same clock in
 every process of the host), ``("events", [(id, token_ids, finish, error, accepted), ...])``
 once per loop iteration that has any, ``("metrics", token, text)`` and ``("fail", message)``.
@@ -49,6 +50,7 @@ class Inbox:
         self._gone = False  # the front end's end of the pipe is closed
         # requests in the scheduler that the front end waits on: output tokens sent so far
         self._sent: dict[int, int] = {}
+        self._requests: dict[int, Request] = {}  # the same requests
 
     # ---------------------------------------------------------------- the pipe
     def _send(self, message: tuple[Any, ...]) -> None:
@@ -93,6 +95,13 @@ class Inbox:
             elif kind == "abort":
                 if self._sent.pop(message[1], None) is not None:
                     self._abort(sched, message[1])
+                    del self._requests[message[1]]
+            elif kind == "stop":  # ended like an abort (overlap: a window in flight wastes
+                # its slots), counted as finished
+                if self._sent.pop(message[1], None) is not None:
+                    req = self._requests.pop(message[1])
+                    if sched.abort(message[1]):
+                        self.metrics.request_done(req)
             elif kind == "metrics":
                 self.metrics.sample(sched)
                 self._send(("metrics", message[1], self.metrics.text()))
@@ -101,6 +110,7 @@ class Inbox:
                     self._abort(sched, rid)
                     events.append((rid, (), "abort", None, False))
                 self._sent.clear()
+                self._requests.clear()
                 self._closed = True
         self._emit(events)
         self.metrics.sample(sched)
@@ -118,6 +128,7 @@ class Inbox:
         except ValueError as err:  # the scheduler's own admission checks
             return (rid, (), None, str(err), False)
         self._sent[rid] = 0
+        self._requests[rid] = req
         return (rid, (), None, None, True)
 
     def wait(self, sched: Scheduler, clock: Clock) -> None:
@@ -145,6 +156,7 @@ class Inbox:
                                and new[-1] == req.eos_token_id)
                     finish = "stop" if stopped else "length"
                     del streamed[rid]
+                    del self._requests[rid]
                 events.append((rid, new, finish, None, False))
                 if finish:
                     self.metrics.request_done(req)
@@ -156,4 +168,5 @@ class Inbox:
     def fail(self, message: str) -> None:
         """The engine loop died: the front end fails every request it waits on, and stops."""
         self._sent.clear()
+        self._requests.clear()
         self._send(("fail", message))

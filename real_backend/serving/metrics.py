@@ -92,6 +92,13 @@ class EngineMetrics:
     def text(self) -> bytes:
         return generate_latest(self.registry)
 
+    def count(self, name: str) -> int:
+        """A counter's total (``finished``, ``aborted``, ``windows``...)."""
+        value = self.registry.get_sample_value(f"schedlab_{name}_total")
+        if value is None:
+            value = self.registry.get_sample_value(f"schedlab_requests_{name}_total")
+        return int(value or 0)
+
 
 class FrontEndMetrics:
     """The front end's side: what it received and streamed, and the CPU time of its whole

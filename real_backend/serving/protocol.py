@@ -8,7 +8,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from real_backend.sampling import SamplingParams
+from policies.sampling_params import SamplingParams
+
+MAX_STOP_STRINGS = 4  # OpenAI's limit
 
 
 class APIError(Exception):
@@ -49,42 +51,51 @@ class _Common(BaseModel):
     model_config = STRICT
     model: str | None = None
     max_tokens: Count | None = None
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
     top_k: Int64 | None = None  # vLLM's extension; -1: whole vocabulary
     ignore_eos: bool = False  # vLLM's extension; benchmark clients set it
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: One = 1
     best_of: One | None = None
-    stop: None | Literal[""] | list[str] = None
+    stop: None | str | list[str] = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logprobs: bool | Int64 | None = None
     user: str | None = None
-    seed: Int64 | None = None  # absent or null only (sampling_check)
+    seed: Int64 | None = None  # a request's own: its samples depend on it and position alone
 
-    def sampling_check(self, served: SamplingParams) -> None:
-        """This engine samples every request with the server's ``backend.sampling``; a request
-        asking for other settings is refused, naming the setting."""
-        for name in ("temperature", "top_p", "top_k"):
-            value = getattr(self, name)
-            if value is not None and value != getattr(served, name):
-                raise APIError(f"{name}={value}: this server samples every request with "
-                               f"backend.sampling.{name}={getattr(served, name)} (start it with "
-                               f"another backend.sampling to change it)", param=name)
+    def sampling(self, served: SamplingParams) -> SamplingParams | None:
+        """The request's sampling: each of temperature, top_p and top_k it gives, else the
+        server's ``backend.sampling``, and its seed; None where that is the server's setting
+        unseeded (the engine then samples its row as it samples an offline run's). Settings
+        the engine does not implement are refused, naming the field."""
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise APIError(f"{name}: not supported (0 or absent only)", param=name)
         # `is`, not `in (None, False)`: 0 == False, and logprobs=0 asks for logprobs
         if not (self.logprobs is None or self.logprobs is False):
             raise APIError("logprobs: not supported", param="logprobs")
-        if self.stop:
-            raise APIError("stop: stop sequences are not supported", param="stop")
-        if self.seed is not None:
-            raise APIError(f"seed={self.seed}: not supported: every request samples from the "
-                           "server's one generator, seeded by backend.seed (absent or null only)",
-                           param="seed")
+        if self.top_k is not None and (self.top_k == 0 or self.top_k < -1):
+            raise APIError(f"top_k must be -1 (the whole vocabulary) or >= 1, got {self.top_k}",
+                           param="top_k")
+        self.stop_strings()
+        given = {name: getattr(self, name) for name in ("temperature", "top_p", "top_k")
+                 if getattr(self, name) is not None}
+        params = SamplingParams(**{"temperature": served.temperature, "top_k": served.top_k,
+                                   "top_p": served.top_p, **given}, seed=self.seed)
+        return None if params == served else params
+
+    def stop_strings(self) -> list[str]:
+        """The stop sequences (a string or a list of up to 4), checked: none may be empty."""
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stop) > MAX_STOP_STRINGS:
+            raise APIError(f"stop: at most {MAX_STOP_STRINGS} stop sequences, got {len(stop)}",
+                           param="stop")
+        if any(not s for s in stop):
+            raise APIError("stop: a stop sequence is empty", param="stop")
+        return stop
 
     @property
     def include_usage(self) -> bool:
@@ -165,7 +176,7 @@ def parse(model: type[BaseModel], body: bytes) -> Any:
 
 # the fields of several types, said in words (pydantic names the first type's failure only)
 UNIONS = {"prompt": "a string, a list of token ids, or a list of one of these",
-          "logprobs": "a boolean or an integer", "stop": '"" or a list of strings'}
+          "logprobs": "a boolean or an integer", "stop": "a string or a list of strings"}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -1,5 +1,5 @@
 """Text in and out of the served model: the Llama-3 tokenizer (quicktok), the Llama-3 chat
-template, and incremental detokenization of streamed ids."""
+template, incremental detokenization of streamed ids, and stop sequences found in that text."""
 
 from __future__ import annotations
 
@@ -93,3 +93,34 @@ class Detokenizer:
         if final:
             out.append(self.utf8.decode(b"", final=True))
         return "".join(out)
+
+
+class StopStrings:
+    """A reply's text as it streams, cut before the first stop sequence (OpenAI's and vLLM's
+    rule: the stop sequence itself is not returned). Text that may be the start of a stop
+    sequence is held back until the next piece says whether it is one."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self.stopped = False
+        self._held = ""
+
+    def feed(self, text: str) -> str:
+        """The text that can be sent now; once a stop sequence is found, the text before it
+        (``stopped`` is then True, and the rest of the reply is dropped)."""
+        if not self.stops or self.stopped:
+            return "" if self.stopped else text
+        text = self._held + text
+        cut = min((i for s in self.stops if (i := text.find(s)) >= 0), default=-1)
+        if cut >= 0:
+            self.stopped, self._held = True, ""
+            return text[:cut]
+        hold = next((n for n in range(min(len(text), max(map(len, self.stops)) - 1), 0, -1)
+                     if any(s.startswith(text[-n:]) for s in self.stops)), 0)
+        self._held = text[len(text) - hold:]
+        return text[:len(text) - hold]
+
+    def flush(self) -> str:
+        """The text held back, at the reply's end."""
+        held, self._held = self._held, ""
+        return held

@@ -1,0 +1,141 @@
+"""Per-request sampling and stop sequences on the HTTP server (the tiny CPU model, multi_step
+k=4): two seeded streams of different temperatures in one batch, each reproducible on its own;
+stop sequences cut the text and end the request in the engine; bad settings are 400s naming
+the field; each request's access-log line."""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from test_serve import BLOCKS, K, start, stop, stream, wait_for
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = start(tmp_path_factory.mktemp("serve_sampling"), "policy=multi_step",
+              f"policy.num_steps={K}")
+    yield s
+    stop(s)
+
+
+PROMPT = "Once upon a time"
+A = {"prompt": PROMPT, "max_tokens": 14, "ignore_eos": True, "temperature": 0.8, "seed": 1}
+B = {"prompt": "In a galaxy far away", "max_tokens": 11, "ignore_eos": True,
+     "temperature": 1.4, "top_k": 50, "top_p": 0.95, "seed": -7}
+HOT = {"prompt": "Other company", "max_tokens": 9, "ignore_eos": True, "temperature": 1.0}
+GREEDY = {"prompt": "More company", "max_tokens": 13, "ignore_eos": True}
+
+
+def text_of(events: list) -> str:
+    assert events[-1] == "[DONE]"
+    chunks = [e for e in events[:-1] if e["choices"]]
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop")
+    return "".join(c["choices"][0]["text"] for c in chunks)
+
+
+def together(server, *bodies: dict) -> list[str]:
+    """The bodies' streams sent at once: each text."""
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return [text_of(e) for e in pool.map(lambda b: stream(server, b), bodies)]
+
+
+def test_two_seeded_streams_in_one_batch_are_each_reproducible(server):
+    """A and B (different temperatures and seeds) streamed at once share windows; each gives
+    the text it gives alone, and again among other company (unseeded and greedy requests)."""
+    def windows() -> float:
+        return server.metrics()["schedlab_windows_total"]
+
+    w0 = windows()
+    both = together(server, A, B)
+    w1 = windows()
+    a_alone = text_of(stream(server, A))
+    w2 = windows()
+    b_alone = text_of(stream(server, B))
+    w3 = windows()
+    assert w1 - w0 < (w2 - w1) + (w3 - w2)  # they ran in the same windows
+    assert both == [a_alone, b_alone]
+    assert together(server, HOT, B, GREEDY, A)[3::-2] == [a_alone, b_alone]
+    assert a_alone != b_alone and a_alone != text_of(stream(server, {**A, "seed": 2}))
+    assert a_alone != text_of(stream(server, {**A, "temperature": 0.0}))
+
+
+def test_seeded_non_streaming_equals_streaming_and_unseeded_varies(server):
+    r = server.http.post("/v1/completions", json=A)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == text_of(stream(server, A))
+    hot = {**HOT, "max_tokens": 24}
+    assert len({text_of(stream(server, hot)) for _ in range(3)}) > 1
+
+
+def test_top_k_1_and_temperature_0_are_greedy(server):
+    greedy = text_of(stream(server, GREEDY))
+    assert text_of(stream(server, {**GREEDY, "temperature": 1.7, "top_k": 1, "seed": 3})) == greedy
+    assert text_of(stream(server, {**GREEDY, "temperature": 0.0, "seed": 5})) == greedy
+
+
+def test_a_stop_sequence_cuts_the_text_and_ends_the_request(server):
+    body = {"prompt": PROMPT, "max_tokens": 40, "ignore_eos": True}
+    full = server.http.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    s = full[12:15]
+    assert s and s.strip("\ufffd")  # a piece of real text
+    want = full[:full.index(s)]
+    before = server.metrics()
+    r = server.http.post("/v1/completions", json={**body, "stop": [s, "never seen"]})
+    choice, use = r.json()["choices"][0], r.json()["usage"]
+    assert (choice["text"], choice["finish_reason"]) == (want, "stop")
+    assert use["completion_tokens"] < 40
+    events = stream(server, {**body, "stop": s, "stream_options": {"include_usage": True}})
+    assert text_of(events) == want
+    assert events[-2]["usage"]["completion_tokens"] == use["completion_tokens"]
+    assert [e["choices"][0]["finish_reason"] for e in events[:-2]][-1] == "stop"
+    # the engine ended both as finished, not aborted, and freed their blocks
+    m = wait_for(server, lambda m: m["schedlab_num_requests_running"] == 0)
+    assert m["schedlab_kv_cache_free_blocks"] == BLOCKS
+    assert m["schedlab_requests_aborted_total"] == before["schedlab_requests_aborted_total"]
+    assert m["schedlab_requests_finished_total"] >= before["schedlab_requests_finished_total"] + 2
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"temperature": -0.1}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": 0}, "top_k"),
+    ({"top_k": -2}, "top_k"),
+    ({"seed": 1.5}, "seed"),
+    ({"seed": "3"}, "seed"),
+    ({"seed": True}, "seed"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"stop": ""}, "stop"),
+    ({"stop": ["ok", ""]}, "stop"),
+    ({"stop": [1]}, "stop"),
+])
+def test_bad_sampling_settings_are_400s_naming_the_field(server, body, param):
+    r = server.http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"].split(".")[0] == param, err
+    assert "\n" not in err["message"] and param in err["message"]
+
+
+def test_each_request_has_an_access_log_line(server):
+    r = server.http.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 5,
+                                                  "ignore_eos": True})
+    rid = r.json()["id"]
+    line = wait_for_line(server, rid)
+    m = re.fullmatch(rf"{rid}: prompt 3 tokens, output 5 tokens, TTFT ([\d.]+) s, "
+                     r"E2EL ([\d.]+) s, finish length", line)
+    assert m and 0 <= float(m[1]) <= float(m[2]), line
+
+
+def wait_for_line(server, rid: str, timeout: float = 10) -> str:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in server.output().splitlines():
+            if line.startswith(f"{rid}: "):
+                return line
+        time.sleep(0.05)
+    raise AssertionError(f"no access-log line for {rid}: {server.output()[-2000:]}")
