@@ -29,7 +29,7 @@ METRICS = (("ttft", "TTFT", "Time to First Token"),
            ("e2el", "E2EL", "End-to-end Latency"))
 REQUEST_CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len",
                        "first_scheduled_time", "ttft", "e2el", "tpot", "num_chunks",
-                       "num_preemptions", "finish_time")
+                       "num_preemptions", "finish_time", "replica")
 UNFINISHED = "unfinished"
 METRIC_KEYS = tuple(key for key, _, _ in METRICS)
 # benchmark_serving's per-request lists (its --save-detailed ones, plus our e2els)
@@ -147,29 +147,47 @@ def request_times(req: Request) -> RequestTimes:
     """
     if req.finish_time is None:
         return RequestTimes(completed=False, output_len=0)
+    if _REUSE:  # computed already for this run's metrics (reusing_request_times)
+        hit = _REUSE.get(id(req))
+        if hit is not None and hit[0] is req:
+            return hit[1]
     times = req.token_times
     if not times:
         raise ValueError(f"request {req.request_id} finished but has no token_times")
-    if len(times) != req.num_output_tokens:
-        raise ValueError(f"request {req.request_id} has {len(times)} token_times but "
+    n = len(times)
+    if n != req.num_output_tokens:
+        raise ValueError(f"request {req.request_id} has {n} token_times but "
                          f"num_output_tokens = {req.num_output_tokens}")
     if times[0] < req.arrival_time:
         raise ValueError(f"request {req.request_id}: first token at {times[0]} is before its "
                          f"arrival at {req.arrival_time}")
-    chunks = [times[0]]
-    for t in times[1:]:
-        if t < chunks[-1]:
-            raise ValueError(f"request {req.request_id}: token_times go backwards ({chunks[-1]} "
-                             f"then {t})")
-        if t != chunks[-1]:
-            chunks.append(t)
+    # sorted (a C pass over sorted input): the chunks are the distinct times, in order
+    if list(times) != sorted(times):
+        for a, b in zip(times, times[1:]):
+            if b < a:
+                raise ValueError(f"request {req.request_id}: token_times go backwards ({a} "
+                                 f"then {b})")
+    chunks = list(dict.fromkeys(times))
     ttft = chunks[0] - req.arrival_time
     e2el = chunks[-1] - req.arrival_time
-    n = len(times)
     return RequestTimes(completed=True, output_len=n, ttft=ttft, e2el=e2el,
                         tpot=(e2el - ttft) / (n - 1) if n > 1 else None,
-                        itls=[b - a for a, b in zip(chunks[:-1], chunks[1:], strict=True)],
+                        itls=[b - a for a, b in zip(chunks, chunks[1:])],
                         num_chunks=len(chunks))
+
+
+_REUSE: dict[int, tuple[Request, RequestTimes]] = {}
+
+
+@contextlib.contextmanager
+def reusing_request_times(requests: Sequence[Request], times: Sequence[RequestTimes]):
+    """Within the block, ``request_times`` of these requests returns the times given (computed
+    once for every metric of a run) instead of computing them again."""
+    _REUSE.update((id(r), (r, t)) for r, t in zip(requests, times, strict=True))
+    try:
+        yield
+    finally:
+        _REUSE.clear()
 
 
 def _stats_ms(values: list[float], percentiles: Sequence[float]) -> dict[str, float]:
@@ -190,7 +208,8 @@ def summarize(requests: Sequence[Request], duration: float, *,
               percentiles: Sequence[float] | Mapping[str, Sequence[float]] = (99.0,),
               goodput: Mapping[str, float] | None = None,
               generated_texts: Sequence[str] | None = None,
-              per_request: bool = True) -> dict[str, Any]:
+              per_request: bool = True,
+              times: Sequence[RequestTimes] | None = None) -> dict[str, Any]:
     """The benchmark_serving ``--save-result`` fields of a finished run.
 
     ``duration`` is the benchmark's wall time, first send to last finish, in seconds. Per-request
@@ -200,6 +219,7 @@ def summarize(requests: Sequence[Request], duration: float, *,
     per request (e2el - ttft) / (output_len - 1), over requests with more than one output
     token; ITLs are pooled over requests. ``percentiles``: for every metric, or per metric.
     ``generated_texts`` default to empty strings, as benchmark_serving's are without text.
+    ``times``: each request's ``request_times``, when the caller computed them already.
 
     ``goodput`` (SLOs in ms by metric: ttft, tpot, e2el) adds ``request_goodput``: completed
     requests that meet every SLO given, per second, with benchmark_serving's rule that a request
@@ -214,7 +234,7 @@ def summarize(requests: Sequence[Request], duration: float, *,
             raise ValueError(f"percentiles must lie in [0, 100], got {p}")
     if generated_texts is not None and len(generated_texts) != len(requests):
         raise ValueError(f"{len(generated_texts)} generated texts for {len(requests)} requests")
-    per = [request_times(r) for r in requests]
+    per = [request_times(r) for r in requests] if times is None else list(times)
     done = [t for t in per if t.completed]
     total_input = sum(r.prompt_len for r, t in zip(requests, per, strict=True) if t.completed)
     total_output = sum(t.output_len for t in done)
@@ -333,15 +353,17 @@ def _cell(x: Any) -> Any:
     return "" if x is None else x
 
 
-def requests_csv(requests: Sequence[Request]) -> str:
-    """One row per request; empty cells where a value does not exist (unfinished, 1 token)."""
+def requests_csv(requests: Sequence[Request], replicas: Sequence[int] | None = None) -> str:
+    """One row per request; empty cells where a value does not exist (unfinished, 1 token).
+    ``replicas``: the replica each request was served by (a cluster); 0 for every one without."""
     rows = []
-    for r in requests:
+    for i, r in enumerate(requests):
         t = request_times(r)
         rows.append([r.request_id, r.arrival_time, r.prompt_len, r.num_output_tokens,
                      _cell(r.first_scheduled_time), t.ttft if t.completed else "",
                      t.e2el if t.completed else "", _cell(t.tpot), t.num_chunks,
-                     r.num_preemptions, _cell(r.finish_time)])
+                     r.num_preemptions, _cell(r.finish_time),
+                     replicas[i] if replicas is not None else 0])
     return _csv_text(REQUEST_CSV_COLUMNS, rows)
 
 
@@ -378,7 +400,8 @@ def clear_results(run_dir: str | os.PathLike[str]) -> None:
 
 def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
                   requests: Sequence[Request], extra: Mapping[str, Any], *,
-                  steps: Any = None, summary_text: str | None = None) -> Path:
+                  steps: Any = None, summary_text: str | None = None,
+                  replicas: Sequence[int] | None = None) -> Path:
     """Write run_dir/result.json (summary + {"schedlab": extra}), requests.csv and, given
     per-step records, steps.csv, given the printout, summary.txt, as one unit: a previous run's
     files are removed first, each file is written atomically, result.json last, and if any write
@@ -387,7 +410,7 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     run_dir.mkdir(parents=True, exist_ok=True)
     # Everything is rendered before anything is written: a bad value leaves no new file.
     result = json.dumps(_jsonable({**summary, "schedlab": dict(extra)}), allow_nan=False)
-    texts = [("requests.csv", requests_csv(requests))]
+    texts = [("requests.csv", requests_csv(requests, replicas))]
     if steps is not None:
         texts.append(("steps.csv", steps_csv(steps)))
     if summary_text is not None:

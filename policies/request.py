@@ -45,6 +45,9 @@ class Request:
     # A Mooncake trace's block hashes (equal leading ids: a shared prompt prefix, one id per
     # block of the trace's block size), for prefix caching; None where the workload has none.
     hash_ids: tuple[int, ...] | None = None
+    # The conversation a request is a turn of (prefix_affinity keeps a conversation on one
+    # replica); None where the workload does not say.
+    conversation_id: int | str | None = None
     # What a workload may say of a request, for the policies that read it: its priority (lower
     # is served first, as vLLM's), its SLO class and that class's TTFT and TPOT targets.
     priority: int = 0

@@ -1,4 +1,5 @@
-"""The simulated serving engine: simpy processes that drive policies/ schedulers over a cost model.
+"""The simulated serving engine: processes on an event heap that drive policies/ schedulers over a
+cost model, for one replica or a cluster of them behind a router.
 
 Timeline of one window (every decision is the scheduler's; this module only keeps time):
 
@@ -39,40 +40,47 @@ Timeline of one window (every decision is the scheduler's; this module only keep
 
 The engine thread and the API-server process are FIFO servers kept as "busy until" times:
 work is claimed at the current simulated time, so ``start = max(now, busy_until)`` is a FIFO
-queue and needs no simpy event. The exceptions book a step's output processing for when the
+queue and needs no event. The exceptions book a step's output processing for when the
 step ends, ahead of now: a single engine's async output processing (its whole window is known
 when it starts) and, with overlap, the steps after the next window's launch; work that arrives
 in between (a request's front-end parse) then queues behind it, which overstates its wait by at
 most that processing. Delivery can end after ``update()`` ran (and
 after the next window was scheduled), so ``update()`` records each step's GPU completion time,
 which is unique to the step, and at the end of the run every token_times entry and
-finish_time is mapped to its step's delivery time (a policy reading token_times during the
-run sees GPU times). Requests arrive from a simpy process, sent as the benchmark client sends
-them (``policies.client``: at their arrival times, with ``max_concurrency`` a request waits for
+finish_time is mapped to its step's delivery time once the request's last window is delivered
+(a policy reading token_times during the run sees GPU times). Requests arrive from one process, sent as the benchmark client sends
+them (``common.client``: at their arrival times, with ``max_concurrency`` a request waits for
 an unfinished one's last token to be delivered), pass through the front end's per-request
 work (``api_per_request_us``: on the engine thread, or on the API-server process) and go
 round-robin to the virtual engines.
 Events are per CPU phase and GPU window (per step and stage when pp > 1), never per token.
+
+8. A cluster (``simulate_cluster``) is replicas on one event heap, each a whole engine as above
+   (its own schedulers, KV cache, engine thread, API server, GPU and clock); the client sends
+   each request to the replica a router (policies/routers.py) picks at its send time. Every
+   process wakes at an absolute time (simulator/events.py), so a replica's timeline is the one
+   it has alone on the same requests.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-import simpy
+from common.client import PROGRESS_BAR_FORMAT, Client
+from common.model_spec import ModelSpec
+from policies.routers import ReplicaLoad, RoundRobin, Router
 from tqdm import tqdm
 
 from policies.batch import Batch
-from policies.client import PROGRESS_BAR_FORMAT, Client
 from policies.late_schedule import LateSchedule
-from policies.model_spec import ModelSpec
 from policies.request import Request, RequestState
 from policies.scheduler import Scheduler, SchedulerStats
 from simulator.clock import PowerClock
 from simulator.cost_model import StepShape, window_shapes
+from simulator.events import EventLoop, Signal, Stage
 from simulator.hardware import HardwareSpec
 from simulator.memory import blocks_per_engine
 from simulator.overhead import (
@@ -86,6 +94,9 @@ from simulator.overhead import (
 )
 
 _EPS = 1e-9  # seconds: busy-until times this close to now count as now (float round-off)
+
+# Called with each request once its token times are final (delivery times), and its replica.
+FinishHook = Callable[[Request, int], None]
 
 
 @dataclass(slots=True)
@@ -102,6 +113,34 @@ class SimResult:
     gpu_busy_fraction: float  # of duration, averaged over the pipeline stages
     cpu_busy_fraction: float  # of duration, the engine thread
     steps: list[dict[str, Any]]  # one row per window, steps.csv (the real engine's columns)
+
+
+@dataclass(slots=True)
+class ReplicaSpec:
+    """One replica of a cluster: its model, GPU, CPU costs and how to make its schedulers."""
+
+    make_scheduler: Callable[[int], Scheduler]
+    model: ModelSpec
+    hw: HardwareSpec
+    overhead: OverheadSpec
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    num_blocks: int | None = None
+    stream_per_step: bool = False
+    time_scale: float = 1.0
+    group: int = 0  # the replica group it belongs to (a heterogeneous cluster)
+
+
+@dataclass(slots=True)
+class ClusterResult:
+    """A cluster's run: the whole (``total``: stats, busy fractions and steps summed or averaged
+    over replicas) and each replica's own, and the replica each request went to."""
+
+    total: SimResult
+    replicas: list[SimResult]  # per replica; requests: the ones routed to it
+    replica_of: list[int]  # per request, in the order given
+    specs: list[ReplicaSpec]
 
 
 @dataclass(slots=True, eq=False)
@@ -121,20 +160,37 @@ class _Window:
 
 
 @dataclass(slots=True, eq=False)
+class _Shared:
+    """What the replicas of one simulation share: the clock, the client and the progress bar."""
+
+    loop: EventLoop
+    client: Client
+    pbar: tqdm
+    on_finish: FinishHook | None
+    cluster: bool  # more than one replica: routing loads are kept, steps rows name the replica
+    client_wake: Signal | None = None  # the arrival process waits for a finish
+
+
+@dataclass(slots=True, eq=False)
 class _Sim:
-    env: simpy.Environment
-    stages: list[simpy.Resource]  # empty when pp == 1: the one engine owns the GPU
+    """One replica: its virtual engines' schedulers, engine thread, API server and GPU."""
+
+    loop: EventLoop
+    shared: _Shared
+    index: int
+    stages: list[Stage]  # empty when pp == 1: the one engine owns the GPU
     schedulers: list[Scheduler]
     model: ModelSpec
     hw: HardwareSpec
     overhead: OverheadSpec
     stream_per_step: bool
-    pbar: tqdm
-    client: Client
-    arrivals_left: list[int]
-    wake: list[simpy.Event | None]
+    wake: list[Signal | None]
     clock: PowerClock  # the GPU's power-limited SM clock (off unless the profile sets it)
     time_scale: float  # multiplies each step's GPU time (the CPU costs come scaled in overhead)
+    load: ReplicaLoad  # what a router sees of it
+    num_blocks: int
+    arrivals_left: list[int] = field(default_factory=list)
+    num_sent: int = 0  # requests routed here: the next goes to virtual engine num_sent % pp
     cpu_free: float = 0.0  # when the engine thread is next idle
     api_free: float = 0.0  # when the separate API-server process is next idle
     delivery: dict[float, float] = field(default_factory=dict)  # step's GPU done -> delivered
@@ -143,7 +199,6 @@ class _Sim:
     cpu_busy: float = 0.0
     num_finished: int = 0
     steps: list[dict[str, Any]] = field(default_factory=list)
-    client_wake: simpy.Event | None = None  # the arrival process waits for a finish
 
 
 def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
@@ -151,71 +206,130 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
              block_size: int = 16, gpu_memory_utilization: float = 0.9,
              max_model_len: int | None = None, num_blocks: int | None = None,
              stream_per_step: bool = False, time_scale: float = 1.0,
-             max_concurrency: int | None = None, progress: bool = True) -> SimResult:
+             max_concurrency: int | None = None, progress: bool = True,
+             on_finish: FinishHook | None = None) -> SimResult:
     """Serve ``requests`` (fresh ones: their timings are filled in) and return the run's summary.
 
     ``make_scheduler(num_blocks)`` builds one virtual engine's scheduler; ``max_model_len``
     (default: the model's) is only used to check that the KV cache holds one such request.
     With ``max_concurrency`` a request's arrival_time becomes the time the client sent it.
+    ``on_finish(request, 0)`` is called as each request's token times become final.
     """
+    spec = ReplicaSpec(make_scheduler, model, hw, overhead, block_size, gpu_memory_utilization,
+                       max_model_len, num_blocks, stream_per_step, time_scale)
+    return simulate_cluster(requests, [spec], RoundRobin(), max_concurrency=max_concurrency,
+                            progress=progress, on_finish=on_finish).total
+
+
+def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], router: Router,
+                     *, max_concurrency: int | None = None, progress: bool = True,
+                     on_finish: FinishHook | None = None) -> ClusterResult:
+    """Serve ``requests`` on the replicas, each request sent to the one ``router`` picks."""
+    if not replicas:
+        raise ValueError("cluster.num_replicas must be >= 1, got 0")
     for req in requests:
         if req.state is not RequestState.WAITING or req.token_times or req.num_output_tokens:
             raise ValueError(f"simulate needs fresh requests: request {req.request_id} has "
                              "already been served")
-    if num_blocks is None:
-        num_blocks = blocks_per_engine(model, hw, block_size=block_size,
-                                       gpu_memory_utilization=gpu_memory_utilization,
-                                       max_model_len=max_model_len)
-    elif num_blocks < 1:
-        raise ValueError(f"backend.num_blocks must be >= 1, got {num_blocks}")
-    if not 0.0 < time_scale < float("inf"):  # NaN fails too
-        raise ValueError(f"backend.time_scale must be a positive number, got {time_scale}")
-    if time_scale != 1.0:
-        overhead = scale_overhead(overhead, time_scale)
-    pp = hw.pp
-    schedulers = [make_scheduler(num_blocks) for _ in range(pp)]
-    overlap = schedulers[0].overlap
-    if overlap and pp > 1:
-        raise ValueError(f"policy.overlap with parallel.pipeline_parallel_size = {pp} is not "
-                         "modelled (1 only)")
+    loop = EventLoop()
     order = sorted(requests, key=lambda r: r.arrival_time)
-    env = simpy.Environment()
-    wall = time.perf_counter()
     client = Client(order, max_concurrency)
+    wall = time.perf_counter()
     with tqdm(total=len(requests), disable=not progress, desc="simulating",
               bar_format=PROGRESS_BAR_FORMAT) as bar:
-        sim = _Sim(env, [simpy.Resource(env, 1) for _ in range(pp)] if pp > 1 else [],
-                   schedulers, model, hw, overhead, stream_per_step, bar, client,
-                   [len(order[v::pp]) for v in range(pp)], [None] * pp, PowerClock(model, hw),
-                   time_scale)
-        env.process(_arrivals(sim))
-        for v in range(pp):
-            env.process(_engine_overlap(sim, v) if overlap else _engine(sim, v))
-        env.run()
+        shared = _Shared(loop, client, bar, on_finish, len(replicas) > 1)
+        sims = [_replica(shared, i, spec) for i, spec in enumerate(replicas)]
+        replica_of: dict[int, int] = {}
+        loop.process(_arrivals(shared, sims, router, replica_of))
+        for sim in sims:
+            overlap = sim.schedulers[0].overlap
+            for v in range(len(sim.schedulers)):
+                loop.process(_engine_overlap(sim, v) if overlap else _engine(sim, v))
+        loop.run()
     if client.num_unsent:
         raise RuntimeError(f"{client.num_unsent} requests were never sent")
-    _apply_delivery_times(requests, sim.delivery)
+    for sim in sims:
+        if any(sim.arrivals_left):
+            raise RuntimeError(f"replica {sim.index}: requests routed to it never arrived")
+    where = [replica_of[id(r)] for r in requests]
+    routed: list[list[Request]] = [[] for _ in sims]
+    for r, i in zip(requests, where, strict=True):
+        routed[i].append(r)
+    for sim, mine in zip(sims, routed, strict=True):  # the finished ones are final already
+        _apply_delivery_times([r for r in mine if r.finish_time is None], sim.delivery)
     wall = time.perf_counter() - wall
+    per = [_result(sim, mine, wall) for sim, mine in zip(sims, routed, strict=True)]
+    total = per[0] if len(per) == 1 else _total(per, requests, wall)
+    return ClusterResult(total, per, where, list(replicas))
+
+
+def _replica(shared: _Shared, index: int, spec: ReplicaSpec) -> _Sim:
+    num_blocks = spec.num_blocks
+    if num_blocks is None:
+        num_blocks = blocks_per_engine(spec.model, spec.hw, block_size=spec.block_size,
+                                       gpu_memory_utilization=spec.gpu_memory_utilization,
+                                       max_model_len=spec.max_model_len)
+    elif num_blocks < 1:
+        raise ValueError(f"backend.num_blocks must be >= 1, got {num_blocks}")
+    time_scale = spec.time_scale
+    if not 0.0 < time_scale < float("inf"):  # NaN fails too
+        raise ValueError(f"backend.time_scale must be a positive number, got {time_scale}")
+    overhead = spec.overhead
+    if time_scale != 1.0:
+        overhead = scale_overhead(overhead, time_scale)
+    pp = spec.hw.pp
+    schedulers = [spec.make_scheduler(num_blocks) for _ in range(pp)]
+    if schedulers[0].overlap and pp > 1:  # Scheduler.overlap: wherever it is configured
+        raise ValueError(f"policy.overlap with parallel.pipeline_parallel_size = {pp} is not "
+                         "modelled (1 only)")
+    loop = shared.loop
+    return _Sim(loop, shared, index, [Stage(loop) for _ in range(pp)] if pp > 1 else [],
+                schedulers, spec.model, spec.hw, overhead, spec.stream_per_step, [None] * pp,
+                PowerClock(spec.model, spec.hw), time_scale,
+                ReplicaLoad(index, schedulers, spec.group), num_blocks, [0] * pp)
+
+
+def _result(sim: _Sim, requests: list[Request], wall: float) -> SimResult:
     stats = SchedulerStats()
     for f in fields(SchedulerStats):
-        setattr(stats, f.name, sum(getattr(s.stats, f.name) for s in schedulers))
+        setattr(stats, f.name, sum(getattr(s.stats, f.name) for s in sim.schedulers))
     duration = sim.last_delivery
+    pp = len(sim.schedulers)
     return SimResult(
         requests=requests, duration=duration, wall_seconds=wall, stats=stats,
-        num_windows=stats.num_windows, num_finished=sim.num_finished, num_blocks=num_blocks,
+        num_windows=stats.num_windows, num_finished=sim.num_finished, num_blocks=sim.num_blocks,
         gpu_busy_fraction=sim.gpu_busy / (pp * duration) if duration > 0 else 0.0,
         cpu_busy_fraction=sim.cpu_busy / duration if duration > 0 else 0.0, steps=sim.steps)
 
 
+def _total(per: list[SimResult], requests: list[Request], wall: float) -> SimResult:
+    """The cluster as one result: counters summed, busy fractions averaged over replicas (of the
+    cluster's duration), steps rows merged in time order (each names its replica)."""
+    stats = SchedulerStats()
+    for f in fields(SchedulerStats):
+        setattr(stats, f.name, sum(getattr(r.stats, f.name) for r in per))
+    duration = max(r.duration for r in per)
+    gpu = sum(r.gpu_busy_fraction * r.duration for r in per)
+    cpu = sum(r.cpu_busy_fraction * r.duration for r in per)
+    n = len(per)
+    steps = sorted((row for r in per for row in r.steps), key=lambda row: row["t_start"])
+    return SimResult(
+        requests=requests, duration=duration, wall_seconds=wall, stats=stats,
+        num_windows=stats.num_windows, num_finished=sum(r.num_finished for r in per),
+        num_blocks=sum(r.num_blocks for r in per),
+        gpu_busy_fraction=gpu / (n * duration) if duration > 0 else 0.0,
+        cpu_busy_fraction=cpu / (n * duration) if duration > 0 else 0.0, steps=steps)
+
+
 def _engine(sim: _Sim, v: int) -> Generator:
     """Virtual engine ``v``'s loop: schedule, run the window on the GPU, hand off its outputs."""
-    env, sched = sim.env, sim.schedulers[v]
+    loop, sched = sim.loop, sim.schedulers[v]
     asynchronous = sim.overhead.async_output_processing
     pending: _Window | None = None  # async: last step's outputs, processed after the next schedule
     while True:
-        while sim.cpu_free - env.now > _EPS:  # the engine thread is busy (outputs, other engines)
-            yield env.timeout(sim.cpu_free - env.now)
-        t_start = env.now
+        while sim.cpu_free - loop.now > _EPS:  # the engine thread is busy (outputs, other engines)
+            yield sim.cpu_free
+        t_start = loop.now
         batch = sched.schedule(t_start) if sched.has_unfinished else None
         if batch is None:
             if pending is not None:
@@ -223,18 +337,18 @@ def _engine(sim: _Sim, v: int) -> Generator:
                 pending = None
             if _all_done(sim, v):
                 return
-            sim.wake[v] = env.event()
+            sim.wake[v] = Signal(loop)
             yield sim.wake[v]
             continue
-        win = _open_window(sim, batch)
-        sim.cpu_free = env.now + win.schedule_cost
+        win = _open_window(sim, batch, v)
+        sim.cpu_free = loop.now + win.schedule_cost
         if pending is not None:
             _claim_output_processing(sim, pending, pending.batch.num_steps - 1)
             pending = None
-        yield env.timeout(win.schedule_cost)
+        yield loop.now + win.schedule_cost
         yield from _run_steps(sim, win)
         _close_window(sim, sched, win)
-        sim.steps.append(_window_row(win, v))
+        sim.steps.append(_window_row(sim, win, v))
         if asynchronous and sim.overhead.defer_last_output:
             pending = win
         else:  # blocking: every step's outputs now; async, not deferred: the last step's
@@ -244,7 +358,7 @@ def _engine(sim: _Sim, v: int) -> Generator:
 def _all_done(sim: _Sim, v: int) -> bool:
     """Whether virtual engine ``v`` is done when its scheduler formed no batch: nothing more
     arrives and nothing is left; work left that no batch can take is a scheduler bug."""
-    if sim.arrivals_left[v]:
+    if sim.arrivals_left[v] or sim.shared.client.num_unsent:
         return False
     sched = sim.schedulers[v]
     if sched.has_unfinished:
@@ -258,62 +372,73 @@ def _engine_overlap(sim: _Sim, v: int) -> Generator:
     """Virtual engine ``v``'s loop with overlap scheduling: schedule and launch window n+1, then
     process window n's outputs and update() it while window n+1 runs (formed late when the
     scheduler defers: policies/late_schedule.py)."""
-    env, sched = sim.env, sim.schedulers[v]
+    loop, sched = sim.loop, sim.schedulers[v]
     last: _Window | None = None  # launched; its outputs not processed yet
     gpu_free = 0.0
     late = LateSchedule()
     processed = 0  # steps of ``last`` whose outputs are claimed
     while True:
-        while sim.cpu_free - env.now > _EPS:
-            yield env.timeout(sim.cpu_free - env.now)
+        while sim.cpu_free - loop.now > _EPS:
+            yield sim.cpu_free
         if last is not None and sched.defers_schedule():
             at = late.schedule_at(last.batch, last.gpu_done[0] - last.stage_times[0])
-            if at is not None and at > env.now:
+            if at is not None and at > loop.now:
                 # while it waits, the thread processes each step of the window in flight
                 # that finishes meanwhile (the engine polls it: real_backend/engine.py), when
                 # it finishes: claimed then, not now, so that work arriving in between (a
                 # request's front-end parse) is not queued behind it
                 while processed < len(last.gpu_done) and last.gpu_done[processed] <= at:
-                    done = env.timeout(max(0.0, last.gpu_done[processed] - env.now))
-                    done.callbacks.append(lambda _event, w=last, j=processed:
-                                          _claim_output_processing(sim, w, j, j + 1))
+                    loop.at(max(loop.now, last.gpu_done[processed]),
+                            lambda w=last, j=processed: _claim_output_processing(sim, w, j, j + 1))
                     processed += 1
-                yield env.timeout(at - env.now)
-                while sim.cpu_free - env.now > _EPS:
-                    yield env.timeout(sim.cpu_free - env.now)
-        batch = sched.schedule(env.now) if sched.has_unfinished else None
+                yield at
+                while sim.cpu_free - loop.now > _EPS:
+                    yield sim.cpu_free
+        batch = sched.schedule(loop.now) if sched.has_unfinished else None
         win = None
         if batch is not None:
-            win = _open_window(sim, batch, gpu_free)
+            win = _open_window(sim, batch, v, gpu_free)
             late.observe_form(win.schedule_cost)
-            sim.cpu_free = env.now + win.schedule_cost
+            sim.cpu_free = loop.now + win.schedule_cost
             gpu_free = win.gpu_done[-1]
         if last is not None:
             late.observe_window(last.batch, sum(last.stage_times))
             for j in range(processed, len(last.gpu_done)):  # each step's once it is done
                 _claim_output_processing(sim, last, j, j + 1, now=last.gpu_done[j])
-            yield env.timeout(max(0.0, sim.cpu_free - env.now))
+            yield max(loop.now, sim.cpu_free)
             _close_window(sim, sched, last)
-            sim.steps.append(_window_row(last, v))
+            sim.steps.append(_window_row(sim, last, v))
         elif win is None:
             if _all_done(sim, v):
                 return
-            sim.wake[v] = env.event()
+            sim.wake[v] = Signal(loop)
             yield sim.wake[v]
         last, processed = win, 0
 
 
-def _arrivals(sim: _Sim) -> Generator:
+def _arrivals(shared: _Shared, sims: list[_Sim], router: Router,
+              replica_of: dict[int, int]) -> Generator:
     """Send requests as the client does (at their arrival times; with max_concurrency, when a
-    slot frees), round-robin over the virtual engines."""
-    env, pp, client = sim.env, len(sim.schedulers), sim.client
-    i = 0
-    now = env.now
-    front = request_time(sim.overhead)
+    slot frees), each to the replica the router picks, round-robin over its virtual engines."""
+    loop, client = shared.loop, shared.client
+    loads = [sim.load for sim in sims]
+    single = len(sims) == 1
+    fronts = [request_time(sim.overhead) for sim in sims]
+    now = loop.now
     while client.num_unsent:
         for req in client.send_due(now):
-            v = i % pp
-            i += 1
+            r = 0 if single else router.route(req, loads, now)
+            sim = sims[r]
+            replica_of[id(req)] = r
+            if not single:
+                load = sim.load
+                load.outstanding += 1
+                load.outstanding_tokens += req.prompt_len + req.max_tokens
+                load.queued_prompt_tokens += req.prompt_len
+            v = sim.num_sent % len(sim.schedulers)
+            sim.num_sent += 1
+            sim.arrivals_left[v] += 1
+            front = fronts[r]
             if front <= 0.0:
                 _enter(sim, req, v)
                 continue
@@ -323,19 +448,23 @@ def _arrivals(sim: _Sim) -> Generator:
                 sim.cpu_busy += front
             else:
                 sim.api_free = entry = max(sim.api_free, now) + front
-            event = env.timeout(entry - env.now)
-            event.callbacks.append(lambda _event, req=req, v=v: _enter(sim, req, v))
+            loop.at(entry, lambda sim=sim, req=req, v=v: _enter(sim, req, v))
         t = client.next_send_time()
         if t is None:  # every slot is held: wait for a finish
             if not client.num_unsent:
-                return
-            sim.client_wake = env.event()
-            yield sim.client_wake
-            now = env.now
+                break
+            shared.client_wake = Signal(loop)
+            yield shared.client_wake
+            now = loop.now
         else:
-            if t > env.now:
-                yield env.timeout(t - env.now)
-            now = max(env.now, t)  # the due time itself: env.now may be an ulp short of it
+            if t > loop.now:
+                yield t
+            now = max(loop.now, t)
+    for sim in sims:  # nothing more comes: an idle engine learns it is done
+        for v, wake in enumerate(sim.wake):
+            if wake is not None and not sim.arrivals_left[v]:
+                sim.wake[v] = None
+                wake.fire()
 
 
 def _enter(sim: _Sim, req: Request, v: int) -> None:
@@ -345,34 +474,43 @@ def _enter(sim: _Sim, req: Request, v: int) -> None:
     wake = sim.wake[v]
     if wake is not None:
         sim.wake[v] = None
-        wake.succeed()
+        wake.fire()
 
 
 def _client_finished(sim: _Sim, win: _Window) -> None:
-    """Tell the client of the window's finished requests once their last tokens are delivered
-    (update() has run and the delivery times are known, in either order)."""
+    """The window's finished requests' last tokens are delivered (update() has run and the
+    delivery times are known, in either order): their token times become delivery times, and
+    the client learns of the finishes."""
     assert win.finished is not None
-    client = sim.client
+    shared = sim.shared
+    get = sim.delivery.__getitem__
+    hook = shared.on_finish
+    for r in win.finished:
+        r.token_times[:] = map(get, r.token_times)
+        r.finish_time = get(r.finish_time)
+        if hook is not None:
+            hook(r, sim.index)
+    client = shared.client
     if client.max_concurrency is None:  # nothing waits on a finish
         client.finished(0.0 for _ in win.finished)
         return
     times: dict[float, int] = {}
     for r in win.finished:
-        t = sim.delivery[r.finish_time]
+        t = r.finish_time
         times[t] = times.get(t, 0) + 1
+    loop = sim.loop
     for t, n in times.items():
-        event = sim.env.timeout(max(0.0, t - sim.env.now))
-        event.callbacks.append(lambda _event, n=n: _slots_freed(sim, n))
+        loop.at(max(t, loop.now), lambda n=n: _slots_freed(shared, n))
 
 
-def _slots_freed(sim: _Sim, n: int) -> None:
-    sim.client.finished([sim.env.now] * n)
-    wake, sim.client_wake = sim.client_wake, None
+def _slots_freed(shared: _Shared, n: int) -> None:
+    shared.client.finished([shared.loop.now] * n)
+    wake, shared.client_wake = shared.client_wake, None
     if wake is not None:
-        wake.succeed()
+        wake.fire()
 
 
-def _open_window(sim: _Sim, batch: Batch, gpu_free: float | None = None) -> _Window:
+def _open_window(sim: _Sim, batch: Batch, v: int, gpu_free: float | None = None) -> _Window:
     """Cost a freshly scheduled window: GPU time per step, CPU time per phase. With overlap
     (``gpu_free``: when the window before leaves the GPU) its steps' times are known now."""
     spec, k = sim.overhead, batch.num_steps
@@ -395,16 +533,22 @@ def _open_window(sim: _Sim, batch: Batch, gpu_free: float | None = None) -> _Win
         for j in range(k):
             delivered[j] = alive
             alive -= ending[j + 1]
+    if sim.shared.cluster:  # fresh requests admitted now leave the router's queued tokens
+        load = sim.load
+        for s in batch.seqs:
+            if s.is_prefill and s.num_cached_tokens == 0 and not s.request.num_preemptions:
+                load.queued_prompt_tokens -= s.request.prompt_len
     chunks = sse_chunks(spec, delivered, sim.stream_per_step)
     out_cost = window_output_times(spec, [s.num_seqs for s in shapes], delivered, chunks)
     cost = schedule_time(spec, len(batch.seqs), shapes[0].num_tokens, shapes[0].kv_tokens,
                          batch.num_steps, overlap, shapes[0].num_prefill_seqs,
                          sim.model.num_layers)
+    now = sim.loop.now
     # the GPU starts the window once it is scheduled (pipeline stages: a close lower bound),
     # with overlap once the window before it is done too
-    start = sim.env.now + cost if not overlap else max(sim.env.now + cost, gpu_free)
+    start = now + cost if not overlap else max(now + cost, gpu_free)
     gpu = sim.clock.window_times(shapes, start, sim.time_scale)
-    win = _Window(batch, cost, gpu, out_cost, delivered, chunks, shapes[0], sim.env.now)
+    win = _Window(batch, cost, gpu, out_cost, delivered, chunks, shapes[0], now)
     if overlap:
         for dt in gpu:
             start += dt
@@ -414,12 +558,13 @@ def _open_window(sim: _Sim, batch: Batch, gpu_free: float | None = None) -> _Win
     return win
 
 
-def _window_row(win: _Window, v: int) -> dict[str, Any]:
+def _window_row(sim: _Sim, win: _Window, v: int) -> dict[str, Any]:
     """steps.csv's row of a closed window, in the real engine's columns where they mean the same
     (gpu_s per pipeline stage; the CPU before the GPU starts is one term, schedule_prepare_s);
-    window ids count per virtual engine."""
+    window ids count per virtual engine. In a cluster each row also names its replica and that
+    replica's load as the window closes (the per-replica load figure reads them)."""
     batch = win.batch
-    return {
+    row = {
         "virtual_engine": v, "window": batch.window_id, "t_start": win.t_start,
         "k": batch.num_steps,
         "num_seqs": len(batch.seqs), "num_prefill_seqs": len(batch.seqs) - batch.num_decode_seqs,
@@ -428,30 +573,37 @@ def _window_row(win: _Window, v: int) -> dict[str, Any]:
         "schedule_prepare_s": win.schedule_cost, "gpu_s": sum(win.stage_times),
         "gpu_step_s": ";".join(f"{g:.6f}" for g in win.stage_times),
     }
+    if sim.shared.cluster:
+        load = sim.load
+        row.update(replica=sim.index, outstanding=load.outstanding,
+                   num_waiting=sum(s.num_waiting for s in sim.schedulers),
+                   num_running=sum(s.num_running for s in sim.schedulers),
+                   kv_blocks_used=load.kv_blocks_used)
+    return row
 
 
 def _run_steps(sim: _Sim, win: _Window) -> Generator:
     """The window's k steps on the GPU (through every pipeline stage when pp > 1)."""
-    env, k = sim.env, win.batch.num_steps
+    loop, k = sim.loop, win.batch.num_steps
     asynchronous = sim.overhead.async_output_processing
     if not sim.stages:
         # One engine owns the GPU and the engine thread, so the whole window is known now:
-        # one timeout, and the async output processing of steps 1..k-1 claimed in advance.
-        t = env.now
+        # one wake-up, and the async output processing of steps 1..k-1 claimed in advance.
+        t = loop.now
         for j, dt in enumerate(win.stage_times):
             t += dt
             win.gpu_done.append(t)
             if asynchronous and j < k - 1:
                 _claim_output_processing(sim, win, j, j + 1, now=t)
-        yield env.timeout(t - env.now)
+        yield t
         return
     for j, dt in enumerate(win.stage_times):
         if dt > 0.0:  # a step nobody takes part in runs nothing and shares its GPU time key
             for stage in sim.stages:
-                with stage.request() as slot:
-                    yield slot
-                    yield env.timeout(dt)
-        win.gpu_done.append(env.now)
+                yield stage.request()
+                yield loop.now + dt
+                stage.release()
+        win.gpu_done.append(loop.now)
         if asynchronous and j < k - 1:
             _claim_output_processing(sim, win, j, j + 1)
 
@@ -461,7 +613,11 @@ def _close_window(sim: _Sim, sched: Scheduler, win: _Window) -> None:
     finished = sched.update(win.batch, win.gpu_done)
     if finished:
         sim.num_finished += len(finished)
-        sim.pbar.update(len(finished))
+        sim.shared.pbar.update(len(finished))
+        if sim.shared.cluster:
+            load = sim.load
+            load.outstanding -= len(finished)
+            load.outstanding_tokens -= sum(r.prompt_len + r.max_tokens for r in finished)
     win.finished = finished
     if win.delivery_known:
         _client_finished(sim, win)
@@ -470,7 +626,7 @@ def _close_window(sim: _Sim, sched: Scheduler, win: _Window) -> None:
 def _claim_output_processing(sim: _Sim, win: _Window, first: int, last: int | None = None,
                              now: float | None = None) -> None:
     """Queue output processing of steps [first, last) on the engine thread at time ``now``."""
-    t = max(sim.env.now if now is None else now, sim.cpu_free)
+    t = max(sim.loop.now if now is None else now, sim.cpu_free)
     start = t
     last = win.batch.num_steps if last is None else last
     for j in range(first, last):
@@ -508,11 +664,10 @@ def _deliver(sim: _Sim, win: _Window) -> None:
         _client_finished(sim, win)
 
 
-def _apply_delivery_times(requests: list[Request], delivery: dict[float, float]) -> None:
-    """Replace the GPU completion times ``update()`` recorded by the tokens' delivery times."""
-    get = delivery.__getitem__
+def _apply_delivery_times(requests: Any, delivery: dict[float, float]) -> None:
+    """Replace the GPU completion times ``update()`` recorded by the tokens' delivery times
+    (requests that never finished: their last window's delivery never closed them)."""
+    get = delivery.get
     for req in requests:
         if req.token_times:
-            req.token_times[:] = map(get, req.token_times)
-        if req.finish_time is not None:
-            req.finish_time = get(req.finish_time)
+            req.token_times[:] = (get(t, t) for t in req.token_times)

@@ -1,0 +1,119 @@
+"""A cluster's shape and results: the replica groups a ``cluster`` section describes (each group
+its own model, hardware, overhead, policy and scheduler settings), and one summary per replica.
+
+The engine that runs the replicas is simulator/engine.py (``simulate_cluster``); the router that
+spreads requests over them is policies/routers.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from policies.base import check_int, check_settings
+
+# The sections a replica group may set; the rest of a run's config is the cluster's.
+GROUP_SECTIONS = ("model", "hardware", "overhead", "policy", "scheduler")
+GROUP_KEYS = ("replicas", *GROUP_SECTIONS, "gpu_memory_utilization", "num_blocks")
+CLUSTER_KEYS = ("num_replicas", "groups")
+
+# load_section(group, name): conf/<group>/<name>.yaml as a dict
+LoadSection = Callable[[str, str], dict[str, Any]]
+
+
+def replica_groups(cluster: Mapping[str, Any] | None, run: Mapping[str, Any],
+                   load_section: LoadSection) -> list[tuple[int, dict[str, Any]]]:
+    """``(replicas, settings)`` per group: ``settings`` are the run's sections (``run``: model,
+    hardware, overhead, policy, scheduler, gpu_memory_utilization, num_blocks) with the group's
+    own on top. A group's section is a config name (``hardware: h200``) or settings over the
+    run's (``policy: {num_steps: 4}``; a policy naming another policy starts from that one's
+    config). Without groups the cluster is ``num_replicas`` replicas of the run's settings."""
+    cluster = dict(cluster or {})
+    check_settings("cluster", cluster, CLUSTER_KEYS)
+    num = check_int("cluster.num_replicas", cluster.get("num_replicas", 1), 1)
+    groups = cluster.get("groups")
+    if groups is None:
+        return [(num, dict(run))]
+    if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence) or not groups:
+        raise ValueError("cluster.groups must be a non-empty list of replica groups, e.g. "
+                         "[{replicas: 4, hardware: h200}, {replicas: 4, hardware: h100_sxm, "
+                         f"policy: chunked_prefill}}], got {groups!r}")
+    out = []
+    for i, group in enumerate(groups):
+        where = f"cluster.groups[{i}]"
+        if not isinstance(group, Mapping):
+            raise ValueError(f"{where} must be a mapping such as {{replicas: 4, hardware: h200}}, "
+                             f"got {group!r}")
+        check_settings(where, group, GROUP_KEYS)
+        n = check_int(f"{where}.replicas", group.get("replicas"), 1)
+        settings = dict(run)
+        for key in GROUP_SECTIONS:
+            value = group.get(key)
+            if value is None:
+                continue
+            if isinstance(value, str) and key != "scheduler":
+                settings[key] = load_section(key, value)
+            elif isinstance(value, Mapping):
+                base = run[key]
+                name = value.get("name")
+                if key == "policy" and name is not None and name != base.get("name"):
+                    base = load_section(key, name)
+                settings[key] = {**base, **value}
+            else:
+                raise ValueError(f"{where}.{key} must be a config name or a mapping of settings, "
+                                 f"got {value!r}")
+        for key in ("gpu_memory_utilization", "num_blocks"):
+            if group.get(key) is not None:
+                settings[key] = group[key]
+        out.append((n, settings))
+    total = sum(n for n, _ in out)
+    if num != 1 and num != total:
+        raise ValueError(f"cluster.num_replicas = {num} but cluster.groups have {total} replicas "
+                         "(leave num_replicas at 1, or give the groups' sum)")
+    return out
+
+
+def replica_summaries(result: Any, ttfts: Sequence[float | None],
+                      labels: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """result.json's ``replicas``: per replica its group's labels, requests, throughput over the
+    cluster's duration, median and p99 TTFT, KV use (blocks in use over its blocks, at each
+    window's close: mean and peak) and time busy (GPU, engine thread).
+
+    ``result``: simulate_cluster's ClusterResult; ``ttfts``: per request in the order given
+    (None: unfinished)."""
+    duration = result.total.duration
+    by_replica: list[list[float]] = [[] for _ in result.replicas]
+    for r, t in zip(result.replica_of, ttfts, strict=True):
+        if t is not None:
+            by_replica[r].append(t)
+    kv: list[list[int]] = [[] for _ in result.replicas]
+    for row in result.total.steps:
+        kv[row["replica"]].append(row["kv_blocks_used"])
+    out = []
+    for i, (rep, ttft) in enumerate(zip(result.replicas, by_replica, strict=True)):
+        pp = max(1, result.specs[i].hw.pp)
+        blocks = rep.num_blocks * pp
+        use = np.asarray(kv[i], dtype=float) / blocks if kv[i] else np.zeros(1)
+        a = np.asarray(ttft, dtype=float) * 1e3
+        completed = rep.num_finished
+        tokens = sum(len(r.token_times) if r.token_times else r.num_output_tokens
+                     for r in rep.requests if r.finish_time is not None)
+        out.append({
+            "replica": i, **labels[i],
+            "requests": len(rep.requests), "completed": completed,
+            "request_throughput": completed / duration if duration > 0 else 0.0,
+            "output_throughput": tokens / duration if duration > 0 else 0.0,
+            "median_ttft_ms": float(np.median(a)) if len(a) else 0.0,
+            "p99_ttft_ms": float(np.percentile(a, 99)) if len(a) else 0.0,
+            "num_blocks": blocks, "kv_use_mean": float(use.mean()),
+            "kv_use_peak": float(use.max()),
+            "gpu_busy_s": rep.gpu_busy_fraction * rep.duration,
+            "gpu_busy_fraction": (rep.gpu_busy_fraction * rep.duration / duration
+                                  if duration > 0 else 0.0),
+            "cpu_busy_fraction": (rep.cpu_busy_fraction * rep.duration / duration
+                                  if duration > 0 else 0.0),
+            "num_windows": rep.num_windows, "num_preemptions": rep.stats.num_preemptions,
+        })
+    return out
