@@ -1,0 +1,232 @@
+"""Clusters: replicas behind a router on one event heap (simulator/engine.py simulate_cluster,
+policies/routers.py)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from common.model_spec import ModelSpec
+from experiments.run import CONF_DIR
+from experiments.workload import build_workload, to_request
+from policies import SchedulerConfig, make_policy
+from policies.request import Request
+from policies.routers import ROUTERS, make_router
+from policies.scheduler import Scheduler
+from simulator.engine import ReplicaSpec, simulate, simulate_cluster
+from simulator.hardware import HardwareSpec
+from simulator.memory import blocks_per_engine
+from simulator.overhead import OverheadSpec
+
+
+def _conf(group: str, name: str) -> dict:
+    return yaml.safe_load((Path(CONF_DIR) / group / f"{name}.yaml").read_text())
+
+
+MODEL = ModelSpec.from_dict(_conf("model", "llama3_8b"))
+
+
+def _requests(n: int, rate: float, seed: int = 3) -> list[Request]:
+    lengths = {**_conf("workload", "synthetic")["lengths"], "dist": "lognormal",
+               "prompt_mean": 400, "output_mean": 120, "prompt_max": 1500, "output_max": 300}
+    specs = build_workload({"kind": "synthetic", "num_prompts": n, "seed": seed,
+                            "request_rate": rate, "burstiness": 1.0, "lengths": lengths},
+                           max_model_len=MODEL.max_model_len)
+    return [to_request(s, i, with_token_ids=False) for i, s in enumerate(specs)]
+
+
+def _spec(policy: str = "multi_step", params: dict | None = None, hardware: str = "h100_sxm",
+          overhead: str = "vllm_v0_6", num_blocks: int | None = 2000, group: int = 0,
+          overlap: bool = False) -> ReplicaSpec:
+    def new_scheduler(blocks: int) -> Scheduler:
+        return Scheduler(make_policy(policy, **(params or {}), overlap=overlap),
+                         SchedulerConfig(max_num_seqs=64), blocks, MODEL.max_model_len)
+
+    return ReplicaSpec(new_scheduler, MODEL, HardwareSpec.from_dict(_conf("hardware", hardware)),
+                       OverheadSpec.from_dict(_conf("overhead", overhead)),
+                       num_blocks=num_blocks, group=group)
+
+
+def _times(reqs: list[Request]) -> list[tuple]:
+    return [(r.arrival_time, tuple(r.token_times), r.finish_time, r.first_scheduled_time,
+             r.num_preemptions) for r in reqs]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_round_robin_cluster_is_its_replicas_alone(overlap):
+    """N replicas behind round_robin == N single-replica runs on the round-robin split, exactly."""
+    n = 3
+    reqs = _requests(150, 40.0)
+    params = {"num_steps": 4}
+    res = simulate_cluster(reqs, [_spec(params=params, overlap=overlap) for _ in range(n)],
+                           make_router("round_robin"), progress=False)
+    assert res.replica_of == [i % n for i in range(len(reqs))]  # sent in arrival order
+    for i in range(n):
+        alone = _requests(150, 40.0)[i::n]
+        spec = _spec(params=params, overlap=overlap)
+        one = simulate(alone, spec.make_scheduler, MODEL, spec.hw, spec.overhead,
+                       num_blocks=spec.num_blocks, progress=False)
+        assert _times(reqs[i::n]) == _times(alone)
+        assert res.replicas[i].num_windows == one.num_windows
+        assert res.replicas[i].duration == one.duration
+    assert res.total.num_finished == len(reqs)
+    assert res.total.duration == max(r.duration for r in res.replicas)
+
+
+def _recording(router):
+    """The router, with every routing instant's outstanding counts and choice recorded."""
+    seen = []
+    route = router.route
+
+    def recorded(req, replicas, now):
+        before = [r.outstanding for r in replicas]
+        i = route(req, replicas, now)
+        seen.append((before, i))
+        return i
+
+    router.route = recorded
+    return router, seen
+
+
+@pytest.mark.parametrize("rate", [float("inf"), 60.0])
+def test_least_outstanding_keeps_equal_replicas_within_one(rate):
+    router, seen = _recording(make_router("least_outstanding"))
+    reqs = _requests(200, rate)
+    simulate_cluster(reqs, [_spec() for _ in range(4)], router, progress=False)
+    assert len(seen) == len(reqs)
+    for before, i in seen:
+        assert i == before.index(min(before))  # the least loaded, the lowest index on a tie
+        if rate == float("inf"):  # nothing finishes between routing instants
+            assert max(before) - min(before) <= 1
+
+
+def _conversations(turns: int = 4, convs: int = 24) -> list[Request]:
+    """convs conversations of turns turns each, a turn every ~0.2 s, interleaved."""
+    reqs = []
+    for c in range(convs):
+        for t in range(turns):
+            req = Request(len(reqs), 0.05 * c + 0.2 * t, 200 + 150 * t, 60)
+            req.conversation_id = f"c{c}"
+            reqs.append(req)
+    return reqs
+
+
+def test_prefix_affinity_keeps_a_conversation_on_one_replica():
+    reqs = _conversations()
+    res = simulate_cluster(reqs, [_spec() for _ in range(4)],
+                           make_router("prefix_affinity", load_cap_abs=10_000), progress=False)
+    where: dict[str, set[int]] = {}
+    for r, i in zip(reqs, res.replica_of, strict=True):
+        where.setdefault(r.conversation_id, set()).add(i)
+    assert all(len(s) == 1 for s in where.values())
+    assert len(set(res.replica_of)) == 4  # the first turns spread by load
+
+
+def test_prefix_affinity_moves_a_conversation_only_past_the_load_cap():
+    router = make_router("prefix_affinity", load_cap_abs=1, load_cap_rel=1.0)
+    capped = router.capped
+    hits = []
+    router.capped = lambda target, replicas: hits.append(capped(target, replicas)) or hits[-1]
+    reqs = _conversations(turns=5)
+    res = simulate_cluster(reqs, [_spec() for _ in range(3)], router, progress=False)
+    last: dict[str, int] = {}
+    moves = 0
+    cap_iter = iter(hits)  # one check per turn after a conversation's first
+    for r, i in zip(sorted(reqs, key=lambda r: r.arrival_time),
+                    [res.replica_of[r.request_id] for r in sorted(reqs, key=lambda r: r.arrival_time)],
+                    strict=True):
+        if r.conversation_id in last:
+            hit = next(cap_iter)
+            if i != last[r.conversation_id]:
+                assert hit, f"request {r.request_id} moved without the cap being hit"
+                moves += 1
+            else:
+                assert not hit
+        last[r.conversation_id] = i
+    assert moves > 0  # a cap this tight is hit
+
+
+def test_prefix_affinity_follows_mooncake_block_hashes():
+    reqs = []
+    for i in range(40):
+        req = Request(i, 0.03 * i, 1024, 40)
+        req.hash_ids = (i % 5, 100 + i)  # five shared first blocks
+        reqs.append(req)
+    res = simulate_cluster(reqs, [_spec() for _ in range(4)],
+                           make_router("prefix_affinity", load_cap_abs=10_000), progress=False)
+    for prefix in range(5):
+        assert len({res.replica_of[i] for i in range(prefix, 40, 5)}) == 1
+
+
+def test_heterogeneous_groups_keep_their_own_profiles():
+    specs = [_spec("multi_step", {"num_steps": 8}, "h200", num_blocks=None, group=0)
+             for _ in range(2)]
+    specs += [_spec("chunked_prefill", {}, "h100_sxm", num_blocks=None, group=1)
+              for _ in range(2)]
+    reqs = _requests(160, 50.0)
+    res = simulate_cluster(reqs, specs, make_router("least_outstanding"), progress=False)
+    for i, rep in enumerate(res.replicas):
+        spec = specs[i]
+        assert rep.num_blocks == blocks_per_engine(MODEL, spec.hw)
+        rows = [row for row in res.total.steps if row["replica"] == i]
+        assert rows and len(rows) == rep.num_windows
+        ks = {row["k"] for row in rows}
+        if spec.group == 0:
+            assert 8 in ks
+        else:
+            assert ks == {1}
+    assert res.replicas[0].num_blocks != res.replicas[2].num_blocks  # H200 holds more KV
+    assert all(sched.policy.name == "chunked_prefill" for sched in
+               [s.make_scheduler(100) for s in specs[2:]])
+
+
+def test_random_and_power_of_two_are_seeded():
+    def run(name, seed):
+        return simulate_cluster(_requests(60, 30.0), [_spec() for _ in range(4)],
+                                make_router(name, seed=seed), progress=False).replica_of
+    for name in ("random", "power_of_two"):
+        assert run(name, 1) == run(name, 1)
+        assert run(name, 1) != run(name, 2)
+
+
+def test_least_kv_prefers_the_replica_with_the_least_kv_load():
+    router, seen = _recording(make_router("least_kv"))
+    reqs = _requests(100, float("inf"))
+    res = simulate_cluster(reqs, [_spec() for _ in range(3)], router, progress=False)
+    # at t=0 nothing is admitted yet: queued prompt tokens alone balance the replicas
+    tokens = [0, 0, 0]
+    for r, i in zip(reqs, res.replica_of, strict=True):
+        assert tokens[i] == min(tokens)
+        tokens[i] += r.prompt_len
+
+
+def test_router_errors_are_one_line():
+    with pytest.raises(ValueError, match=r"unknown router 'nope' \(router.name\); choose one of"):
+        make_router("nope")
+    with pytest.raises(ValueError, match="router random"):
+        make_router("random", sed=1)
+    with pytest.raises(ValueError, match="router.module nowhere.py: no such file"):
+        make_router("mine", module="nowhere.py")
+
+
+def test_a_router_of_your_own(tmp_path):
+    (tmp_path / "my_router.py").write_text(textwrap.dedent('''
+        from dataclasses import dataclass
+        from policies.routers import Router, register_router
+
+        @register_router
+        @dataclass
+        class LastReplica(Router):
+            name = "last_replica"
+
+            def route(self, req, replicas, now):
+                return len(replicas) - 1
+    '''))
+    router = make_router("last_replica", module=str(tmp_path / "my_router.py"))
+    assert "last_replica" in ROUTERS
+    res = simulate_cluster(_requests(20, 30.0), [_spec() for _ in range(3)], router,
+                           progress=False)
+    assert set(res.replica_of) == {2}
