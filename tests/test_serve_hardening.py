@@ -53,6 +53,12 @@ class FakeEngine:
     def abort(self, request_id: int) -> None:
         pass
 
+    def finish(self, request_id: int) -> None:
+        pass
+
+    def clock(self) -> float:
+        return 0.0
+
     async def engine_metrics(self) -> bytes:
         return b""
 

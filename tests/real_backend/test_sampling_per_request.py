@@ -2,7 +2,7 @@
 and the whole-batch sampler, greedy rows beside sampled ones, seeded rows that depend on their
 seed and position alone; and served runs in which a seeded request's ids are the same alone or
 in company, under single-step, multi-step (advance_step) and overlap (the token map), with
-preemptions, on the reference ops and the Triton kernels."""
+preemptions, on the reference ops and the Triton kernels (and CUDA graphs on a GPU)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from rb_util import load_spec
+from rb_util import DEVICE, load_spec
 
 from policies import Batch, Request, ScheduledSeq, SchedulerConfig, make_scheduler
 from policies.sampling_params import SamplingParams
@@ -171,8 +171,10 @@ def requests(company: bool, eos: int | None = None) -> list[Request]:
 def serve(reqs, policy="single_step", params=None, budget=None, *, overlap=False, **backend):
     cfg = SchedulerConfig(block_size=BLOCK_SIZE, max_num_batched_tokens=budget)
     params = {**(params or {}), "overlap": overlap}
-    backend = {"device": "cpu", "num_blocks": NUM_BLOCKS, "save_token_ids": True,
-               "sampling": {"temperature": 0.9}, **backend}
+    # on a GPU: Triton kernels and CUDA graphs (decode, prefill, piecewise), in fp32 so that
+    # logits do not depend on the batch's shape beyond rounding
+    backend = {"device": DEVICE, "dtype": "float32", "num_blocks": NUM_BLOCKS,
+               "save_token_ids": True, "sampling": {"temperature": 0.9}, **backend}
     return run_real(reqs, lambda n: make_scheduler(policy, params, cfg, n, SPEC.max_model_len),
                     SPEC, backend, progress=False)
 
