@@ -9,7 +9,9 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from test_serve import BLOCKS, K, start, stop, stream, wait_for
+from test_serve import BLOCKS, K, pipe_inbox, received, start, stop, stream, wait_for
+
+from policies import Request, SchedulerConfig, make_scheduler
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +141,30 @@ def wait_for_line(server, rid: str, timeout: float = 10) -> str:
                 return line
         time.sleep(0.05)
     raise AssertionError(f"no access-log line for {rid}: {server.output()[-2000:]}")
+
+
+def test_a_stop_sequence_ends_the_request_in_the_engine_as_finished():
+    """("stop", id) from the front end, with overlap and the request in the window in flight:
+    it leaves the scheduler, its blocks are free, that window's update() counts its slots as
+    wasted and sends nothing more for it, and the metrics count it finished, not aborted."""
+    sched = make_scheduler("multi_step", {"num_steps": 4, "overlap": True},
+                           SchedulerConfig(block_size=4), 16, 4096)
+    inbox, front, clock = pipe_inbox(sched)
+    front.send(("add", Request(0, 0.0, 3, 50, [1, 2, 3])))
+    front.send(("add", Request(1, 0.0, 3, 50, [1, 2, 3])))
+    inbox.release(sched, clock())
+    first = sched.schedule(clock())
+    sched.update(first, [1.0], [[7]] * 2)
+    inbox.delivered(first, [])
+    in_flight = sched.schedule(clock())  # both decode 4 steps
+    received(front)
+    front.send(("stop", 0))
+    inbox.release(sched, clock())
+    assert sched.block_manager.num_free_blocks == 16 - len(in_flight.seqs[1].request.block_table)
+    assert [r.request_id for r in sched.running] == [1]
+    sched.update(in_flight, [2.0, 3.0, 4.0, 5.0], [[8] * 4] * 2)
+    inbox.delivered(in_flight, [])
+    ((kind, events),) = received(front)
+    assert kind == "events" and [e[0] for e in events] == [1]
+    assert in_flight.num_wasted_steps == 4
+    assert inbox.metrics.count("finished") == 1 and inbox.metrics.count("aborted") == 0
