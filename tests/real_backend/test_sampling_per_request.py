@@ -22,10 +22,11 @@ from real_backend.window_inputs import sampling_rows
 
 SPEC = load_spec("tiny")
 VOCAB = 64
+GREEDY = SamplingParams()
 
 
 def rows_of(params: list[SamplingParams], positions: list[int] | None = None,
-            default: SamplingParams = SamplingParams()):
+            default: SamplingParams = GREEDY):
     """The device RowSampling of one step whose row i is a request with ``params[i]`` (None:
     the backend's ``default``) sampling at ``positions[i]``."""
     positions = positions or [10] * len(params)
