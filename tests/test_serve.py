@@ -9,6 +9,7 @@ import asyncio
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -35,9 +36,13 @@ LONG = 900  # output tokens of a request that is still running when the test act
 
 
 class Server:
-    def __init__(self, proc: subprocess.Popen, port: int) -> None:
-        self.proc, self.url = proc, f"http://127.0.0.1:{port}"
+    def __init__(self, proc: subprocess.Popen, port: int, log: Path) -> None:
+        self.proc, self.url, self.log = proc, f"http://127.0.0.1:{port}", log
         self.http = httpx.Client(base_url=self.url, timeout=30)
+
+    def output(self) -> str:
+        """What the server printed so far (to a file: its access log never fills a pipe)."""
+        return self.log.read_text(errors="replace")
 
     def metrics(self) -> dict[str, float]:
         text = self.http.get("/metrics").text
@@ -68,15 +73,17 @@ def serve_command(tmp: Path, port: int, *overrides: str) -> list[str]:
 
 def start(tmp: Path, *overrides: str, new_session: bool = False) -> Server:
     port = free_port()
-    proc = subprocess.Popen(serve_command(tmp, port, *overrides), cwd=ROOT, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=new_session)
-    server = Server(proc, port)
+    log = tmp / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(serve_command(tmp, port, *overrides), cwd=ROOT, env=ENV,
+                                stdout=out, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=new_session)
+    server = Server(proc, port, log)
     server.run_dir = tmp
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"server exited {proc.returncode}: {proc.stdout.read()}")
+            raise AssertionError(f"server exited {proc.returncode}: {server.output()}")
         try:
             if server.http.get("/health").status_code == 200:
                 return server
@@ -165,12 +172,12 @@ def test_chat_uses_the_llama3_template(server):
     ({"prompt": [1, 512]}, "prompt"),  # outside the tiny model's vocabulary
     ({"prompt": "hi", "model": "llama3_8b"}, "model"),
     ({"prompt": "hi", "n": 2}, "n"),
-    ({"prompt": "hi", "temperature": 0.7}, "temperature"),  # the server samples greedily
+    ({"prompt": "hi", "temperature": -0.7}, "temperature"),
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
-    ({"prompt": "hi", "stop": ["\n"]}, "stop"),
+    ({"prompt": "hi", "stop": ["\n", ""]}, "stop"),  # an empty stop sequence
     ({"prompt": "hi", "frobnicate": 1}, "frobnicate"),
     ({"prompt": ["a", "b"]}, "prompt"),
-    ({"prompt": "hi", "max_tokens": 2, "seed": 0}, "seed"),  # one generator serves every request
+    ({"prompt": "hi", "max_tokens": 2, "seed": 0.5}, "seed"),
     ({"prompt": "hi", "max_tokens": 2, "logprobs": 0}, "logprobs"),  # 0 == False, yet it asks
 ])
 def test_bad_requests_get_openai_errors(server, body, param):
@@ -325,6 +332,13 @@ def test_sigterm_ends_open_streams_and_exits_0(server):
                     for x in lines if x.startswith("data: ")]
     assert rest[-1] == "[DONE]" and rest[-2]["choices"][0]["finish_reason"] == "abort"
     assert server.proc.wait(timeout=15) == 0
+    # the access log's line of that request, and the shutdown line, last
+    out = server.output().splitlines()
+    rid = rest[-2]["id"]
+    assert any(line.startswith(f"{rid}: prompt ") and line.endswith("finish abort")
+               for line in out), out[-5:]
+    assert re.fullmatch(r"shut down after [\d.]+ s: \d+ requests finished, [1-9]\d* aborted, "
+                        r"\d+ windows; exit 0", out[-1]), out[-1]
     assert time.monotonic() - t0 < 10
     # the windows it ran, as an offline run's steps.csv: shapes and CPU phases
     rows = (server.run_dir / "steps.csv").read_text().splitlines()
@@ -375,7 +389,7 @@ def test_ctrl_c_from_a_terminal_reaches_both_processes_and_exits_0(tmp_path):
     try:
         front = front_end_pid(s.proc.pid)
         os.killpg(s.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-        assert s.proc.wait(timeout=20) == 0, s.proc.stdout.read()
+        assert s.proc.wait(timeout=20) == 0, s.output()
         assert not Path(f"/proc/{front}").exists() or b"zombie" in Path(
             f"/proc/{front}/status").read_bytes().lower()
     finally:
@@ -402,7 +416,7 @@ def test_a_front_end_that_dies_ends_the_server_with_exit_1(tmp_path):
     try:
         os.kill(front_end_pid(s.proc.pid), signal.SIGKILL)
         assert s.proc.wait(timeout=20) == 1
-        assert "the front end exited with code -9" in s.proc.stdout.read()
+        assert "the front end exited with code -9" in s.output()
     finally:
         stop(s)
 
@@ -431,7 +445,7 @@ def test_a_front_end_that_does_not_stop_is_killed_by_a_second_signal(tmp_path):
 def test_bad_settings_are_refused_in_one_line(overrides, match):
     from hydra import compose, initialize_config_dir
 
-    from experiments.paths import conf_dir
+    from common.paths import conf_dir
     from experiments.serve import Server as EngineServer
 
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
