@@ -31,7 +31,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.paths import conf_dir  # noqa: E402
+from common.paths import conf_dir  # noqa: E402
 
 TOKENS = (1, 8, 32, 128, 256, 512, 1024, 2048)
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

@@ -24,7 +24,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from policies.model_spec import ModelSpec  # noqa: E402
+from common.model_spec import ModelSpec  # noqa: E402
 from real_backend.attention import AttentionMetadata, DecodeMetadata  # noqa: E402
 from real_backend.kernels import select_kernels  # noqa: E402
 from real_backend.kv_cache import allocate_kv_cache  # noqa: E402

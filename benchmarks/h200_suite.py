@@ -37,9 +37,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import real_backend  # noqa: E402,F401  (sets CUDA_MODULE_LOADING before CUDA starts)
+from common.model_spec import ModelSpec  # noqa: E402
 from experiments.files import write_text_atomic  # noqa: E402
 from experiments.validate import POLICIES, run_one  # noqa: E402
-from policies.model_spec import ModelSpec  # noqa: E402
 
 GRID = POLICIES[:6] + [("chunked_prefill", None)] + POLICIES[6:]
 MODEL_POLICIES = [("single_step", None), ("multi_step", 8), ("cp1", 8)]  # the models part's

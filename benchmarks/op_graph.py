@@ -12,7 +12,7 @@ import torch
 from op_kernels import BLOCK_SIZE, release
 from op_timing import Bench
 
-from policies.model_spec import ModelSpec
+from common.model_spec import ModelSpec
 
 if TYPE_CHECKING:
     from operators import Grid

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from op_timing import Bench
 
-from policies.model_spec import ModelSpec
+from common.model_spec import ModelSpec
 from real_backend.kernels import Kernels
 from real_backend.model import rope_table, split_heads
 from real_backend.sampling import SamplingParams, sample

@@ -62,8 +62,8 @@ from op_kernels import (  # noqa: E402
 )
 from op_timing import Bench, clock_of_spans, environment  # noqa: E402
 
+from common.model_spec import ModelSpec  # noqa: E402
 from experiments.files import write_text_atomic  # noqa: E402
-from policies.model_spec import ModelSpec  # noqa: E402
 from real_backend.kernels import Kernels, select_kernels  # noqa: E402
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"

@@ -29,10 +29,10 @@ import numpy as np
 import pandas as pd
 import scipy
 
+from common.step_sizes import DECODE_GRAPH_SIZES, PIECEWISE_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
 from experiments import leave_one_out as loo
 from experiments import model_runs
 from experiments.profiles import InputError, load_profile, write_yaml
-from policies.step_sizes import DECODE_GRAPH_SIZES, PIECEWISE_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
 from simulator.op_tables import CONF_DIR as TABLES_ROOT  # where a relative op_tables points
 
 ROOT = Path(__file__).resolve().parents[1]

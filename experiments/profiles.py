@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
+from common.paths import conf_dir
 from experiments.files import write_text_atomic
-from experiments.paths import conf_dir
 
 CONF_DIR = str(conf_dir())
 

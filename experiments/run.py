@@ -15,7 +15,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.paths import conf_dir
+from common.parallel import ParallelConfig
+from common.paths import conf_dir
 from experiments.run_dir import (
     CONTROL_KEYS,
     MANIFEST,
@@ -30,7 +31,6 @@ from experiments.run_dir import (
 from experiments.sweep_workers import stop_with_sweep
 from policies import ModelSpec, Scheduler, SchedulerConfig, make_policy, make_scheduler
 from policies.base import Policy, check_int, check_number, check_settings
-from policies.parallel import ParallelConfig
 from policies.request import Request
 
 CONF_DIR = str(conf_dir())  # one home: experiments/paths.py

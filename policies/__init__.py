@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.model_spec import ModelSpec
 from policies import (  # noqa: F401  (importing registers each policy)
     adaptive,
     chunked_prefill,
@@ -22,7 +23,6 @@ from policies import (  # noqa: F401  (importing registers each policy)
 from policies.base import POLICIES, KStepPolicy, Policy, StepTimeFn, make_policy, register
 from policies.batch import Batch, ScheduledSeq
 from policies.block_manager import BlockManager
-from policies.model_spec import ModelSpec
 from policies.request import Request, RequestState
 from policies.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 

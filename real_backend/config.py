@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
+from common.step_sizes import PIECEWISE_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
 from policies.base import check_int, check_number, check_settings
-from policies.step_sizes import PIECEWISE_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
 from real_backend.kernels import check_triton_runs_on
 from real_backend.sampling import SamplingParams
 

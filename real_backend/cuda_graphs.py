@@ -10,7 +10,7 @@ from functools import partial
 
 import torch
 
-from policies.step_sizes import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS, piecewise_graph_sizes
+from common.step_sizes import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS, piecewise_graph_sizes
 
 
 @dataclass(slots=True)

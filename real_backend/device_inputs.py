@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from policies.step_sizes import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS
+from common.step_sizes import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS
 from real_backend.attention import AttentionMetadata, DecodeMetadata, PrefillMetadata
 from real_backend.ops import PAD_SLOT_ID
 from real_backend.sampling import RowSampling, TokenMap

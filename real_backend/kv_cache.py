@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from policies.model_spec import ModelSpec
+from common.model_spec import ModelSpec
 
 GB = 1e9
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from policies.model_spec import ModelSpec
+from common.model_spec import ModelSpec
 from real_backend.attention import AttentionMetadata, paged_attention
 from real_backend.kernels import TORCH_KERNELS, Kernels
 from real_backend.kv_cache import KVCache

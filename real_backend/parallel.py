@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from policies.model_spec import ModelSpec
-from policies.parallel import kv_heads_per_rank
+from common.model_spec import ModelSpec
+from common.parallel import kv_heads_per_rank
+from real_backend.build import RunnerShape, build_rank_runner
 
 if TYPE_CHECKING:
     from real_backend.config import BackendConfig
@@ -150,16 +151,6 @@ class TPGroup:
 
 
 @dataclass(frozen=True, slots=True)
-class RunnerShape:
-    """The scheduler limits a runner's cache, buffers, profile and graphs are sized for."""
-
-    block_size: int
-    max_num_seqs: int
-    max_lookahead: int
-    max_num_batched_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
 class BuildRunner:
     """Rank 0 to the workers: build your runner for the next run (then serve its windows)."""
 
@@ -234,8 +225,6 @@ def exit_with_parent(parent: int) -> None:
 
 def _worker_main(rank: int, size: int, init_method: str, device_type: str, parent: int) -> None:
     """A worker rank's process: build a runner for each run rank 0 announces and serve it."""
-    from real_backend.engine import build_rank_runner
-
     exit_with_parent(parent)
     # Ctrl-C reaches the whole terminal's process group: rank 0 alone handles it (and ends
     # the workers), so a worker prints no traceback of its own

@@ -1,5 +1,5 @@
 """Where the serving loop's requests come from: the benchmark client's arrivals in an offline
-run (policies.client), or the HTTP server's inbox (real_backend/serving/inbox.py)."""
+run (common.client), or the HTTP server's inbox (real_backend/serving/inbox.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Protocol
 
 from tqdm import tqdm
 
+from common.client import Client
 from policies.batch import Batch
-from policies.client import Client
 from policies.request import Request
 from policies.scheduler import Scheduler
 

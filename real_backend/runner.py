@@ -10,9 +10,9 @@ from time import perf_counter
 
 import torch
 
+from common.step_sizes import decode_graph_sizes, piecewise_graph_size, prefill_graph_key
 from policies.batch import Batch, ScheduledSeq
 from policies.request import Request
-from policies.step_sizes import decode_graph_sizes, piecewise_graph_size, prefill_graph_key
 from real_backend.async_output import StepOutputs
 from real_backend.config import BackendConfig
 from real_backend.cuda_graphs import (

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from policies import step_sizes
+from common import step_sizes
 
 
 def _pow2(n: int, floor: int = 1) -> int:
@@ -299,7 +299,7 @@ def _num_sms(device_index: int) -> int:
 
 
 def decode_splits(num_seqs: int, kv_heads: int, device: torch.device) -> int:
-    """policies.step_sizes.decode_splits on this device (1 off the GPU)."""
+    """common.step_sizes.decode_splits on this device (1 off the GPU)."""
     if device.type != "cuda":
         return 1
     return step_sizes.decode_splits(num_seqs, kv_heads, _num_sms(device.index or 0))

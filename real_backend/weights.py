@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from policies.model_spec import ModelSpec
+from common.model_spec import ModelSpec
 from real_backend.model import LayerWeights, Llama, rope_table
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from policies.model_spec import ModelSpec
+from common.model_spec import ModelSpec
 from simulator.cost_model import StepShape, stage_time, step_cost
 from simulator.hardware import HardwareSpec
 

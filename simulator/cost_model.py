@@ -52,115 +52,18 @@ traffic: at decode sizes they stay in L2, and at prefill sizes the compute term 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from common.model_spec import ModelSpec
+from common.parallel import kv_heads_per_rank
+from common.step_sizes import (
+    decode_splits,
+)
 from policies.base import StepTimeFn
 from policies.batch import Batch
-from policies.model_spec import ModelSpec
-from policies.parallel import kv_heads_per_rank
-from policies.step_sizes import (
-    decode_graph_size,
-    decode_splits,
-    piecewise_graph_size,
-    prefill_graph_key,
-)
 from simulator.hardware import HardwareSpec
+from simulator.step_shape import StepShape, graph_tokens, piecewise_tokens, window_shapes  # noqa: F401
 
 _US = 1e-6
-
-
-@dataclass(slots=True)
-class StepShape:
-    """What one forward step computes, summed over the batch: the cost model's features."""
-
-    num_tokens: int  # query tokens: prefill chunks plus one per decoding sequence
-    num_seqs: int  # sequences taking part
-    num_prefill_tokens: int
-    num_sampled: int  # sequences that sample a token (rows of the LM head)
-    attn_pairs: float  # sum over prefill chunks of q (q + 1) / 2 + q c
-    kv_tokens: int  # KV-cache tokens the step's attention touches
-    is_first: bool  # step 1 of its window (later steps follow an advance_step)
-    max_kv_tokens: int = 0  # the longest decoding sequence's context (0: not known)
-    num_prefill_seqs: int = 0  # sequences with a prefill chunk (0 with prefill tokens: not known)
-    prefill_kv_tokens: int = 0  # of kv_tokens, those of the prefill chunks (c + q each)
-
-    @property
-    def is_mixed(self) -> bool:
-        """Prefill and decode rows both: the step runs both attention kernels."""
-        return 0 < self.num_prefill_tokens < self.num_tokens
-
-
-def window_shapes(batch: Batch) -> list[StepShape]:
-    """The shape of every step of ``batch``: one pass over the sequences, then O(k)."""
-    k = batch.num_steps
-    seqs = batch.seqs
-    leaving = [0] * (k + 1)  # leaving[m]: sequences taking part in exactly m steps
-    leaving_ctx = [0] * (k + 1)  # their tokens in the cache after step 1 (c + q)
-    leaving_max = [0] * (k + 1)  # the longest of them
-    tokens = prefill_tokens = sampled = kv = pairs = longest = prefill_seqs = prefill_kv = 0
-    for s in seqs:
-        q = s.num_query_tokens
-        c = s.num_cached_tokens
-        cq = c + q
-        tokens += q
-        kv += cq
-        if s.is_prefill:
-            prefill_tokens += q
-            prefill_seqs += 1
-            prefill_kv += cq
-            pairs += q * (q + 1) // 2 + q * c
-        elif cq > longest:
-            longest = cq
-        req = s.request
-        if cq >= req.prompt_len + req.num_output_tokens:  # the chunk completes the sequence
-            sampled += 1
-        if k > 1:
-            m = s.num_steps if s.num_steps <= k else k
-            leaving[m] += 1
-            leaving_ctx[m] += cq
-            if cq > leaving_max[m]:
-                leaving_max[m] = cq
-    shapes = [StepShape(tokens, len(seqs), prefill_tokens, sampled, float(pairs), kv, True,
-                        longest, prefill_seqs, prefill_kv)]
-    if k == 1:
-        return shapes
-    for m in range(k - 1, -1, -1):  # leaving_max[m]: the longest sequence taking >= m steps
-        leaving_max[m] = max(leaving_max[m], leaving_max[m + 1])
-    # Step j (0-based, j >= 1): the sequences with more than j steps each decode one token
-    # over a context of c + q + j, so the step's KV tokens are sum(c + q) + j * alive.
-    alive = len(seqs) - leaving[1] - leaving[0]
-    alive_ctx = kv - leaving_ctx[1] - leaving_ctx[0]
-    for j in range(1, k):
-        shapes.append(StepShape(alive, alive, 0, alive, 0.0, alive_ctx + j * alive, False,
-                                leaving_max[j + 1] + j if alive else 0))
-        alive -= leaving[j + 1]
-        alive_ctx -= leaving_ctx[j + 1]
-    return shapes
-
-
-def graph_tokens(shape: StepShape, hw: HardwareSpec) -> int | None:
-    """The padded token count of the whole-step CUDA graph the step replays, or None: steps of
-    one token a row up to ``cuda_graph_max_batch`` rows, and prefill-only steps of at most 8
-    prompts up to ``prefill_graph_max_tokens`` tokens (``policies.step_sizes``, the engine's
-    sizes). ``cuda_graph_max_batch`` 0 turns every graph off, as the engine's setting does."""
-    if shape.num_seqs == 0 or hw.cuda_graph_max_batch == 0:
-        return None
-    if shape.num_tokens == shape.num_seqs:  # one token a row (1-token prefill chunks too): decode
-        return decode_graph_size(shape.num_tokens) if shape.num_seqs <= hw.cuda_graph_max_batch \
-            else None
-    if shape.num_prefill_tokens < shape.num_tokens:  # mixed prefill + decode: eager
-        return None
-    key = prefill_graph_key(shape.num_tokens, shape.num_seqs, hw.prefill_graph_max_tokens)
-    return key[0] if key else None
-
-
-def piecewise_tokens(shape: StepShape, hw: HardwareSpec) -> int | None:
-    """The padded token count of the piecewise graphs a step replays (one that no whole-step
-    graph covers, up to ``piecewise_graph_max_tokens`` tokens), or None: it runs eagerly."""
-    if (shape.num_seqs == 0 or hw.cuda_graph_max_batch == 0 or graph_tokens(shape, hw)
-            or shape.num_tokens == shape.num_seqs):  # decode steps above the graphs: eager
-        return None
-    return piecewise_graph_size(shape.num_tokens, hw.piecewise_graph_max_tokens)
 
 
 def _roofline(compute_s: float, memory_s: float, hw: HardwareSpec) -> float:

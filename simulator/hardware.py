@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from common.model_spec import ModelSpec
+from common.parallel import ParallelConfig
 from policies.base import check_settings
-from policies.model_spec import ModelSpec
-from policies.parallel import ParallelConfig
 
 # the fields set from the ``parallel`` section -> their setting there
 _PARALLEL_SETTINGS = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size"}

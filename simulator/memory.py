@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from policies.model_spec import ModelSpec
-from policies.parallel import kv_heads_per_rank
+from common.model_spec import ModelSpec
+from common.parallel import kv_heads_per_rank
 from simulator.hardware import HardwareSpec, check_parallelism, layers_per_stage
 
 _GIB = 1 << 30

@@ -41,9 +41,8 @@ from functools import lru_cache
 import numpy as np
 import yaml
 
-from policies.model_spec import ModelSpec
-from policies.parallel import kv_heads_per_rank
-from simulator.cost_model import StepShape, graph_tokens, piecewise_tokens
+from common.model_spec import ModelSpec
+from common.parallel import kv_heads_per_rank
 from simulator.hardware import HardwareSpec
 from simulator.op_tables import (
     CONF_DIR,
@@ -55,6 +54,7 @@ from simulator.op_tables import (
     sampler_us,
     small_us,
 )
+from simulator.step_shape import StepShape, graph_tokens, piecewise_tokens
 
 _US = 1e-6
 # the graph table's steps (benchmarks/op_graph.py): batch-1 decode at this context, and a

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.paths import conf_dir
-from policies.step_sizes import decode_splits, split_tokens
+from common.paths import conf_dir
+from common.step_sizes import decode_splits, split_tokens
 
 CONF_DIR = conf_dir()  # one home: experiments/paths.py
 

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import yaml
 
-from policies import Batch, ModelSpec, Request, ScheduledSeq
-from policies.parallel import ParallelConfig
-from policies.step_sizes import (
+from common.parallel import ParallelConfig
+from common.step_sizes import (
     decode_graph_size,
     decode_graph_sizes,
     decode_splits,
     piecewise_graph_size,
     prefill_graph_key,
 )
+from policies import Batch, ModelSpec, Request, ScheduledSeq
 from simulator.cost_model import (
     StepShape,
     decode_attention_splits,

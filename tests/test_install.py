@@ -14,8 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # what a build reads: pyproject.toml, the README it names, the packages and the configs
-SOURCES = ("pyproject.toml", "README.md", "policies", "simulator", "real_backend", "experiments",
-           "conf")
+SOURCES = ("pyproject.toml", "README.md", "common", "policies", "simulator", "real_backend",
+           "experiments", "conf")
 
 
 def _files(root: Path) -> set[str]:
@@ -58,7 +58,7 @@ def test_installed_run_works_from_another_directory(installed, tmp_path):
     profile priced from the shipped operator tables (conf/calibration/h200_ops)."""
     _, target = installed
     env = {**os.environ, "PYTHONPATH": str(target)}
-    where = subprocess.run([sys.executable, "-c", "from experiments.paths import conf_dir; "
+    where = subprocess.run([sys.executable, "-c", "from common.paths import conf_dir; "
                             "import simulator.op_cost as o; print(conf_dir()); print(o.CONF_DIR)"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert where.stdout.split() == [str(target / "experiments" / "conf")] * 2, where.stderr

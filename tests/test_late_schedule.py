@@ -69,7 +69,7 @@ def test_the_scheduler_defers_only_with_overlap_late_schedule_and_nothing_waitin
 def _sim(tmp_path, name, rate, *extra):
     from hydra import compose, initialize_config_dir
 
-    from experiments.paths import conf_dir
+    from common.paths import conf_dir
 
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         cfg = compose("config", overrides=[

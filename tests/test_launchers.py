@@ -86,7 +86,7 @@ def test_every_experiment_takes_every_launcher():
     setting (joblib's n_jobs) in its body would refuse every other launcher."""
     from hydra import compose, initialize_config_dir
 
-    from experiments.paths import conf_dir
+    from common.paths import conf_dir
 
     experiments = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
     assert experiments

@@ -25,8 +25,75 @@ def test_policies_import_nothing_from_backends():
 def test_every_module_has_a_line_in_architecture_doc():
     root = Path(__file__).resolve().parent.parent
     doc = (root / "docs" / "architecture.md").read_text()
-    for pkg in ("policies", "simulator", "real_backend", "experiments", "benchmarks"):
+    for pkg in ("common", "policies", "simulator", "real_backend", "experiments", "benchmarks"):
         for path in (root / pkg).rglob("*.py"):  # subpackages too (experiments/workload/)
             if path.name == "__init__.py" or "__pycache__" in path.parts:
                 continue
             assert f"`{path.name}`" in doc or f"`{path.stem}.py`" in doc, f"{pkg}/{path.name}"
+
+
+LAYERS = {"common": 0, "policies": 1, "simulator": 2, "real_backend": 2, "experiments": 3,
+          "benchmarks": 4}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (at any depth in the module, TYPE_CHECKING
+    blocks aside: those imports never run)."""
+    root = Path(__file__).resolve().parent.parent
+    modules = {}
+    for pkg in LAYERS:
+        for path in (root / pkg).rglob("*.py"):
+            if "__pycache__" in path.parts:
+                continue
+            name = ".".join(path.relative_to(root).with_suffix("").parts)
+            modules[name.removesuffix(".__init__")] = path
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                       for n in ast.walk(node)}
+        targets = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets |= {resolve(f"{node.module}.{a.name}") or resolve(node.module)
+                            for a in node.names}
+            elif isinstance(node, ast.Import):
+                targets |= {resolve(a.name) for a in node.names}
+        graph[name] = {t for t in targets if t and t != name}
+    return graph
+
+
+def test_every_package_imports_only_the_layers_below_it():
+    for module, targets in import_graph().items():
+        layer, pkg = LAYERS[module.split(".")[0]], module.split(".")[0]
+        for target in targets:
+            other = target.split(".")[0]
+            assert LAYERS[other] < layer or other == pkg, f"{module} imports {target}"
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycle = path[path.index(target):] + [target]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target, path + [target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import yaml
 
+from common.client import Client
+from common.parallel import ParallelConfig
 from policies import ModelSpec, Request, SchedulerConfig, make_scheduler
-from policies.client import Client
-from policies.parallel import ParallelConfig
 from simulator import OverheadSpec, simulate
 from simulator.hardware import HardwareSpec
 

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 import yaml
 
+from common.parallel import ParallelConfig
+from common.step_sizes import split_tokens
 from policies import ModelSpec
-from policies.parallel import ParallelConfig
-from policies.step_sizes import split_tokens
 from simulator.cost_model import StepShape, step_cost, step_time
 from simulator.hardware import HardwareSpec
 from simulator.op_cost import graph_kernels_us, kernel_times, launch_terms

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from policies.model_spec import ModelSpec
+from common.model_spec import ModelSpec
 from simulator.hardware import HardwareSpec
 from simulator.memory import blocks_per_engine
 

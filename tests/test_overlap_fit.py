@@ -36,7 +36,7 @@ def test_runs_with_other_windows_are_refused():
 def test_committed_pairs_give_the_committed_cost():
     import yaml
 
-    from experiments.paths import conf_dir
+    from common.paths import conf_dir
 
     pairs = pd.read_csv(conf_dir() / "calibration" / "h200_calibrated.overlap.csv")
     committed = yaml.safe_load((conf_dir() / "overhead" / "schedlab_h200.yaml").read_text())

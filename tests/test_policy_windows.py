@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common.model_spec import ModelSpec
 from experiments.run import CONF_DIR
 from experiments.workload import build_workload, to_request
 from policies import SchedulerConfig, make_policy
-from policies.model_spec import ModelSpec
 from policies.scheduler import Scheduler
 from simulator.engine import simulate
 from simulator.hardware import HardwareSpec

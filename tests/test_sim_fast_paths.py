@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common.model_spec import ModelSpec
+from common.parallel import ParallelConfig
 from experiments.run import CONF_DIR
 from experiments.workload import build_workload, to_request
 from policies import SchedulerConfig, make_policy
-from policies.model_spec import ModelSpec
-from policies.parallel import ParallelConfig
 from policies.scheduler import Scheduler
 from simulator.engine import simulate
 from simulator.hardware import HardwareSpec

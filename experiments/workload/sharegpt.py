@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from common.tokenizer import load_tokenizer  # noqa: F401  (the workload's tokenizer)
 from experiments.files import atomic_path
 from experiments.workload.jsonstream import iter_json_array, read_record_at
 from experiments.workload.settings import get_int, get_path
@@ -48,20 +49,6 @@ def _bundled_cut_short(records: int) -> str:
 
 def cache_dir() -> Path:
     return Path(os.environ.get("SCHEDLAB_CACHE_DIR") or Path.home() / ".cache" / "schedlab")
-
-
-def load_tokenizer(name: str) -> Any:
-    """A quicktok encoding from a model name ("meta-llama/Meta-Llama-3-8B") or encoding name."""
-    import quicktok
-
-    try:
-        return quicktok.encoding_for_model(name)
-    except KeyError:
-        try:
-            return quicktok.get_encoding(name)
-        except (RuntimeError, KeyError, ValueError):
-            raise ValueError(f"workload.tokenizer: quicktok knows no model or encoding {name!r}"
-                             ) from None
 
 
 def _count_tokens(enc: Any, texts: Sequence[str]) -> np.ndarray:

@@ -26,7 +26,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from policies.request import Request as EngineRequest
 from real_backend.serving.engine_client import EngineClient, Event, Stream
-from real_backend.serving.front_end import HTTPSettings, ServedModel
 from real_backend.serving.metrics import FrontEndMetrics
 from real_backend.serving.protocol import (
     APIError,
@@ -37,6 +36,7 @@ from real_backend.serving.protocol import (
     usage,
     usage_chunk,
 )
+from real_backend.serving.settings import HTTPSettings, ServedModel
 from real_backend.serving.tokenizer import Detokenizer, StopStrings, Tokenizer
 
 log = logging.getLogger("uvicorn.error")

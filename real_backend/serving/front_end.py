@@ -18,7 +18,6 @@ import signal
 import socket
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from http import HTTPStatus
 from multiprocessing.connection import Connection
 from typing import Any
@@ -26,36 +25,11 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from real_backend.sampling import SamplingParams
+from real_backend.serving.app import build_app
 from real_backend.serving.engine_client import EngineClient
+from real_backend.serving.settings import HTTPSettings, ServedModel  # noqa: F401  (re-exported)
 
 FDS_SPARE = 256  # open files beyond the connections: the pipe, logs, libraries
-
-
-@dataclass(frozen=True, slots=True)
-class ServedModel:
-    name: str
-    max_model_len: int
-    vocab_size: int
-    sampling: SamplingParams
-    tokenizer: str | None  # model.tokenizer (None: the Llama-3 tokenizer)
-    # the longest request (prompt + output) the scheduler admits: model.max_model_len, the KV
-    # cache less the lookahead, the token budget of a policy that does not chunk prefills
-    max_request_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class HTTPSettings:
-    """The ``server`` section's guards of the front end (docs/serving.md, "Limits")."""
-
-    host: str = "127.0.0.1"  # server.host: a name here is an allowed Host too
-    allowed_hosts: tuple[str, ...] = ()  # Host names beyond IP addresses and localhost; "*": any
-    api_key: str | None = None  # Authorization: Bearer, on /v1/*
-    max_body_bytes: int = 16 * 2**20
-    request_timeout_s: float = 30.0  # a request's headers and body, from their first byte
-    keep_alive_timeout_s: float = 5.0  # an idle connection between requests
-    max_connections: int = 4096
-    access_log: bool = True  # a line per request on stdout (id, tokens, TTFT, E2EL, finish)
 
 
 def error_response(status: int, message: str, kind: str) -> bytes:
@@ -163,7 +137,6 @@ def run_front_end(model: ServedModel, settings: HTTPSettings, banner: str, conn:
     """The front-end process's main: wait for the engine loop, then serve on ``sock`` until
     the engine process sends SIGTERM (a clean shutdown: the engine aborts what is running,
     streams end with finish_reason "abort"), the engine fails, or it goes away."""
-    from real_backend.serving.app import build_app
     from real_backend.serving.metrics import FrontEndMetrics
     from real_backend.serving.tokenizer import Tokenizer
 

@@ -7,6 +7,8 @@ import codecs
 from collections.abc import Sequence
 from typing import Any
 
+from common.tokenizer import load_tokenizer
+
 LLAMA3_TOKENIZER = "meta-llama/Meta-Llama-3-8B"
 
 
@@ -21,8 +23,6 @@ class Tokenizer:
     """
 
     def __init__(self, name: str | None, vocab_size: int) -> None:
-        from experiments.workload.sharegpt import load_tokenizer
-
         self.enc: Any = load_tokenizer(name or LLAMA3_TOKENIZER)
         self.vocab_size = vocab_size
         self.name = self.enc.name

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from policies.model_spec import ModelSpec
+from common.model_spec import ModelSpec
 from real_backend.model import Llama, forward_dense
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "model"

@@ -233,9 +233,9 @@ def test_elementwise_bf16_llama3_8b_shapes() -> None:
 
 
 def test_decode_splits_use_the_shared_rule_on_the_gpu_only(monkeypatch) -> None:
-    """The engine splits keys by policies.step_sizes (which the simulator prices) on CUDA, with
+    """The engine splits keys by common.step_sizes (which the simulator prices) on CUDA, with
     the device's multiprocessor count; off the GPU it never splits."""
-    from policies.step_sizes import decode_splits as shared
+    from common.step_sizes import decode_splits as shared
 
     monkeypatch.setattr(tri, "_num_sms", lambda index: 8)
     for seqs in (1, 3, 8, 16, 33, 64, 256):

@@ -140,7 +140,7 @@ class _EagerPrefillGraphs:
     very function a graph captures, over the same static buffers, so padding is exercised."""
 
     def __init__(self, runner: ModelRunner) -> None:
-        from policies.step_sizes import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS
+        from common.step_sizes import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS
 
         self.runner = runner
         self.graphs = {(t, p): None for t in PREFILL_GRAPH_TOKENS for p in PREFILL_GRAPH_SEQS}
@@ -157,7 +157,7 @@ class _EagerPrefillGraphs:
 def test_padded_prefill_graph_inputs_equal_oracle(kernels: str) -> None:
     """Prefill-only windows padded to a graph's (tokens, sequences) size, with cached prefixes
     and a chunk that samples nothing, give the oracle's ids; larger windows stay eager."""
-    from policies.step_sizes import prefill_graph_key
+    from common.step_sizes import prefill_graph_key
 
     assert prefill_graph_key(10, 1, 512) == (16, 1)
     assert prefill_graph_key(200, 3, 512) == (256, 4)
@@ -189,7 +189,7 @@ class _EagerPiecewiseGraphs:
     runs the very piece a graph captures, over the runner's static buffers."""
 
     def __init__(self, runner: ModelRunner, max_tokens: int) -> None:
-        from policies.step_sizes import piecewise_graph_sizes
+        from common.step_sizes import piecewise_graph_sizes
 
         self.runner = runner
         self.sizes = piecewise_graph_sizes(max_tokens)

@@ -19,8 +19,8 @@ import pytest
 import torch
 from rb_util import load_spec
 
+from common.parallel import ParallelConfig
 from policies import ModelSpec, Request, SchedulerConfig, make_scheduler
-from policies.parallel import ParallelConfig
 from real_backend import run_real
 from real_backend.config import BackendConfig
 from real_backend.parallel import TPGroup, Workers, remove_stale_rendezvous

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from policies.base import check_int, check_settings
-from policies.model_spec import ModelSpec
+from common.checks import check_int, check_settings
+from common.model_spec import ModelSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,10 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from policies.request import Request
+if TYPE_CHECKING:
+    from policies.request import Request
 
 # The run's progress bar counts finished requests, without a rate: tqdm's "req/s" would read
 # like the benchmark's request throughput, which it is not (wall-clock, and the simulator's

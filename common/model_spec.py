@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from policies.base import check_int, check_number, check_settings
+from common.checks import check_int, check_number, check_settings
 
 
 @dataclass(frozen=True, slots=True)

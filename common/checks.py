@@ -1,0 +1,49 @@
+"""The checks of a config section's settings every layer uses: names, integers, numbers and
+flags, each refused in one line naming the setting."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+
+def check_settings(section: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """A one-line error naming the first setting of ``section`` that is not one of ``known``."""
+    known = set(known)
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise ValueError(f"{section} has no setting {unknown[0]!r}; its settings: "
+                         + (", ".join(sorted(known)) or "none"))
+
+
+def check_int(setting: str, value: Any, minimum: int) -> int:
+    """``value`` if it is an integer >= ``minimum`` (1.5, 2.0, "3" and True are refused: a
+    setting silently rounded or cast runs a different configuration than the one recorded)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{setting} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def check_number(setting: str, value: Any, *, minimum: float | None = None,
+                 positive: bool = False) -> float:
+    """``value`` if it is a finite real number (>= ``minimum``; > 0 if ``positive``)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value)):
+        raise ValueError(f"{setting} must be a finite number, got {value!r}")
+    if positive and not value > 0:
+        raise ValueError(f"{setting} must be > 0, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{setting} must be >= {minimum}, got {value!r}")
+    return value
+
+
+def check_bool(setting: str, value: Any) -> bool:
+    """``value`` if it is true or false (1, "yes" and None are refused)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{setting} must be true or false, got {value!r}")
+    return value
+
+
+def check_steps(setting: str, value: Any) -> int:
+    return check_int(f"policy.{setting}", value, 1)
