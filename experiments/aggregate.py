@@ -16,6 +16,7 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 
 from experiments.files import atomic_path
+from experiments.run_dir import AGGREGATE_FILES, record
 from experiments.scheduling_metrics import class_columns
 
 SUMMARY_KEYS = ["completed", "duration", "total_input_tokens", "total_output_tokens",
@@ -247,6 +248,8 @@ def main() -> None:
     args = ap.parse_args()
     try:
         df = aggregate(args.root)
+        # recorded as schedlab's, so a sweep into this directory later replaces them
+        record(args.root, [n for n in AGGREGATE_FILES if (Path(args.root) / n).is_file()])
     except (ValueError, OSError) as err:  # an unreadable result, an unwritable directory
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

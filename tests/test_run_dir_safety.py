@@ -176,3 +176,18 @@ def test_a_sweeps_jobs_keep_no_config_in_its_process(tmp_path, monkeypatch):
     assert len(KeepReturns.kept) == 3
     sizes = [len(pickle.dumps(r)) for r in KeepReturns.kept]
     assert max(sizes) < 5_000, sizes  # was 21 kB pickled (~0.2 MB in memory)
+
+
+def test_tables_of_a_standalone_aggregate_are_recorded_as_schedlabs(tmp_path, monkeypatch):
+    """python -m experiments.aggregate DIR writes tables a later sweep into DIR may replace."""
+    from experiments import aggregate
+    from experiments.run_dir import AGGREGATE_FILES, unrecorded
+
+    run_dir = tmp_path / "run"
+    (run_dir).mkdir()
+    (run_dir / "result.json").write_text(json.dumps(
+        {"completed": 1, "request_throughput": 1.0, "schedlab": {"policy": "single_step"}}))
+    monkeypatch.setattr(sys, "argv", ["aggregate", str(tmp_path)])
+    aggregate.main()
+    assert all((tmp_path / n).is_file() for n in AGGREGATE_FILES)
+    assert unrecorded(tmp_path, AGGREGATE_FILES) == []
