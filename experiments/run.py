@@ -206,6 +206,73 @@ class PolicyChoice:
                               self.max_model_len, self.step_time_fn)
 
 
+class ClusterChoice:
+    """The cluster a config names (``cluster.num_replicas`` or ``cluster.groups``, docs/cluster.md)
+    and its router (``router``), checked; the replicas' engines for the simulator."""
+
+    def __init__(self, cfg: Mapping[str, Any], backend: Mapping[str, Any], model: ModelSpec,
+                 parallel: ParallelConfig) -> None:
+        from policies.routers import make_router
+        from simulator.cluster import replica_groups
+
+        router = plain(cfg.get("router") or {"name": "round_robin"})
+        self.router_name = router.pop("name", "round_robin")
+        self.router = make_router(self.router_name, **router)
+        run_sections = {key: plain(cfg[key]) for key in ("model", "hardware", "overhead",
+                                                         "policy", "scheduler") if key in cfg}
+        run_sections.update(gpu_memory_utilization=cfg.get("gpu_memory_utilization", 0.9),
+                            num_blocks=backend.get("num_blocks"))
+        self.groups = replica_groups(plain(cfg.get("cluster") or {}), run_sections,
+                                     _conf_section)
+        self.size = sum(n for n, _ in self.groups)
+        if self.size > 1 and backend.get("name") != "sim":
+            raise ValueError("cluster.num_replicas > 1 is simulated only (backend=sim)")
+        self.parallel = parallel
+        self.labels: list[dict[str, Any]] = []
+
+    def replica_specs(self, cfg: Mapping[str, Any], backend: Mapping[str, Any]) -> list[Any]:
+        """Each replica's engine: its group's model, hardware, overhead, policy and KV cache."""
+        from simulator.engine import ReplicaSpec
+        from simulator.hardware import HardwareSpec
+        from simulator.memory import blocks_per_engine
+        from simulator.overhead import OverheadSpec
+
+        specs = []
+        for g, (n, sections) in enumerate(self.groups):
+            model = ModelSpec.from_dict(sections["model"])
+            self.parallel.check_model(model)
+            choice = PolicyChoice({**cfg, **sections}, model)
+            hardware = HardwareSpec.from_dict(sections["hardware"], self.parallel)
+            overhead = OverheadSpec.from_dict(sections["overhead"])
+            util = float(sections["gpu_memory_utilization"])
+            num_blocks = sections["num_blocks"]
+            if num_blocks is None:
+                num_blocks = blocks_per_engine(model, hardware,
+                                               block_size=choice.scheduler.block_size,
+                                               gpu_memory_utilization=util)
+            for _ in range(n):
+                specs.append(ReplicaSpec(
+                    choice.new_scheduler, model, hardware, overhead,
+                    block_size=choice.scheduler.block_size, gpu_memory_utilization=util,
+                    num_blocks=num_blocks,
+                    stream_per_step=bool(backend.get("stream_per_step", False)),
+                    time_scale=float(backend.get("time_scale", 1.0)), group=g))
+                self.labels.append({"group": g, "model": model.name,
+                                    "hardware": sections["hardware"].get("name"),
+                                    "overhead": sections["overhead"].get("name"),
+                                    "policy": choice.name,
+                                    "k": getattr(choice.policy, "num_steps", 1)})
+        return specs
+
+
+def _conf_section(group: str, name: str) -> dict[str, Any]:
+    """conf/<group>/<name>.yaml (a replica group's config by name)."""
+    path = Path(CONF_DIR) / group / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"cluster.groups: no {group} config {name!r} ({path})")
+    return plain(OmegaConf.load(path))
+
+
 def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         sweep_label: str | None = None) -> dict[str, Any]:
     """Run one configuration and write result.json, requests.csv (, steps.csv) and summary.txt
@@ -218,7 +285,9 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     from experiments.metrics import (
         RESULT_FILES,
         format_summary,
+        request_times,
         result_settings,
+        reusing_request_times,
         save_result_metadata,
         summarize,
         write_results,
@@ -240,6 +309,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     parallel.check_model(model)
     choice = PolicyChoice(cfg, model)
     policy = choice.policy
+    cluster = ClusterChoice(cfg, backend, model, parallel)  # cluster.*, router.*
     with_ids = backend["name"] == "real"  # the simulator needs lengths only
     workload = plain(cfg["workload"])
     specs = build_workload(workload, vocab_size=model.vocab_size if with_ids else None,
@@ -265,6 +335,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             num_blocks = blocks_per_engine(
                 model, hardware, block_size=choice.scheduler.block_size,
                 gpu_memory_utilization=float(cfg["gpu_memory_utilization"]))
+        replica_specs = cluster.replica_specs(cfg, backend) if cluster.size > 1 else None
     elif backend["name"] == "real":
         from real_backend.config import BackendConfig
         from real_backend.engine import check_overlap_backend
@@ -279,14 +350,19 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
 
     wall0 = time.perf_counter()
     if backend["name"] == "sim":
-        from simulator.engine import simulate
+        from simulator.engine import simulate, simulate_cluster
 
-        outcome = simulate(requests, choice.new_scheduler, model, hardware, overhead,
-                           block_size=choice.scheduler.block_size,
-                           gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
-                           stream_per_step=bool(backend.get("stream_per_step", False)),
-                           num_blocks=num_blocks,
-                           time_scale=time_scale, max_concurrency=limit, progress=progress)
+        if replica_specs is None:
+            outcome = simulate(requests, choice.new_scheduler, model, hardware, overhead,
+                               block_size=choice.scheduler.block_size,
+                               gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
+                               stream_per_step=bool(backend.get("stream_per_step", False)),
+                               num_blocks=num_blocks,
+                               time_scale=time_scale, max_concurrency=limit, progress=progress)
+        else:
+            cluster_outcome = simulate_cluster(requests, replica_specs, cluster.router,
+                                               max_concurrency=limit, progress=progress)
+            outcome = cluster_outcome.total
     else:
         from real_backend.engine import run_real
 
@@ -297,10 +373,12 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     if len(requests) >= LONG_WRITE_REQUESTS:
         say(f"writing results to {run_dir} ...", console=sweep_label is None)
     texts = generated_texts(requests, tokenizer) if tokenizer is not None else None
+    times = [request_times(r) for r in requests]  # once, for every metric and file below
     summary = summarize(requests, outcome.duration, percentiles=results.percentiles,
                         goodput=results.goodput, generated_texts=texts,
-                        per_request=results.save_per_request)
-    scheduling = scheduling_metrics(requests, outcome.duration, choice.service_time_fn)
+                        per_request=results.save_per_request, times=times)
+    with reusing_request_times(requests, times):
+        scheduling = scheduling_metrics(requests, outcome.duration, choice.service_time_fn)
     classes = scheduling.pop("classes", None)
     summary.update(scheduling)
     trace = workload.get("kind") == "trace"
@@ -329,6 +407,14 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     }
     if results.goodput:
         extra["goodput_slo_ms"] = dict(results.goodput)
+    replica_of = None
+    if cluster.size > 1:
+        from simulator.cluster import replica_summaries
+
+        extra.update(router=cluster.router_name, num_replicas=cluster.size)
+        replica_of = cluster_outcome.replica_of
+        result["replicas"] = replica_summaries(
+            cluster_outcome, [t.ttft if t.completed else None for t in times], cluster.labels)
     if classes:
         extra["classes"] = classes
     if backend["name"] == "sim":
@@ -340,8 +426,9 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     hidden = {STAMP_KEY, *(CUDA_ONLY_FIELDS if extra.get("device") == "cpu" else ())}
     text = format_summary(result, {k: v for k, v in extra.items() if k not in hidden},
                           shown=results.shown)
-    write_results(run_dir, result, requests, extra, steps=getattr(outcome, "steps", None),
-                  summary_text=text)
+    with reusing_request_times(requests, times):
+        write_results(run_dir, result, requests, extra, steps=getattr(outcome, "steps", None),
+                      summary_text=text, replicas=replica_of)
     record(run_dir, [name for name in RESULT_FILES if (run_dir / name).is_file()])
     if sweep_label is None:
         say(text)

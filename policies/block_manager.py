@@ -63,9 +63,14 @@ class BlockManager:
         need = -(-num_tokens // self.block_size) - len(table)
         if need <= 0:
             return True
-        if need > self.num_free_blocks:
-            return False
         returned, owned = self._returned, self._owned
+        if need == 1 and returned:  # the common case: one more block, a returned one
+            block = returned.pop()
+            owned.add(block)
+            table.append(block)
+            return True
+        if need > len(returned) + self.num_blocks - self._next_fresh:  # num_free_blocks
+            return False
         for _ in range(need):
             if returned:
                 block = returned.pop()

@@ -425,8 +425,13 @@ class Scheduler:
             if computed < req.prompt_len + req.num_output_tokens:
                 continue  # a prefill chunk that samples nothing
             useful = n if n < owed else owed
-            tokens = None if sampled is None else sampled[i]
-            useful, done = _credit(req, n, useful, useful == owed, tokens, step_times)
+            if sampled is None:  # no token ids (the simulator): _credit's work, inline
+                req.token_times.extend(step_times if useful == len(step_times)
+                                       else step_times[:useful])
+                req.num_output_tokens += useful
+                done = useful == owed
+            else:
+                useful, done = _credit(req, n, useful, useful == owed, sampled[i], step_times)
             wasted += n - useful
             if done:
                 req.state = RequestState.FINISHED

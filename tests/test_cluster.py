@@ -230,3 +230,57 @@ def test_a_router_of_your_own(tmp_path):
     res = simulate_cluster(_requests(20, 30.0), [_spec() for _ in range(3)], router,
                            progress=False)
     assert set(res.replica_of) == {2}
+
+
+def _run(tmp_path, *overrides: str) -> dict:
+    import contextlib
+    import io
+    import json
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from experiments.run import run
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = OmegaConf.to_container(compose("config", overrides=[
+            "workload=synthetic", "workload.num_prompts=120", "workload.request_rate=60",
+            "progress=false", *overrides]), resolve=True)
+    with contextlib.redirect_stdout(io.StringIO()):
+        run(cfg, tmp_path)
+    return json.loads((tmp_path / "result.json").read_text())
+
+
+def test_a_heterogeneous_cluster_run_reports_each_replica(tmp_path):
+    import csv
+
+    res = _run(tmp_path, "router=least_outstanding",
+               "cluster.groups=[{replicas:2,hardware:h200,policy:{name:multi_step,num_steps:8}},"
+               "{replicas:1,hardware:h100_sxm,policy:chunked_prefill}]")
+    assert res["schedlab"]["router"] == "least_outstanding"
+    assert res["schedlab"]["num_replicas"] == 3
+    reps = res["replicas"]
+    assert [(r["hardware"], r["policy"], r["k"]) for r in reps] == [
+        ("h200", "multi_step", 8), ("h200", "multi_step", 8), ("h100_sxm", "chunked_prefill", 1)]
+    assert sum(r["requests"] for r in reps) == res["completed"] == 120
+    assert reps[0]["num_blocks"] > reps[2]["num_blocks"]  # each group's own memory model
+    with open(tmp_path / "requests.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {int(r["replica"]) for r in rows} == {0, 1, 2}
+    assert [sum(int(r["replica"]) == i for r in rows) for i in range(3)] == \
+        [r["requests"] for r in reps]
+    with open(tmp_path / "steps.csv") as f:
+        steps = list(csv.DictReader(f))
+    assert {int(s["k"]) for s in steps if s["replica"] == "2"} == {1}
+
+
+@pytest.mark.parametrize("override,message", [
+    ("router.name=nope", "unknown router 'nope' (router.name)"),
+    ("cluster.num_replicas=0", "cluster.num_replicas must be an integer >= 1, got 0"),
+    ("cluster.groups=oops", "cluster.groups must be a non-empty list of replica groups"),
+    ("cluster.groups=[{replicas:2,hardware:nope}]", "cluster.groups: no hardware config 'nope'"),
+])
+def test_bad_cluster_settings_are_one_line_errors(tmp_path, override, message):
+    with pytest.raises(ValueError) as err:
+        _run(tmp_path, override)
+    assert message in str(err.value) and "\n" not in str(err.value)
