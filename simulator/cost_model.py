@@ -226,10 +226,19 @@ def service_time_fn(model: ModelSpec, hw: HardwareSpec):
     then one decode step per further token at batch 1 (priced at the middle context; a decode
     step's time is close to linear in its context). Slowdown's denominator."""
     first = step_time_fn(model, hw)
+    # a step's price depends on the prompt or the context alone: each priced once (a run of
+    # 1M requests has a few thousand of each)
+    prefills: dict[int, float] = {}
+    decodes: dict[int, float] = {}
 
     def alone(req) -> float:
-        prefill = first(0, 0, 0, [(req.prompt_len, 0, True)])
+        prefill = prefills.get(req.prompt_len)
+        if prefill is None:
+            prefill = prefills[req.prompt_len] = first(0, 0, 0, [(req.prompt_len, 0, True)])
         mid = req.prompt_len + req.max_tokens // 2
-        return prefill + (req.max_tokens - 1) * first(1, mid, mid, ())
+        decode = decodes.get(mid)
+        if decode is None:
+            decode = decodes[mid] = first(1, mid, mid, ())
+        return prefill + (req.max_tokens - 1) * decode
 
     return alone
