@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.files import write_text_atomic
+from experiments.files import atomic_path, write_text_atomic
 from policies.base import check_settings
 from policies.request import Request
 
@@ -356,15 +356,29 @@ def _cell(x: Any) -> Any:
 def requests_csv(requests: Sequence[Request], replicas: Sequence[int] | None = None) -> str:
     """One row per request; empty cells where a value does not exist (unfinished, 1 token).
     ``replicas``: the replica each request was served by (a cluster); 0 for every one without."""
-    rows = []
-    for i, r in enumerate(requests):
-        t = request_times(r)
-        rows.append([r.request_id, r.arrival_time, r.prompt_len, r.num_output_tokens,
-                     _cell(r.first_scheduled_time), t.ttft if t.completed else "",
-                     t.e2el if t.completed else "", _cell(t.tpot), t.num_chunks,
-                     r.num_preemptions, _cell(r.finish_time),
-                     replicas[i] if replicas is not None else 0])
-    return _csv_text(REQUEST_CSV_COLUMNS, rows)
+    buf = io.StringIO()
+    _write_requests_csv(buf, requests, replicas)
+    return buf.getvalue()
+
+
+CSV_CHUNK_ROWS = 20_000  # requests.csv is rendered and written this many rows at a time
+
+
+def _write_requests_csv(f: Any, requests: Sequence[Request],
+                        replicas: Sequence[int] | None) -> None:
+    w = csv.writer(f, lineterminator="\n")
+    w.writerow(REQUEST_CSV_COLUMNS)
+    for start in range(0, len(requests), CSV_CHUNK_ROWS):
+        rows = []
+        for i in range(start, min(start + CSV_CHUNK_ROWS, len(requests))):
+            r = requests[i]
+            t = request_times(r)
+            rows.append([r.request_id, r.arrival_time, r.prompt_len, r.num_output_tokens,
+                         _cell(r.first_scheduled_time), t.ttft if t.completed else "",
+                         t.e2el if t.completed else "", _cell(t.tpot), t.num_chunks,
+                         r.num_preemptions, _cell(r.finish_time),
+                         replicas[i] if replicas is not None else 0])
+        w.writerows(rows)
 
 
 def steps_csv(steps: Any) -> str:
@@ -408,9 +422,10 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     fails (or is interrupted) none of them is left. Returns result.json's path."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    # Everything is rendered before anything is written: a bad value leaves no new file.
+    # Everything else is rendered before anything is written: a bad value leaves no new file
+    # (requests.csv is written first, and removed with the rest if a row fails).
     result = json.dumps(_jsonable({**summary, "schedlab": dict(extra)}), allow_nan=False)
-    texts = [("requests.csv", requests_csv(requests, replicas))]
+    texts = []
     if steps is not None:
         texts.append(("steps.csv", steps_csv(steps)))
     if summary_text is not None:
@@ -418,6 +433,13 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     texts.append(("result.json", result))
     clear_results(run_dir)
     try:
+        # requests.csv in chunks, straight to its file: a 1M-request run's rows never sit in
+        # memory as one text
+        with atomic_path(run_dir / "requests.csv") as tmp, \
+                open(tmp, "w", encoding="utf-8", newline="") as f:
+            _write_requests_csv(f, requests, replicas)
+            f.flush()
+            os.fsync(f.fileno())
         for name, text in texts:
             write_text_atomic(run_dir / name, text)
     except BaseException:

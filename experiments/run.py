@@ -8,6 +8,7 @@ import os
 import sys
 import time
 import warnings
+from array import array
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -319,6 +320,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     # the real backend's outputs become text: its tokenizer is loaded before the run, not after
     tokenizer = load_tokenizer(tokenizer_id) if with_ids and results.save_per_request else None
     requests = [to_request(spec, i, with_token_ids=with_ids) for i, spec in enumerate(specs)]
+    del specs  # the requests hold what the run needs
 
     time_scale = float(backend.get("time_scale", 1.0))  # the simulator's
     progress = bool(cfg.get("progress", True))
@@ -352,16 +354,29 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     if backend["name"] == "sim":
         from simulator.engine import simulate, simulate_cluster
 
+        # Each request's times are taken as it finishes, and its per-token list let go: a
+        # 1M-request run keeps a few numbers a request, not every token's time.
+        finished_times: list[Any] = [None] * len(requests)
+
+        def keep_times(req: Request, replica: int) -> None:
+            if req.request_id < len(requests) and requests[req.request_id] is req:
+                t = request_times(req)
+                t.itls = array("d", t.itls)
+                finished_times[req.request_id] = t
+                req.token_times = []
+
         if replica_specs is None:
             outcome = simulate(requests, choice.new_scheduler, model, hardware, overhead,
                                block_size=choice.scheduler.block_size,
                                gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
                                stream_per_step=bool(backend.get("stream_per_step", False)),
                                num_blocks=num_blocks,
-                               time_scale=time_scale, max_concurrency=limit, progress=progress)
+                               time_scale=time_scale, max_concurrency=limit, progress=progress,
+                               on_finish=keep_times)
         else:
             cluster_outcome = simulate_cluster(requests, replica_specs, cluster.router,
-                                               max_concurrency=limit, progress=progress)
+                                               max_concurrency=limit, progress=progress,
+                                               on_finish=keep_times)
             outcome = cluster_outcome.total
     else:
         from real_backend.engine import run_real
@@ -373,7 +388,10 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     if len(requests) >= LONG_WRITE_REQUESTS:
         say(f"writing results to {run_dir} ...", console=sweep_label is None)
     texts = generated_texts(requests, tokenizer) if tokenizer is not None else None
-    times = [request_times(r) for r in requests]  # once, for every metric and file below
+    # once, for every metric and file below (the simulator's: taken as each request finished)
+    kept = finished_times if backend["name"] == "sim" else [None] * len(requests)
+    times = [t if t is not None else request_times(r) for t, r in zip(kept, requests, strict=True)]
+    del kept
     summary = summarize(requests, outcome.duration, percentiles=results.percentiles,
                         goodput=results.goodput, generated_texts=texts,
                         per_request=results.save_per_request, times=times)

@@ -21,7 +21,7 @@ class EventLoop:
     __slots__ = ("now", "_heap", "_seq")
 
     def __init__(self) -> None:
-        self.now = 0.0
+        self.now: float = 0  # an int until the first event, as simpy's (a t=0 run's files say 0)
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
 
