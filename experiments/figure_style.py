@@ -18,7 +18,7 @@ from experiments.labels import HUMAN_NAMES
 
 # Colours are the policy's everywhere (tab10 in this order), so figures can be read side by side.
 # the ten of matplotlib's cycle, then colours apart from them for the policies past ten
-_PALETTE = [f"C{i}" for i in range(10)] + ["black", "saddlebrown", "darkkhaki", "teal", "navy"]
+_PALETTE = [f"C{i}" for i in range(10)] + ["black", "saddlebrown", "deeppink", "teal", "navy"]
 POLICY_COLOURS = {p: _PALETTE[i % len(_PALETTE)] for i, p in enumerate(HUMAN_NAMES["policy"])}
 EXTRA_COLOURS = ("olive", "magenta", "lime", "gold", "cyan", "pink")  # policies not named above
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h")  # one per GPU (steps) or per k / load

@@ -75,11 +75,46 @@ def policy_figures(df: pd.DataFrame) -> Iterator[tuple[str, Figure]]:
         fig = _ttft_cdf(df[df["request_rate"] == rate], colours, rate, context)
         if fig is not None:
             yield f"ttft_cdf_rate{rate:g}", fig
+        fig = _overview(df, colours, goodput, goodput_label, rate, context)
+        if fig is not None:
+            yield "policies_overview", fig
 
 
-def _ttft_cdf(df: pd.DataFrame, colours: dict[str, str], rate: float,
-              context: str) -> Figure | None:
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+def _overview(df: pd.DataFrame, colours: dict[str, str], goodput: str, goodput_label: str,
+              rate: float, context: str) -> Figure | None:
+    """The three figures side by side, one legend: the README's figure."""
+    if "p99_ttft_ms" not in df:
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    rates = sorted(df["request_rate"].unique())
+    for ax, column, label, log in ((axes[0], goodput, goodput_label, False),
+                                   (axes[1], "p99_ttft_ms", "p99 TTFT (ms)", True)):
+        for policy, series in _by_policy(df, column):
+            ax.plot(series.index, series.values, marker="o", color=colours[policy],
+                    label=human("policy", policy))
+        if not log:
+            ax.plot(rates, rates, color="0.6", linestyle=":", label="offered load")
+            ax.set_ylim(bottom=0)
+        else:
+            ax.set_yscale("log")
+        ax.set_xlabel("request rate (req/s, Poisson)")
+        ax.set_ylabel(label.replace(" (req/s meeting", "\n(req/s meeting"))
+        ax.grid(alpha=0.3)
+    if not _draw_cdf(axes[2], df[df["request_rate"] == rate], colours):
+        plt.close(fig)
+        return None
+    axes[2].set_title(f"at {rate:g} req/s", fontsize=10)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9,
+               bbox_to_anchor=(0.5, -0.08), frameon=False)
+    fig.suptitle("Scheduling policies under load" + (f": {context}" if context else ""),
+                 fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_cdf(ax, df: pd.DataFrame, colours: dict[str, str]) -> int:
+    """Each policy's TTFT CDF from its runs' requests.csv on ``ax``; how many were drawn."""
     drawn = 0
     for policy in sorted(df["policy"].unique(), key=policy_order):
         ttfts = []
@@ -93,15 +128,21 @@ def _ttft_cdf(df: pd.DataFrame, colours: dict[str, str], rate: float,
         ax.plot(x, np.arange(1, len(x) + 1) / len(x), color=colours[policy],
                 label=human("policy", policy))
         drawn += 1
-    if drawn < 2:
-        plt.close(fig)
-        return None
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (ms)")
     ax.set_ylabel("fraction of requests")
+    ax.grid(alpha=0.3)
+    return drawn
+
+
+def _ttft_cdf(df: pd.DataFrame, colours: dict[str, str], rate: float,
+              context: str) -> Figure | None:
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    if _draw_cdf(ax, df, colours) < 2:
+        plt.close(fig)
+        return None
     ax.set_title(f"CDF of TTFT at {rate:g} req/s" + (f"\n{context}" if context else ""),
                  fontsize=10)
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig
 

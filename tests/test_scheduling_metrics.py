@@ -112,9 +112,9 @@ def test_the_policy_sweep_figures(tmp_path):
                          "p99_ttft_ms": rate * 10, "run_dir": str(run_dir), "model": "llama3_8b"})
     df = pd.DataFrame(rows)
     stems = [stem for stem, _ in policy_figures(df)]
-    assert stems == ["goodput_vs_rate", "p99_ttft_vs_rate", "ttft_cdf_rate20"]
+    assert stems == ["goodput_vs_rate", "p99_ttft_vs_rate", "ttft_cdf_rate20", "policies_overview"]
     made = plot_policies(df, tmp_path / "figures")
-    assert len(made) == 6 and all(p.stat().st_size > 0 for p in made)
+    assert len(made) == 8 and all(p.stat().st_size > 0 for p in made)
     assert list(policy_figures(df[df["policy"] == "sjf"])) == []  # one policy: nothing to compare
 
 
