@@ -186,10 +186,10 @@ def test_readme_overlap_table_is_the_overlap_validation_csv():
 
 
 def test_readme_models_table_is_the_leave_one_out_csv():
-    """The README's leave-one-model-out summary is docs/validation/models.csv: per model and
+    """docs/validation/README.md's leave-one-model-out summary is docs/validation/models.csv: per model and
     metric the worst held-out error, the old profile's in brackets, and the count of cells
     over target."""
-    text = (ROOT / "README.md").read_text()
+    text = (VALIDATION / "README.md").read_text()
     header, rows = markdown_rows(text, "model (held out)")
     metrics = [SUMMARY_METRICS[h] for h in header[1:]]
     df = pd.read_csv(VALIDATION / "models.csv")
