@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -321,140 +322,149 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     tokenizer = load_tokenizer(tokenizer_id) if with_ids and results.save_per_request else None
     requests = [to_request(spec, i, with_token_ids=with_ids) for i, spec in enumerate(specs)]
     del specs  # the requests hold what the run needs
+    # They live to the run's end: the cyclic collector need not rescan them (a 1M-request
+    # run's metrics would spend much of their time in it); unfrozen when the run ends.
+    gc.freeze()
+    try:
 
-    time_scale = float(backend.get("time_scale", 1.0))  # the simulator's
-    progress = bool(cfg.get("progress", True))
-    settings = {k: v for k, v in backend.items() if k != "name"}
-    if backend["name"] == "sim":
-        from simulator.hardware import HardwareSpec
-        from simulator.memory import blocks_per_engine
-        from simulator.overhead import OverheadSpec
+        time_scale = float(backend.get("time_scale", 1.0))  # the simulator's
+        progress = bool(cfg.get("progress", True))
+        settings = {k: v for k, v in backend.items() if k != "name"}
+        if backend["name"] == "sim":
+            from simulator.hardware import HardwareSpec
+            from simulator.memory import blocks_per_engine
+            from simulator.overhead import OverheadSpec
 
-        hardware = HardwareSpec.from_dict(plain(cfg["hardware"]), parallel)
-        overhead = OverheadSpec.from_dict(plain(cfg["overhead"]))
-        num_blocks = backend.get("num_blocks")
-        if num_blocks is None:  # sized now: a model too big for the GPU is refused here
-            num_blocks = blocks_per_engine(
-                model, hardware, block_size=choice.scheduler.block_size,
-                gpu_memory_utilization=float(cfg["gpu_memory_utilization"]))
-        replica_specs = cluster.replica_specs(cfg, backend) if cluster.size > 1 else None
-    elif backend["name"] == "real":
-        from real_backend.config import BackendConfig
-        from real_backend.engine import check_overlap_backend
+            hardware = HardwareSpec.from_dict(plain(cfg["hardware"]), parallel)
+            overhead = OverheadSpec.from_dict(plain(cfg["overhead"]))
+            num_blocks = backend.get("num_blocks")
+            if num_blocks is None:  # sized now: a model too big for the GPU is refused here
+                num_blocks = blocks_per_engine(
+                    model, hardware, block_size=choice.scheduler.block_size,
+                    gpu_memory_utilization=float(cfg["gpu_memory_utilization"]))
+            replica_specs = cluster.replica_specs(cfg, backend) if cluster.size > 1 else None
+        elif backend["name"] == "real":
+            from real_backend.config import BackendConfig
+            from real_backend.engine import check_overlap_backend
 
-        check_overlap_backend(choice.new_scheduler(1), BackendConfig.from_mapping(settings))
-    else:
-        raise ValueError(f"backend.name must be sim or real, got {backend['name']!r}")
-    # Every setting is checked: now the run directory (a run of a sweep: a job directory)
-    setting = "hydra.run.dir" if sweep_label is None else "hydra.sweep.dir"
-    check_inputs_outside(cfg, run_dir, (*RESULT_FILES, MANIFEST), setting)
-    remove_recorded(run_dir, RESULT_FILES, setting)
-
-    wall0 = time.perf_counter()
-    if backend["name"] == "sim":
-        from simulator.engine import simulate, simulate_cluster
-
-        # Each request's times are taken as it finishes, and its per-token list let go: a
-        # 1M-request run keeps a few numbers a request, not every token's time.
-        finished_times: list[Any] = [None] * len(requests)
-
-        def keep_times(req: Request, replica: int) -> None:
-            if req.request_id < len(requests) and requests[req.request_id] is req:
-                t = request_times(req)
-                t.itls = array("d", t.itls)
-                finished_times[req.request_id] = t
-                req.token_times = []
-
-        if replica_specs is None:
-            outcome = simulate(requests, choice.new_scheduler, model, hardware, overhead,
-                               block_size=choice.scheduler.block_size,
-                               gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
-                               stream_per_step=bool(backend.get("stream_per_step", False)),
-                               num_blocks=num_blocks,
-                               time_scale=time_scale, max_concurrency=limit, progress=progress,
-                               on_finish=keep_times)
+            check_overlap_backend(choice.new_scheduler(1), BackendConfig.from_mapping(settings))
         else:
-            cluster_outcome = simulate_cluster(requests, replica_specs, cluster.router,
-                                               max_concurrency=limit, progress=progress,
-                                               on_finish=keep_times)
-            outcome = cluster_outcome.total
-    else:
-        from real_backend.engine import run_real
+            raise ValueError(f"backend.name must be sim or real, got {backend['name']!r}")
+        # Every setting is checked: now the run directory (a run of a sweep: a job directory)
+        setting = "hydra.run.dir" if sweep_label is None else "hydra.sweep.dir"
+        check_inputs_outside(cfg, run_dir, (*RESULT_FILES, MANIFEST), setting)
+        remove_recorded(run_dir, RESULT_FILES, setting)
 
-        outcome = run_real(requests, choice.new_scheduler, model, settings, max_concurrency=limit,
-                           progress=progress, parallel=parallel)
-    wall = time.perf_counter() - wall0
+        wall0 = time.perf_counter()
+        if backend["name"] == "sim":
+            from simulator.engine import simulate, simulate_cluster
 
-    if len(requests) >= LONG_WRITE_REQUESTS:
-        say(f"writing results to {run_dir} ...", console=sweep_label is None)
-    texts = generated_texts(requests, tokenizer) if tokenizer is not None else None
-    # once, for every metric and file below (the simulator's: taken as each request finished)
-    kept = finished_times if backend["name"] == "sim" else [None] * len(requests)
-    times = [t if t is not None else request_times(r) for t, r in zip(kept, requests, strict=True)]
-    del kept
-    summary = summarize(requests, outcome.duration, percentiles=results.percentiles,
-                        goodput=results.goodput, generated_texts=texts,
-                        per_request=results.save_per_request, times=times)
-    with reusing_request_times(requests, times):
-        scheduling = scheduling_metrics(requests, outcome.duration, choice.service_time_fn)
-    classes = scheduling.pop("classes", None)
-    summary.update(scheduling)
-    trace = workload.get("kind") == "trace"
-    result = {**save_result_metadata(
-        backend=f"schedlab-{backend['name']}", model_id=model.name, tokenizer_id=tokenizer_id,
-        num_prompts=len(requests),
-        request_rate=None if trace else get_float(workload, "request_rate", math.inf),
-        burstiness=None if trace else get_float(workload, "burstiness", 1.0),
-        max_concurrency=limit), **summary}
-    extra = {
-        "backend": backend["name"],
-        "policy": choice.name,
-        "policy_settings": policy.describe(),
-        "k": getattr(policy, "num_steps", 1),
-        "overlap": bool(getattr(policy, "overlap", False)),
-        "model": model.name,
-        "tensor_parallel_size": parallel.tensor_parallel_size,
-        "pipeline_parallel_size": parallel.pipeline_parallel_size,
-        "hardware": (plain(cfg["hardware"]).get("name") if backend["name"] == "sim"
-                     else getattr(outcome, "stats", {}).get("device_name", backend.get("device"))),
-        "overhead": plain(cfg["overhead"]).get("name") if backend["name"] == "sim" else None,
-        "workload": workload,
-        "wall_seconds": wall,
-        **outcome_stats(outcome),
-        STAMP_KEY: config_stamp(cfg),
-    }
-    if results.goodput:
-        extra["goodput_slo_ms"] = dict(results.goodput)
-    replica_of = None
-    if cluster.size > 1:
-        from simulator.cluster import replica_summaries
+            # Each request's times are taken as it finishes, and its per-token list let go: a
+            # 1M-request run keeps a few numbers a request, not every token's time.
+            finished_times: list[Any] = [None] * len(requests)
 
-        extra.update(router=cluster.router_name, num_replicas=cluster.size)
-        replica_of = cluster_outcome.replica_of
-        result["replicas"] = replica_summaries(
-            cluster_outcome, [t.ttft if t.completed else None for t in times], cluster.labels)
-    if classes:
-        extra["classes"] = classes
-    if backend["name"] == "sim":
-        extra["time_scale"] = time_scale
-        extra["simulated_seconds"] = outcome.duration
-        extra["simulated_seconds_per_wall_second"] = outcome.duration / max(wall, 1e-9)
-    if backend.get("save_token_ids"):
-        result["output_token_ids"] = [list(r.output_token_ids) for r in requests]
-    hidden = {STAMP_KEY, *(CUDA_ONLY_FIELDS if extra.get("device") == "cpu" else ())}
-    text = format_summary(result, {k: v for k, v in extra.items() if k not in hidden},
-                          shown=results.shown)
-    with reusing_request_times(requests, times):
-        write_results(run_dir, result, requests, extra, steps=getattr(outcome, "steps", None),
-                      summary_text=text, replicas=replica_of)
-    record(run_dir, [name for name in RESULT_FILES if (run_dir / name).is_file()])
-    if sweep_label is None:
-        say(text)
-        say(f"results: {run_dir}{os.sep} ({', '.join(_written(run_dir))})")
-    else:
-        say(text, console=False)
-        say(sweep_line(sweep_label, result, run_dir))
-    return {**result, "schedlab": extra}
+            def keep_times(req: Request, replica: int) -> None:
+                if req.request_id < len(requests) and requests[req.request_id] is req:
+                    t = request_times(req)
+                    t.itls = array("d", t.itls)
+                    finished_times[req.request_id] = t
+                    req.token_times = []
+
+            if replica_specs is None:
+                outcome = simulate(requests, choice.new_scheduler, model, hardware, overhead,
+                                   block_size=choice.scheduler.block_size,
+                                   gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
+                                   stream_per_step=bool(backend.get("stream_per_step", False)),
+                                   num_blocks=num_blocks,
+                                   time_scale=time_scale, max_concurrency=limit, progress=progress,
+                                   on_finish=keep_times)
+            else:
+                cluster_outcome = simulate_cluster(requests, replica_specs, cluster.router,
+                                                   max_concurrency=limit, progress=progress,
+                                                   on_finish=keep_times)
+                outcome = cluster_outcome.total
+        else:
+            from real_backend.engine import run_real
+
+            outcome = run_real(requests, choice.new_scheduler, model, settings,
+                               max_concurrency=limit,
+                               progress=progress, parallel=parallel)
+        wall = time.perf_counter() - wall0
+
+        if len(requests) >= LONG_WRITE_REQUESTS:
+            say(f"writing results to {run_dir} ...", console=sweep_label is None)
+        texts = generated_texts(requests, tokenizer) if tokenizer is not None else None
+        # once, for every metric and file below (the simulator's: taken as each request finished)
+        kept = finished_times if backend["name"] == "sim" else [None] * len(requests)
+        times = [t if t is not None else request_times(r)
+                 for t, r in zip(kept, requests, strict=True)]
+        del kept
+        summary = summarize(requests, outcome.duration, percentiles=results.percentiles,
+                            goodput=results.goodput, generated_texts=texts,
+                            per_request=results.save_per_request, times=times)
+        with reusing_request_times(requests, times):
+            scheduling = scheduling_metrics(requests, outcome.duration, choice.service_time_fn)
+        classes = scheduling.pop("classes", None)
+        summary.update(scheduling)
+        trace = workload.get("kind") == "trace"
+        result = {**save_result_metadata(
+            backend=f"schedlab-{backend['name']}", model_id=model.name, tokenizer_id=tokenizer_id,
+            num_prompts=len(requests),
+            request_rate=None if trace else get_float(workload, "request_rate", math.inf),
+            burstiness=None if trace else get_float(workload, "burstiness", 1.0),
+            max_concurrency=limit), **summary}
+        extra = {
+            "backend": backend["name"],
+            "policy": choice.name,
+            "policy_settings": policy.describe(),
+            "k": getattr(policy, "num_steps", 1),
+            "overlap": bool(getattr(policy, "overlap", False)),
+            "model": model.name,
+            "tensor_parallel_size": parallel.tensor_parallel_size,
+            "pipeline_parallel_size": parallel.pipeline_parallel_size,
+            "hardware": (plain(cfg["hardware"]).get("name") if backend["name"] == "sim"
+                         else getattr(outcome, "stats", {}).get("device_name",
+                                                                backend.get("device"))),
+            "overhead": plain(cfg["overhead"]).get("name") if backend["name"] == "sim" else None,
+            "workload": workload,
+            "wall_seconds": wall,
+            **outcome_stats(outcome),
+            STAMP_KEY: config_stamp(cfg),
+        }
+        if results.goodput:
+            extra["goodput_slo_ms"] = dict(results.goodput)
+        replica_of = None
+        if cluster.size > 1:
+            from simulator.cluster import replica_summaries
+
+            extra.update(router=cluster.router_name, num_replicas=cluster.size)
+            replica_of = cluster_outcome.replica_of
+            result["replicas"] = replica_summaries(
+                cluster_outcome, [t.ttft if t.completed else None for t in times], cluster.labels)
+        if classes:
+            extra["classes"] = classes
+        if backend["name"] == "sim":
+            extra["time_scale"] = time_scale
+            extra["simulated_seconds"] = outcome.duration
+            extra["simulated_seconds_per_wall_second"] = outcome.duration / max(wall, 1e-9)
+        if backend.get("save_token_ids"):
+            result["output_token_ids"] = [list(r.output_token_ids) for r in requests]
+        hidden = {STAMP_KEY, *(CUDA_ONLY_FIELDS if extra.get("device") == "cpu" else ())}
+        text = format_summary(result, {k: v for k, v in extra.items() if k not in hidden},
+                              shown=results.shown)
+        with reusing_request_times(requests, times):
+            write_results(run_dir, result, requests, extra, steps=getattr(outcome, "steps", None),
+                          summary_text=text, replicas=replica_of)
+        record(run_dir, [name for name in RESULT_FILES if (run_dir / name).is_file()])
+        if sweep_label is None:
+            say(text)
+            say(f"results: {run_dir}{os.sep} ({', '.join(_written(run_dir))})")
+        else:
+            say(text, console=False)
+            say(sweep_line(sweep_label, result, run_dir))
+        return {**result, "schedlab": extra}
+    finally:
+        gc.unfreeze()
 
 
 def _written(run_dir: Path) -> list[str]:

@@ -70,14 +70,14 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from common.client import PROGRESS_BAR_FORMAT, Client
-from common.model_spec import ModelSpec
-from policies.routers import ReplicaLoad, RoundRobin, Router
 from tqdm import tqdm
 
+from common.client import PROGRESS_BAR_FORMAT, Client
+from common.model_spec import ModelSpec
 from policies.batch import Batch
 from policies.late_schedule import LateSchedule
 from policies.request import Request, RequestState
+from policies.routers import ReplicaLoad, RoundRobin, Router
 from policies.scheduler import Scheduler, SchedulerStats
 from simulator.clock import PowerClock
 from simulator.cost_model import StepShape, window_shapes
