@@ -30,13 +30,16 @@ METRICS = ["request_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms"
 _COUNTS = {"k": 1, "num_prompts": 1, "seed": 0, "num_blocks": 1}
 
 
-def measured_from_dir(root: Path | Sequence[Path], skip_unreadable: bool = False
+def measured_from_dir(root: Path | Sequence[Path], skip_unreadable: bool = False,
+                      assume_policy: tuple[str, int | None] | None = None
                       ) -> dict[tuple, dict[str, Any]]:
     """Measured results keyed by (policy, k, rate) from our or vLLM's result.json files under
     ``root`` (a directory, or several read as one).
 
     A vLLM benchmark_serving file names its policy through --metadata (policy=..., num_steps=...)
-    or, failing that, is read as multi_step with its num_scheduler_steps (single_step if absent).
+    or, failing that, is read as multi_step with its num_scheduler_steps; a file with neither
+    is refused unless ``assume_policy`` (validate's --assume-policy: the policy and k) says what
+    it ran.
     Several files of one configuration are repeats of one measurement (the same workload and
     seed): each metric is their mean, and ``repeats`` / ``spread`` (max - min over the mean, per
     metric) say how much the measurement itself moved. Their KV caches may differ by a few
@@ -44,11 +47,12 @@ def measured_from_dir(root: Path | Sequence[Path], skip_unreadable: bool = False
     validate.predict accepts that only where the simulator predicts the same for each of them.
 
     A file that cannot be read (a repeat cut short) is an error naming every such file unless
-    ``skip_unreadable``; then each is named on stderr, as is every JSON file that is not a
-    benchmark result. A result whose settings or metrics are not numbers is an error naming it.
+    ``skip_unreadable``; then they are named on stderr, as are the JSON files that are not
+    benchmark results (one line per kind of skipped file). A result whose settings or metrics
+    are not numbers is an error naming it.
     """
     runs: dict[tuple, list[dict[str, Any]]] = {}
-    unreadable = []
+    unreadable, not_results, empty = [], [], []
     roots = [root] if isinstance(root, Path) else list(root)
     resolved = [r.resolve() for r in roots]
     # a directory named twice, or inside another named, is read once
@@ -61,26 +65,43 @@ def measured_from_dir(root: Path | Sequence[Path], skip_unreadable: bool = False
             unreadable.append(f"{p} ({err.reason})")
             continue
         if not isinstance(res, dict) or "request_throughput" not in res:
-            print(f"note: --measured-dir: skipped {p}: not a benchmark result "
-                  "(no request_throughput)", file=sys.stderr)
+            not_results.append(str(p))
             continue
-        row = measured_row(res, p, next((r for r in resolved if p.is_relative_to(r)), None))
+        row = measured_row(res, p, next((r for r in resolved if p.is_relative_to(r)), None),
+                           assume_policy)
         if all(known(row.get(m)) is None for m in METRICS):
             # a run that completed nothing: averaged in, it would count as a repeat
-            print(f"note: --measured-dir: skipped {p}: no metric is a number (all null or "
-                  "NaN)", file=sys.stderr)
+            empty.append(str(p))
             continue
         runs.setdefault((row["policy"], row["k"], row["request_rate"]), []).append(row)
     if unreadable and not skip_unreadable:
         raise ValueError(f"{len(unreadable)} unreadable file(s): " + "; ".join(unreadable)
                          + " (a repeat cut short? remove them, or pass --skip-unreadable)")
-    for name in unreadable:
-        print(f"note: --measured-dir: skipped unreadable {name}", file=sys.stderr)
+    for names, what in ((unreadable, "unreadable"),
+                        (not_results, "not a benchmark result (no request_throughput)"),
+                        (empty, "no metric is a number (all null or NaN)")):
+        if len(names) == 1:
+            print(f"note: --measured-dir: skipped {names[0]}: {what}", file=sys.stderr)
+        elif names:
+            print(f"note: --measured-dir: skipped {len(names)} files, {what}: "
+                  + short_list(names), file=sys.stderr)
     return {key: average_repeats(rows) for key, rows in runs.items()}
 
 
-def measured_row(res: dict[str, Any], path: Path, root: Path | None = None) -> dict[str, Any]:
+def short_list(items: Sequence[str], most: int = 5) -> str:
+    """Items on one line: the first ``most`` of them and how many more."""
+    shown = "; ".join(items[:most])
+    return shown + (f"; and {len(items) - most} more" if len(items) > most else "")
+
+
+def measured_row(res: dict[str, Any], path: Path, root: Path | None = None,
+                 assume_policy: tuple[str, int | None] | None = None) -> dict[str, Any]:
     """The table row of one measured result file, its settings and metrics checked.
+
+    A vLLM file records its policy only through --metadata (``policy``, ``num_steps`` or
+    ``num_scheduler_steps``); without it, ``assume_policy`` (policy, k) stands in, else the
+    file is refused: taken for single_step in silence, it would be compared with the wrong
+    simulation.
 
     A client's send times (``schedlab.workload.arrivals``) are read only from inside ``root``
     (the measured directory, resolved; the file's own directory if None): a result names
@@ -114,12 +135,23 @@ def measured_row(res: dict[str, Any], path: Path, root: Path | None = None) -> d
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
     row["file"] = str(path)
+    row["failed"] = res.get("failed", res.get("num_failed"))  # loadgen's name before vLLM's
     arrivals = (ext.get("workload") or {}).get("arrivals") if ext else None
     if arrivals is not None:  # the requests as a client sent them (experiments.loadgen)
         row["arrivals"] = str(_arrivals_file(path, arrivals, root or path.parent.resolve()))
     if ext is None:
         steps = res.get("num_steps", res.get("num_scheduler_steps"))
-        row["policy"] = res.get("policy") or ("multi_step" if steps else "single_step")
+        if res.get("policy"):
+            row["policy"] = res["policy"]
+        elif steps is not None:
+            row["policy"] = "multi_step"  # vLLM V0's --num-scheduler-steps
+        elif assume_policy is not None:
+            row["policy"], steps = assume_policy
+        else:
+            raise ValueError(f"{path}: no policy recorded (a vLLM result saved without "
+                             "--metadata); record it when measuring (vllm bench serve ... "
+                             "--metadata policy=multi_step num_scheduler_steps=8) or give it "
+                             "here (--assume-policy single_step, or multi_step:8)")
         row["k"] = steps
         row["num_prompts"] = res.get("num_prompts") or res.get("completed")
         row["seed"] = res.get("seed", 0)  # benchmark_serving's default
@@ -204,6 +236,10 @@ def average_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                  f"configuration with different {field} ({b!r} and {a!r})")
     sizes = {known(r.get("num_blocks")) for r in rows}
     out = {**first, "repeats": len(rows), "spread": {},
+           # each repeat's workload as measured (validate compares it with the simulated one)
+           "workloads": [{k: r.get(k) for k in ("file", "completed", "total_input_tokens",
+                                                "total_output_tokens", "failed")}
+                         for r in rows],
            "cache_sizes": sorted(int(b) for b in sizes if b is not None),
            "files": [r["file"] for r in rows if r.get("file")],
            # a client's own send times replay only one run: repeats use the seed's arrivals

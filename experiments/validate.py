@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import sys
@@ -19,14 +21,24 @@ from omegaconf.errors import OmegaConfBaseException
 
 from experiments.aggregate import row_of
 from experiments.files import write_text_atomic
-from experiments.measured import METRICS, average_repeats, checked_rate, known, measured_from_dir
+from experiments.measured import (
+    METRICS,
+    average_repeats,
+    checked_rate,
+    known,
+    measured_from_dir,
+    short_list,
+)
 from experiments.profiles import InputError, load_profile, one_line
 from experiments.run import CONF_DIR, run
 from policies.base import POLICIES as POLICY_CLASSES
 
-# (policy, k): the grid of the validation issue
-POLICIES = [("single_step", None), ("multi_step", 1), ("multi_step", 2), ("multi_step", 4),
-            ("multi_step", 8), ("multi_step", 16), ("cp1", 8), ("cp2", 8)]
+# (policy, k): the grid of the validation issue, as --policies writes it
+POLICIES = "single_step,multi_step:1,multi_step:2,multi_step:4,multi_step:8,multi_step:16,cp1:8,cp2:8"
+# How far a measured workload's totals (requests, input and output tokens) may lie from the
+# simulated workload's before the comparison is refused: the simulator must run the requests
+# that were measured, else its errors measure the workloads' difference.
+WORKLOAD_TOLERANCE = 0.01
 
 
 def replay_overrides(overrides: list[str], trace: str) -> list[str]:
@@ -71,8 +83,9 @@ def _compose(overrides: list[str]) -> dict[str, Any]:
 
 def run_one(overrides: list[str], run_dir: Path,
             replace: dict[str, dict[str, Any]] | None = None,
-            sources: dict[str, str] | None = None) -> dict[str, Any]:
-    """Compose the config as the run command would, then run it (unless already done).
+            sources: dict[str, str] | None = None, quiet: bool = False) -> dict[str, Any]:
+    """Compose the config as the run command would, then run it (unless already done);
+    ``quiet``: without printing its summary (it is in the run's summary.txt).
 
     Bad settings, and a run directory that cannot be written, are an InputError naming them.
     """
@@ -86,7 +99,8 @@ def run_one(overrides: list[str], run_dir: Path,
         # a stamp of an earlier configuration goes first: a run cut short after writing its
         # result.json must not leave that result under the earlier configuration's stamp
         stamp.unlink(missing_ok=True)
-        out = run(cfg, run_dir)
+        with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+            out = run(cfg, run_dir)
         write_text_atomic(stamp, key)  # written last: a run cut short leaves no stamp
     except OSError as err:  # a file it reads or writes (a full disk's error names none)
         raise InputError(f"{run_dir.name}: {err.filename or run_dir}: "
@@ -110,6 +124,33 @@ def relative_errors(pred: dict, meas: dict) -> list[dict[str, Any]]:
                      "measured_spread": meas.get("spread", {}).get(m, math.nan),
                      "predicted_spread": pred.get("spread", {}).get(m, math.nan)})
     return rows
+
+
+def workload_mismatch(pred: dict[str, Any], meas: dict[str, Any],
+                      tolerance: float = WORKLOAD_TOLERANCE) -> tuple[list[str], list[str]]:
+    """How each measured repeat's workload differs from the simulated one: its completed
+    requests, total input and output tokens, each more than ``tolerance`` (relative) apart;
+    and the files that record no totals to compare."""
+    problems, unknown = [], []
+    for w in meas.get("workloads", []):
+        diffs, compared = [], False
+        for key, name in (("completed", "requests"), ("total_input_tokens", "input tokens"),
+                          ("total_output_tokens", "output tokens")):
+            m, p = known(w.get(key)), known(pred.get(key))
+            if not isinstance(m, float) or not isinstance(p, float):
+                continue
+            compared = True
+            if abs(p - m) > tolerance * abs(m):
+                rel = f"{(p - m) / m:+.1%}" if m else "measured none"
+                diffs.append(f"{name} {m:,.0f} measured, {p:,.0f} simulated ({rel})")
+        if diffs:
+            failed = known(w.get("failed"))
+            if isinstance(failed, float) and failed > 0:
+                diffs.append(f"{failed:,.0f} measured requests failed")
+            problems.append(f"{w.get('file')}: " + ", ".join(diffs))
+        elif not compared:
+            unknown.append(str(w.get("file")))
+    return problems, unknown
 
 
 def write_table(df: pd.DataFrame, out: Path, command: str) -> None:
@@ -215,7 +256,8 @@ def predict(overrides: list[str], run_dir: Path, profiles: dict, cache_sizes: li
         for scale, sub in zip(scales, sim_run_dirs(run_dir, cache_sizes, blocks, scales)):
             # one run at scale 1 keeps a --override backend.time_scale
             scaled = [f"backend.time_scale={scale}"] if scales != [1.0] else []
-            runs.append(row_of(run_one(overrides + cache + scaled, sub, profiles, sources),
+            runs.append(row_of(run_one(overrides + cache + scaled, sub, profiles, sources,
+                                       quiet=True),
                                sub / "result.json"))
         preds.append(average_repeats(runs))
     for p in preds[1:]:
@@ -314,23 +356,34 @@ def check_device(device: str, flag: str) -> None:
         raise InputError(f"{flag}: this host has {torch.cuda.device_count()} CUDA device(s)")
 
 
+def _assumed_policy(text: str) -> tuple[str, int | None]:
+    """--assume-policy: one policy[:k] item of the grid's form."""
+    if "," in text:
+        raise argparse.ArgumentTypeError(f"one policy[:k], got {text!r}")
+    return _policy_grid(text)[0]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = _Parser(description=__doc__)
-    ap.add_argument("--model", default="llama3_8b")
+    ap = _Parser(prog="python -m experiments.validate", description=__doc__,
+                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--model", default="llama3_8b", help="model shape: a name in conf/model")
     ap.add_argument("--hardware", default="h200_calibrated",
                     help="simulator hardware profile: a name in conf/hardware or a YAML file")
     ap.add_argument("--overhead", default="schedlab_h200",
                     help="simulator overhead profile: a name in conf/overhead or a YAML file")
-    ap.add_argument("--device", default="cuda", help="real backend device")
-    ap.add_argument("--workload", default="sharegpt")
-    ap.add_argument("--num-prompts", type=_at_least(1), default=1000)
+    ap.add_argument("--device", default="cuda",
+                    help="the real backend's device (without --measured-dir)")
+    ap.add_argument("--workload", default="sharegpt",
+                    help="workload: a name in conf/workload (a measured file's client send "
+                    "times, where it records them, replace its arrivals)")
+    ap.add_argument("--num-prompts", type=_at_least(1), default=1000,
+                    help="requests per run (a measured file's own num_prompts wins)")
     ap.add_argument("--seed", type=_at_least(0), default=1,
-                    help="workload seed (calibration uses none)")
+                    help="workload seed (a measured file's own seed wins; vLLM's default is 0)")
     ap.add_argument("--rates", type=_rates, default="inf,20,40",
-                    help="comma-separated request rates (> 0, or inf)")
+                    help="comma-separated request rates (> 0, or inf: all at t=0)")
     ap.add_argument("--policies", type=_policy_grid, default=POLICIES,
-                    help="comma-separated policy:k items, k for policies with a step count "
-                    "(default: the full grid)")
+                    help="comma-separated policy:k items, k for policies with a step count")
     ap.add_argument("--stream-per-step", type=lambda v: v.lower() in ("1", "true", "yes"),
                     default=True, help="simulate per-step streaming, as schedlab's engine does "
                     "(true); false for vLLM V0, whose multi-step windows stream in bursts")
@@ -341,13 +394,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="the simulated runs' time scales span 1 +- this: each run is one draw "
                     "of the phase between arrivals and windows, which moves with the step time")
     ap.add_argument("--measured-dir", action="append", default=None,
-                    help="take the measured side from result.json files here (ours or vLLM's); "
-                    "repeatable: several directories read as one")
+                    help="take the measured side from result.json files here (ours or vLLM's) "
+                    "instead of running the real backend; repeatable: several directories "
+                    "read as one")
+    ap.add_argument("--assume-policy", type=_assumed_policy, default=None, metavar="POLICY[:K]",
+                    help="with --measured-dir: the policy of vLLM files that record none "
+                    "(saved without --metadata policy=... num_scheduler_steps=...); without "
+                    "it such a file is refused")
+    ap.add_argument("--allow-workload-mismatch", action="store_true",
+                    help="with --measured-dir: compare even where a measured file's requests "
+                    "or input or output tokens differ from the simulated workload's by more "
+                    f"than {WORKLOAD_TOLERANCE * 100:g}%% (each is named)")
     ap.add_argument("--skip-unreadable", action="store_true",
                     help="with --measured-dir: skip (and name) files that cannot be read, "
                     "rather than stop")
-    ap.add_argument("--runs", default="validation_runs", help="where run directories go")
-    ap.add_argument("--out", default="docs/validation", help="table and figure directory")
+    ap.add_argument("--runs", default="validation_runs",
+                    help="where the run directories go (finished runs are reused)")
+    ap.add_argument("--out", default="docs/validation",
+                    help="where validation.csv, validation.md and the scatter go")
     ap.add_argument("--override", action="append", default=[],
                     help="extra Hydra override for both backends (repeatable)")
     ap.add_argument("--real-override", action="append", default=[],
@@ -378,7 +442,7 @@ def validate(args: argparse.Namespace, argv: list[str]) -> pd.DataFrame:
                 raise InputError(f"--measured-dir {d}: not a directory")
         try:
             measured = measured_from_dir([Path(d) for d in args.measured_dir],
-                                         args.skip_unreadable)
+                                         args.skip_unreadable, args.assume_policy)
         except ValueError as err:
             raise InputError(f"--measured-dir: {err}") from None
     scales = time_scales(args.sim_repeats, args.sim_spread)
@@ -398,7 +462,7 @@ def validate(args: argparse.Namespace, argv: list[str]) -> pd.DataFrame:
         flag = f"--device {args.device}" if chosen == real_side[1] else f"--real-override {chosen}"
         check_device(compose_config(first + real_side, sources)["backend"]["device"], flag)
     runs, out = writable_dir("--runs", args.runs), writable_dir("--out", args.out)
-    rows, used = [], set()
+    rows, used, missing, untotalled = [], set(), [], []
     for policy, k in args.policies:
         for rate in args.rates:
             tag = f"{policy}_k{k or 1}_rate{rate:g}"
@@ -406,12 +470,12 @@ def validate(args: argparse.Namespace, argv: list[str]) -> pd.DataFrame:
                 base = config_overrides(policy, k, rate, args, args.num_prompts, args.seed)
                 real_dir = runs / "real" / tag
                 meas = average_repeats([row_of(run_one(base + real_side, real_dir,
-                                                       sources=sources),
+                                                       sources=sources, quiet=True),
                                                real_dir / "result.json")])
             else:
                 meas = measured.get((policy, k, rate))
                 if meas is None:
-                    print(f"no measured result for {policy} k={k} rate={rate:g}; skipped")
+                    missing.append(f"{policy}{'' if k is None else f' k={k}'} rate={rate:g}")
                     continue
                 used.add((policy, k, rate))
                 # simulate the workload that was measured
@@ -427,13 +491,33 @@ def validate(args: argparse.Namespace, argv: list[str]) -> pd.DataFrame:
                 base += measured_engine(meas)
             pred = predict(base + sim_side, runs / "sim" / tag, profiles, meas["cache_sizes"],
                            scales, sources)
+            if measured is not None:
+                problems, unknown = workload_mismatch(pred, meas)
+                untotalled += unknown
+                if problems and not args.allow_workload_mismatch:
+                    raise InputError(
+                        f"--measured-dir: {'; '.join(problems)}: the simulated workload "
+                        f"(--workload {args.workload}, its seed and prompts as measured) is not "
+                        "the measured one; simulate the requests that were measured, or pass "
+                        "--allow-workload-mismatch")
+                for problem in problems:
+                    print(f"note: --measured-dir: {problem}; compared anyway "
+                          "(--allow-workload-mismatch)", file=sys.stderr)
             for r in relative_errors(pred, meas):
                 rows.append({"policy": policy, "k": k, "request_rate": rate, **r})
-    for (policy, k, rate), meas in sorted((measured or {}).items(), key=str):
-        if (policy, k, rate) not in used:
-            print(f"note: --measured-dir: {', '.join(meas['files'])} ({policy} k={k} "
-                  f"rate={rate:g}) not in the grid of --policies and --rates; not used",
-                  file=sys.stderr)
+    if missing:
+        print(f"note: no measured result for {len(missing)} of "
+              f"{len(args.policies) * len(args.rates)} configurations of --policies and "
+              f"--rates; skipped: {short_list(missing, 8)}", file=sys.stderr)
+    unused = [f"{', '.join(meas['files'])} ({policy} k={k} rate={rate:g})"
+              for (policy, k, rate), meas in sorted((measured or {}).items(), key=str)
+              if (policy, k, rate) not in used]
+    if unused:
+        print(f"note: --measured-dir: {len(unused)} measured configuration(s) not in the grid "
+              f"of --policies and --rates, not used: {short_list(unused)}", file=sys.stderr)
+    if untotalled:
+        print(f"note: --measured-dir: {len(untotalled)} file(s) record no token totals, so "
+              f"their workload was not compared: {short_list(untotalled)}", file=sys.stderr)
     if not rows:
         raise InputError("no configuration had both a simulated and a measured result")
     df = pd.DataFrame(rows)

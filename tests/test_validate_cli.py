@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # a fast grid: the tiny model, one configuration, one simulated run
 FAST = ["--model", "tiny", "--workload", "synthetic", "--hardware", "cpu", "--overhead", "none",
         "--policies", "single_step", "--rates", "inf", "--sim-repeats", "1"]
+# vLLM's --metadata policy=single_step names the policy (a file without it is refused)
 RESULT = {"request_throughput": 3.0, "median_ttft_ms": 20.0, "request_rate": "inf",
-          "num_prompts": 5}
+          "num_prompts": 5, "policy": "single_step"}
 
 
 def measured(root: Path, name: str = "a.json", **fields) -> Path:
@@ -101,7 +102,11 @@ def test_measured_configurations_outside_the_grid_are_named(tmp_path, capsys):
         validate.main(FAST + dirs(tmp_path) + ["--measured-dir", str(tmp_path / "meas")])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert f"{path} (single_step k=None rate=20) not in the grid" in err
+    (line,) = [line for line in err.splitlines() if "not in the grid" in line]
+    assert f"{path} (single_step k=None rate=20)" in line
+    # the grid's configuration without a measurement: one line for all of them
+    (line,) = [line for line in err.splitlines() if "no measured result" in line]
+    assert "1 of 1 configurations" in line and "single_step rate=inf" in line
 
 
 @pytest.mark.parametrize("override, needle", [

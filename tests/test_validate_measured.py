@@ -12,8 +12,9 @@ from experiments import validate
 
 FAST = ["--model", "tiny", "--workload", "synthetic", "--hardware", "cpu", "--overhead", "none",
         "--policies", "single_step", "--rates", "inf", "--sim-repeats", "1"]
+# vLLM's --metadata policy=single_step names the policy (a file without it is refused)
 RESULT = {"request_throughput": 3.0, "median_ttft_ms": 20.0, "request_rate": "inf",
-          "num_prompts": 5}
+          "num_prompts": 5, "policy": "single_step"}
 
 
 def _validate(tmp_path: Path, **fields) -> dict:
@@ -150,3 +151,93 @@ def test_a_runs_own_config_beside_its_result_is_read_in_silence(tmp_path, capsys
     (tmp_path / "stray" / "config.json").write_text("{}")
     measured_from_dir(tmp_path)
     assert "stray" in capsys.readouterr().err
+
+
+def test_a_vllm_file_without_its_policy_is_refused_unless_assumed(tmp_path, capsys):
+    """vLLM saves no policy unless --metadata names it: such a file was read as single_step in
+    silence. Now it is one line naming the file and both ways to give the policy."""
+    from experiments.measured import measured_from_dir
+
+    bare = {k: v for k, v in RESULT.items() if k != "policy"}
+    with pytest.raises(SystemExit) as exc:
+        _validate(tmp_path / "a", policy=None)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    for needle in (str(tmp_path / "a" / "meas" / "a.json"), "no policy recorded",
+                   "--metadata policy=", "--assume-policy"):
+        assert needle in err[0]
+    meas = tmp_path / "b"
+    meas.mkdir()
+    (meas / "a.json").write_text(json.dumps(bare))
+    assert list(measured_from_dir(meas, assume_policy=("multi_step", 2))) == [
+        ("multi_step", 2, float("inf"))]
+    # what the file records wins over the assumption
+    (meas / "a.json").write_text(json.dumps({**bare, "num_scheduler_steps": 8}))
+    assert list(measured_from_dir(meas, assume_policy=("single_step", None))) == [
+        ("multi_step", 8, float("inf"))]
+    # through the command line: --assume-policy takes one grid item
+    meas_c = tmp_path / "c" / "meas"
+    meas_c.mkdir(parents=True)
+    (meas_c / "a.json").write_text(json.dumps(bare))
+    df = validate.main(FAST + ["--runs", str(tmp_path / "c" / "runs"), "--out",
+                               str(tmp_path / "c" / "out"), "--measured-dir", str(meas_c),
+                               "--assume-policy", "single_step"])
+    assert set(df["policy"]) == {"single_step"}
+    with pytest.raises(SystemExit):
+        validate.parse_args(["--assume-policy", "single_step,multi_step:2"])
+
+
+def test_a_measured_workload_unlike_the_simulated_one_is_refused(tmp_path, capsys):
+    """Token totals 6% apart (217,393 against 231,196 in the issue) are two workloads: the
+    comparison is refused, naming the file and each total, unless allowed; within 1% it runs."""
+    root = tmp_path / "x"
+    _validate(root)  # the simulated side's workload (no totals in the file: not compared)
+    note = capsys.readouterr().err
+    assert "record no token totals" in note and str(root / "meas" / "a.json") in note
+    (sim,) = (root / "runs" / "sim").glob("*/result.json")
+    sim = json.loads(sim.read_text())
+    totals = {k: sim[k] for k in ("completed", "total_input_tokens", "total_output_tokens")}
+    path = root / "meas" / "a.json"
+
+    def measured_as(**fields) -> list[str]:
+        path.write_text(json.dumps({**RESULT, **totals, **fields}))
+        validate.main(FAST + ["--runs", str(root / "runs"), "--out", str(root / "out"),
+                              "--measured-dir", str(root / "meas")])
+        return capsys.readouterr().err.strip().splitlines()
+
+    assert measured_as() == []  # the same workload: nothing to say
+    close = round(totals["total_input_tokens"] * 1.009)
+    assert measured_as(total_input_tokens=close) == []
+    far = round(totals["total_input_tokens"] * 0.94)
+    with pytest.raises(SystemExit) as exc:
+        measured_as(total_input_tokens=far, failed=1)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    rel = (totals["total_input_tokens"] - far) / far
+    for needle in (str(path), f"input tokens {far:,} measured", f"({rel:+.1%})",
+                   "1 measured requests failed", "--allow-workload-mismatch"):
+        assert needle in err[0], needle
+    assert "output tokens" not in err[0]  # only the totals that differ are named
+    path.write_text(json.dumps({**RESULT, **totals, "total_output_tokens": 1}))
+    validate.main(FAST + ["--runs", str(root / "runs"), "--out", str(root / "out"),
+                          "--measured-dir", str(root / "meas"), "--allow-workload-mismatch"])
+    out = capsys.readouterr()
+    (line,) = out.err.strip().splitlines()
+    assert "output tokens 1 measured" in line and "compared anyway" in line
+
+
+def test_a_comparison_prints_its_table_not_each_simulated_run(tmp_path, capsys):
+    """Nine simulated runs per configuration printed their summaries (476 lines for one
+    comparison): now the table, and one line per kind of skipped configuration."""
+    meas = tmp_path / "meas"
+    meas.mkdir()
+    (meas / "a.json").write_text(json.dumps(RESULT))
+    (meas / "b.json").write_text(json.dumps({**RESULT, "request_rate": 7}))  # not in the grid
+    validate.main(FAST[:-1] + ["3", "--rates", "inf,20,40", "--runs", str(tmp_path / "runs"),
+                               "--out", str(tmp_path / "out"), "--measured-dir", str(meas)])
+    out = capsys.readouterr()
+    assert "Serving Benchmark Result" not in out.out
+    assert len(out.out.strip().splitlines()) < 15, out.out
+    notes = out.err.strip().splitlines()
+    assert len(notes) == 3, notes  # rates 20 and 40 unmeasured; b.json unused; no totals
+    assert "2 of 3 configurations" in notes[0] and "rate=20" in notes[0] and "rate=40" in notes[0]
