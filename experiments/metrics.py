@@ -33,9 +33,10 @@ REQUEST_CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len",
                        "num_preemptions", "finish_time", "replica")
 UNFINISHED = "unfinished"
 METRIC_KEYS = tuple(key for key, _, _ in METRICS)
-# benchmark_serving's per-request lists (its --save-detailed ones, plus our e2els)
-PER_REQUEST_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "e2els", "generated_texts",
-                    "errors")
+# vllm bench serve's per-request lists (its --save-detailed ones: latencies are the E2ELs, kept
+# as e2els too for older readers; start_times are when each request was sent, in seconds)
+PER_REQUEST_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "e2els", "latencies",
+                    "start_times", "generated_texts", "errors")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # benchmark_serving's --goodput names
 
 
@@ -231,9 +232,11 @@ def summarize(requests: Sequence[Request], duration: float, *,
     ``generated_texts`` default to empty strings, as benchmark_serving's are without text.
     ``times``: each request's ``request_times``, when the caller computed them already.
 
-    ``goodput`` (SLOs in ms by metric: ttft, tpot, e2el) adds ``request_goodput``: completed
+    ``goodput`` (SLOs in ms by metric: ttft, tpot, e2el) gives ``request_goodput``: completed
     requests that meet every SLO given, per second, with benchmark_serving's rule that a request
-    with one output token has TPOT 0.
+    with one output token has TPOT 0; null without an SLO, as vllm bench serve writes it.
+    ``failed`` counts the unfinished requests (vLLM's failed ones); ``max_output_tokens_per_s``
+    and ``max_concurrent_requests`` are vLLM's peaks (peak_output_and_concurrency).
     """
     if not (isinstance(duration, (int, float)) and duration > 0 and math.isfinite(duration)):
         raise ValueError(f"duration must be a finite number > 0, got {duration!r}")
@@ -255,12 +258,12 @@ def summarize(requests: Sequence[Request], duration: float, *,
     summary: dict[str, Any] = {
         "duration": float(duration),
         "completed": len(done),
+        "failed": len(per) - len(done),
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
         "request_throughput": len(done) / duration,
+        "request_goodput": _num_good(done, goodput) / duration if goodput else None,
     }
-    if goodput:
-        summary["request_goodput"] = _num_good(done, goodput) / duration
     summary.update({
         "output_throughput": total_output / duration,
         "total_token_throughput": (total_input + total_output) / duration,
@@ -272,14 +275,47 @@ def summarize(requests: Sequence[Request], duration: float, *,
             "ttfts": [t.ttft for t in per],
             "itls": [t.itls for t in per],
             "e2els": [t.e2el for t in per],
+            "latencies": [t.e2el for t in per],
+            "start_times": [r.arrival_time for r in requests],
             "generated_texts": list(generated_texts) if generated_texts is not None
             else [""] * len(requests),
             "errors": ["" if t.completed else UNFINISHED for t in per],
         })
+    summary["max_output_tokens_per_s"], summary["max_concurrent_requests"] = \
+        peak_output_and_concurrency(
+            [r.arrival_time for r, t in zip(requests, per, strict=True) if t.completed], done)
     for key in METRIC_KEYS:
         for stat, value in _stats_ms(pooled[key], by_metric[key]).items():
             summary[f"{stat}_{key}_ms"] = value
     return summary
+
+
+def peak_output_and_concurrency(starts: Sequence[float], done: Sequence[RequestTimes]
+                                ) -> tuple[float, int]:
+    """vllm bench serve's ``max_output_tokens_per_s`` and ``max_concurrent_requests``: the time
+    from the first send in whole-second buckets; a request's tokens counted in the bucket each
+    arrived in (vLLM's rule: one token at the first token, one at each ITL after it, i.e. one
+    per streamed chunk), and a request counted in every bucket from its send to its end; the
+    fullest bucket of tokens, and the fullest of requests."""
+    if not done:
+        return 0.0, 0
+    start = np.asarray(starts, dtype=float)
+    t0 = float(start.min())
+    first = start + np.fromiter((t.ttft for t in done), float, len(done))
+    end = start + np.fromiter((t.e2el for t in done), float, len(done))
+    buckets = int(np.ceil(float(end.max()) - t0)) + 1
+    gaps = _pooled(t.itls for t in done)
+    counts = np.fromiter((len(t.itls) for t in done), np.int64, len(done))
+    # each later chunk's time: its request's first token plus the ITLs up to it
+    after = np.cumsum(np.frombuffer(gaps, dtype=float)) if len(gaps) else np.zeros(0)
+    before = np.concatenate(([0.0], after))[np.cumsum(counts) - counts]  # sum up to each request
+    times = np.concatenate((first, np.repeat(first, counts) + after - np.repeat(before, counts)))
+    index = (times - t0).astype(np.int64)
+    tokens = np.bincount(index[(index >= 0) & (index < buckets)], minlength=buckets)
+    steps = np.zeros(buckets + 1, np.int64)
+    np.add.at(steps, (start - t0).astype(np.int64), 1)
+    np.add.at(steps, (end - t0).astype(np.int64) + 1, -1)
+    return float(tokens.max()), int(np.cumsum(steps[:-1]).max())
 
 
 def _num_good(done: Sequence[RequestTimes], slos_ms: Mapping[str, float]) -> int:
@@ -298,10 +334,13 @@ def _num_good(done: Sequence[RequestTimes], slos_ms: Mapping[str, float]) -> int
 def save_result_metadata(*, backend: str, model_id: str, tokenizer_id: str | None,
                          num_prompts: int, request_rate: float | None,
                          burstiness: float | None, max_concurrency: int | None,
-                         date: datetime | None = None) -> dict[str, Any]:
-    """benchmark_serving's ``--save-result`` header, in its order (request_rate inf is written
-    "inf"; a trace's None: its times come from the file)."""
-    return {"date": (date or datetime.now()).strftime("%Y%m%d-%H%M%S"), "backend": backend,
+                         date: datetime | None = None, label: str | None = None
+                         ) -> dict[str, Any]:
+    """vllm bench serve's ``--save-result`` header, in its order (request_rate inf is written
+    "inf"; a trace's None: its times come from the file): ``endpoint_type`` repeats the backend,
+    as vLLM's does, and ``label`` is its --label (null by default)."""
+    return {"date": (date or datetime.now()).strftime("%Y%m%d-%H%M%S"),
+            "endpoint_type": backend, "backend": backend, "label": label,
             "model_id": model_id, "tokenizer_id": tokenizer_id, "num_prompts": num_prompts,
             "request_rate": request_rate, "burstiness": burstiness,
             "max_concurrency": max_concurrency}
@@ -515,9 +554,12 @@ def format_summary(summary: Mapping[str, Any], extra: Mapping[str, Any] | None =
     row("Total input tokens:", summary["total_input_tokens"])
     row("Total generated tokens:", summary["total_output_tokens"])
     row("Request throughput (req/s):", summary["request_throughput"], ".2f")
-    if "request_goodput" in summary:
+    if summary.get("request_goodput") is not None:
         row("Request goodput (req/s):", summary["request_goodput"], ".2f")
     row("Output token throughput (tok/s):", summary["output_throughput"], ".2f")
+    if summary.get("max_output_tokens_per_s") is not None:
+        row("Peak output token throughput (tok/s):", summary["max_output_tokens_per_s"], ".2f")
+        row("Peak concurrent requests:", summary["max_concurrent_requests"], ".2f")
     row("Total Token throughput (tok/s):", summary["total_token_throughput"], ".2f")
     for key, name, header in METRICS:
         if f"mean_{key}_ms" not in summary or (shown is not None and key not in shown):

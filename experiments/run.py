@@ -175,7 +175,7 @@ def sweep_line(label: str, result: Mapping[str, Any], run_dir: Path) -> str:
     """A run of a sweep in one line; the full summary is its summary.txt."""
     line = (f"{label}: {result['request_throughput']:.2f} req/s, median TTFT "
             f"{result['median_ttft_ms']:.1f} ms, median TPOT {result['median_tpot_ms']:.1f} ms")
-    if "request_goodput" in result:
+    if result.get("request_goodput") is not None:
         line += f", goodput {result['request_goodput']:.2f} req/s"
     return f"{line} -> {run_dir}"
 
@@ -475,7 +475,9 @@ def _written(run_dir: Path) -> list[str]:
 
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
-def _app(cfg: DictConfig) -> None:
+def _app(cfg: DictConfig) -> str | None:
+    """One run; in a sweep its line is also the job's return, which a launcher whose jobs
+    print elsewhere (submitit's log files) prints in the sweep process."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -488,12 +490,13 @@ def _app(cfg: DictConfig) -> None:
     sweep_label = ((hydra_cfg.job.override_dirname or "(defaults)")
                    if hydra_cfg.mode == RunMode.MULTIRUN else None)
     if cfg.get("skip_existing", False) and finished(run_dir, config_stamp(cfg)):
-        say(f"skipping {run_dir}: result.json of this configuration exists")
-        return
+        line = f"skipping {run_dir}: result.json of this configuration exists"
+        say(line)
+        return line
     try:
         # Hydra has written this run's .hydra files already; run() checks every setting before
         # it removes a previous run's results (a typo keeps them), then the run starts.
-        run(cfg, run_dir, sweep_label=sweep_label)
+        result = run(cfg, run_dir, sweep_label=sweep_label)
     except (ValueError, OSError, TypeError, RunDirError) as err:  # bad settings, input: one line
         # TypeError: a setting of the wrong type (e.g. a word where a number goes)
         what = "a setting has the wrong type: " if isinstance(err, TypeError) else ""
@@ -502,6 +505,7 @@ def _app(cfg: DictConfig) -> None:
         if "submitit" in str(hydra_cfg.launcher.get("_target_", "")):
             raise RunFailed(line) from None
         sys.exit(2)
+    return None if sweep_label is None else sweep_line(sweep_label, result, Path(run_dir))
 
 
 def main() -> None:

@@ -52,6 +52,12 @@ def test_hand_worked_numbers():
     assert s["e2els"] == pytest.approx([2.0, 0.2, 0.0])
     assert s["itls"][0] == pytest.approx([0.5, 0.5]) and s["itls"][1:] == [[], []]
     assert s["errors"] == ["", "", "unfinished"]
+    assert s["failed"] == 1  # vllm bench serve's name for requests that did not complete
+    assert s["latencies"] == s["e2els"] and s["start_times"] == [0.0, 1.0, 2.0]
+    # vLLM's peaks, by whole seconds from the first send: chunks at 1.0, 1.5 and 1.2 in second
+    # 1, at 2.0 in second 2; request 0 active in seconds 0-2, request 1 in second 1
+    assert s["max_output_tokens_per_s"] == 3.0 and s["max_concurrent_requests"] == 2
+    assert s["request_goodput"] is None  # no SLO given
     # TTFT over {1.0, 0.2} s
     assert s["mean_ttft_ms"] == pytest.approx(600)
     assert s["median_ttft_ms"] == pytest.approx(600)
@@ -104,8 +110,11 @@ def recompute(s):
            "total_input_tokens": sum(s["input_lens"][i] for i in done),
            "total_output_tokens": sum(s["output_lens"][i] for i in done)}
     d = s["duration"]
+    out["failed"] = len(s["errors"]) - len(done)
     out["request_throughput"] = len(done) / d
+    out["request_goodput"] = None  # no SLO given
     out["output_throughput"] = out["total_output_tokens"] / d
+    out["max_output_tokens_per_s"], out["max_concurrent_requests"] = vllm_peaks(s, done)
     out["total_token_throughput"] = (out["total_input_tokens"] + out["total_output_tokens"]) / d
     series = {
         "ttft": [s["ttfts"][i] for i in done],
@@ -121,6 +130,31 @@ def recompute(s):
         out[f"std_{key}_ms"] = statistics.pstdev(xs) * 1000
         out[f"p99_{key}_ms"] = percentile(xs, 99) * 1000
     return out
+
+
+def vllm_peaks(s, done):
+    """vllm bench serve's calculate_metrics loop for its peaks, written out: second buckets
+    from the first send, a token at start + ttft and one more at each ITL after it, a request
+    active in every bucket from its send to its end."""
+    if not done:
+        return 0.0, 0
+    t0 = min(s["start_times"][i] for i in done)
+    last = max(s["start_times"][i] + s["latencies"][i] for i in done)
+    n = math.ceil(last - t0) + 1
+    tokens, active = [0] * n, [0] * n
+    for i in done:
+        t = s["start_times"][i] + s["ttfts"][i]
+        times = [t]
+        for gap in s["itls"][i]:
+            t += gap
+            times.append(t)
+        for t in times:
+            if 0 <= int(t - t0) < n:
+                tokens[int(t - t0)] += 1
+        for b in range(int(s["start_times"][i] - t0),
+                       int(s["start_times"][i] + s["latencies"][i] - t0) + 1):
+            active[b] += 1
+    return float(max(tokens)), max(active)
 
 
 def random_requests(seed, n=60):
@@ -146,9 +180,13 @@ def test_every_summary_number_recomputed_from_the_lists(seed):
     for key, value in expected.items():
         assert s[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
     keys = set(expected) | {"duration", "input_lens", "output_lens", "ttfts", "itls", "e2els",
-                            "generated_texts", "errors"}
+                            "latencies", "start_times", "generated_texts", "errors"}
     assert set(s) == keys  # nothing reported that was not checked
     assert s["generated_texts"] == [""] * len(reqs)  # no text: empty, as benchmark_serving's
+    # vLLM's names: latencies are the E2ELs (e2els kept for older readers), start_times the sends
+    assert s["latencies"] == s["e2els"]
+    assert s["start_times"] == [r.arrival_time for r in reqs]
+    assert s["max_concurrent_requests"] >= 2 and s["max_output_tokens_per_s"] >= 10
     # And the lists themselves against the requests.
     for r, ttft, e2el, itls in zip(reqs, s["ttfts"], s["e2els"], s["itls"], strict=True):
         if r.finish_time is None:
