@@ -64,8 +64,14 @@ class BlockManager:
         if need <= 0:
             return True
         returned, owned = self._returned, self._owned
-        if need == 1 and returned:  # the common case: one more block, a returned one
-            block = returned.pop()
+        if need == 1:  # the common case: one more block
+            if returned:
+                block = returned.pop()
+            elif self._next_fresh < self.num_blocks:
+                block = self._next_fresh
+                self._next_fresh += 1
+            else:
+                return False
             owned.add(block)
             table.append(block)
             return True
