@@ -31,6 +31,7 @@ from omegaconf import OmegaConf
 
 from experiments.files import write_text_atomic
 from experiments.measured import checked_rate
+from experiments.metrics import RequestTimes, peak_output_and_concurrency, save_result_metadata
 from experiments.run import CONF_DIR
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
@@ -144,7 +145,9 @@ def summarize_report(report: dict[str, Any], num_prompts: int) -> dict[str, Any]
     TTFT: request sent to first token; E2EL: sent to response end; TPOT:
     (E2EL - TTFT) / (output tokens - 1), output tokens from the server's usage. guidellm keeps
     no per-chunk times, only each request's first and last token chunk and their count, so
-    the mean ITL is exact (all gaps pooled) and its median, std and p99 are left null.
+    the mean ITL is exact (all gaps pooled) and its median, std and p99 are left null; vLLM's
+    peaks (max_output_tokens_per_s, max_concurrent_requests) count each request's chunks as
+    if spread evenly between its first and last.
     """
     (bench,) = report["benchmarks"]
     reqs = bench["requests"]
@@ -154,7 +157,7 @@ def summarize_report(report: dict[str, Any], num_prompts: int) -> dict[str, Any]
     gaps, n_gaps = 0.0, 0
     starts, ends = [], []
     total_in = total_out = 0
-    input_lens, output_lens, sent = [], [], []
+    input_lens, output_lens, sent, chunked = [], [], [], []
     for r in done:
         t = r["info"]["timings"]
         start, first, last = t["request_start"], t["first_token_iteration"], t["request_end"]
@@ -165,9 +168,14 @@ def summarize_report(report: dict[str, Any], num_prompts: int) -> dict[str, Any]
         e2el.append(last - start)
         if out_len > 1:
             tpot.append((last - start - (first - start)) / (out_len - 1))
+        spread = []
         if t["token_iterations"] > 1:
             gaps += t["last_token_iteration"] - first
             n_gaps += t["token_iterations"] - 1
+            spread = [(t["last_token_iteration"] - first) / (t["token_iterations"] - 1)] * (
+                t["token_iterations"] - 1)
+        chunked.append(RequestTimes(True, out_len, ttft=first - start, e2el=last - start,
+                                    itls=spread))
         total_in += r["input_metrics"]["text_tokens"]
         total_out += out_len
         input_lens.append(r["input_metrics"]["text_tokens"])
@@ -181,9 +189,10 @@ def summarize_report(report: dict[str, Any], num_prompts: int) -> dict[str, Any]
         raise InputError("guidellm completed no request; see guidellm.out")
     duration = max(ends) - min(starts)  # first send to last finish, as benchmark_serving
     out: dict[str, Any] = {
-        "duration": duration, "completed": len(done), "num_failed": len(failed),
+        "duration": duration, "completed": len(done), "failed": len(failed),
         "total_input_tokens": total_in, "total_output_tokens": total_out,
-        "request_throughput": len(done) / duration, "output_throughput": total_out / duration,
+        "request_throughput": len(done) / duration, "request_goodput": None,  # no SLO
+        "output_throughput": total_out / duration,
         "total_token_throughput": (total_in + total_out) / duration}
     for name, xs in (("ttft", ttft), ("tpot", tpot), ("e2el", e2el)):
         for stat, v in _stats(xs).items():
@@ -192,10 +201,12 @@ def summarize_report(report: dict[str, Any], num_prompts: int) -> dict[str, Any]
                std_itl_ms=None, p99_itl_ms=None)
     # benchmark_serving's per-request lists (seconds) of the completed requests, in the
     # report's order; no itls: guidellm keeps no per-chunk times
-    out.update(input_lens=input_lens, output_lens=output_lens, ttfts=ttft, e2els=e2el)
     # when the client sent each completed request, after its first send (seconds)
     first = min(starts)
-    out["send_times"] = [t - first for t in sent]
+    out.update(input_lens=input_lens, output_lens=output_lens, ttfts=ttft, latencies=e2el,
+               e2els=e2el, start_times=[t - first for t in sent])
+    out["max_output_tokens_per_s"], out["max_concurrent_requests"] = \
+        peak_output_and_concurrency(sent, chunked)
     if len(done) + len(failed) != num_prompts:
         raise InputError(f"guidellm sent {len(done) + len(failed)} requests, not {num_prompts}")
     return out
@@ -223,16 +234,16 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     after = server_counters(url)
     summary = summarize_report(json.loads(report_path.read_text()), args.num_prompts)
     sent = sum(r["prompt_tokens_count"] for r in rows)
-    if summary["num_failed"] == 0 and summary["total_input_tokens"] != sent:
+    if summary["failed"] == 0 and summary["total_input_tokens"] != sent:
         raise InputError(f"the server counted {summary['total_input_tokens']} prompt tokens, "
                          f"the ShareGPT sample {sent}: its tokenizer is not the sample's")
-    send_times = summary.pop("send_times")
-    if summary["num_failed"] == 0:  # else a replay of the completed ones would be too light
+    if summary["failed"] == 0:  # else a replay of the completed ones would be too light
         arrivals = "".join(f"{t:.6f},{p},{o}\n" for t, p, o in sorted(zip(
-            send_times, summary["input_lens"], summary["output_lens"], strict=True)))
+            summary["start_times"], summary["input_lens"], summary["output_lens"],
+            strict=True)))
         write_text_atomic(out / ARRIVALS, "arrival_time,prompt_len,output_len\n" + arrivals)
     else:
-        print(f"note: {summary['num_failed']} requests failed: no {ARRIVALS}; the simulator "
+        print(f"note: {summary['failed']} requests failed: no {ARRIVALS}; the simulator "
               "will replay the seed's arrivals", file=sys.stderr)
     workload = {"kind": "sharegpt", "num_prompts": args.num_prompts, "seed": args.seed,
                 "request_rate": "inf" if math.isinf(rate) else rate,
@@ -241,9 +252,12 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
                 # times): experiments.validate replays this trace on the simulator
                 "arrivals": ARRIVALS if (out / ARRIVALS).exists() else None}
     result = {
-        "date": datetime.fromtimestamp(t0).strftime("%Y%m%d-%H%M%S"),
-        "backend": "schedlab-serve", "model_id": info["model"],
-        "num_prompts": args.num_prompts, "request_rate": workload["request_rate"],
+        **save_result_metadata(backend="schedlab-serve", model_id=info["model"],
+                               tokenizer_id=None, num_prompts=args.num_prompts,
+                               request_rate=workload["request_rate"],
+                               burstiness=None if math.isinf(rate) else 1.0,
+                               max_concurrency=None, date=datetime.fromtimestamp(t0),
+                               label=args.label),
         **summary,
         # what experiments.measured reads: the configuration measured, the KV cache it had
         "schedlab": {"backend": "real-http", "policy": info["policy"], "k": int(info["k"]),
@@ -281,20 +295,26 @@ def _rate(text: str) -> float:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = _Parser(prog="python -m experiments.loadgen", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
-    ap.add_argument("--num-prompts", type=_positive_int, default=1000)
+    ap = _Parser(prog="python -m experiments.loadgen", description=__doc__.split("\n\n")[0],
+                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--url", default="http://127.0.0.1:8000",
+                    help="the base URL of a running python -m experiments.serve")
+    ap.add_argument("--num-prompts", type=_positive_int, default=1000,
+                    help="ShareGPT requests to sample and send (workload.num_prompts)")
     ap.add_argument("--request-rate", type=_rate, default=math.inf,
                     help="requests per second (Poisson), or inf: all at once (t=0)")
     ap.add_argument("--seed", type=int, default=0, help="ShareGPT sampling and arrival seed")
     ap.add_argument("--fixed-output-len", type=_positive_int, default=None,
                     help="every request's output length (workload.fixed_output_len); "
-                    "default: each conversation's")
+                    "None: each conversation's")
     ap.add_argument("--dataset-path", default=None,
-                    help="a ShareGPT JSON file (workload.dataset_path); default: the bundled copy")
+                    help="a ShareGPT JSON file (workload.dataset_path); None: the bundled copy")
     ap.add_argument("--processes", type=_positive_int, default=None,
-                    help="guidellm's worker processes (default: guidellm's own)")
-    ap.add_argument("--out", required=True, help="directory for result.json and guidellm's files")
+                    help="guidellm's worker processes; None: guidellm's own choice")
+    ap.add_argument("--label", default=None,
+                    help="the result's label (vllm bench serve's --label)")
+    ap.add_argument("--out", required=True, default=argparse.SUPPRESS,
+                    help="directory for result.json, arrivals.csv and guidellm's files")
     return ap.parse_args(argv)
 
 

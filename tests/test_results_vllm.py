@@ -261,3 +261,29 @@ def test_progress_bar_counts_requests_finished_not_a_rate(capsys):
              OverheadSpec.from_dict(run_module.plain(cfg.overhead)), progress=True)
     bar = capsys.readouterr().err
     assert "5/5 requests finished" in bar and "/s" not in bar
+
+
+def _guidellm_request(start, first, last, chunks, prompt, output):
+    return {"info": {"timings": {"request_start": start, "first_token_iteration": first,
+                                 "last_token_iteration": last, "request_end": last,
+                                 "token_iterations": chunks}},
+            "input_metrics": {"text_tokens": prompt}, "output_metrics": {"text_tokens": output}}
+
+
+def test_loadgen_result_uses_vllm_s_names():
+    """experiments.loadgen's result: failed (not num_failed), latencies and start_times, goodput
+    null without an SLO, and vLLM's peaks; the same names the simulator writes."""
+    from experiments.loadgen import summarize_report
+
+    report = {"benchmarks": [{"requests": {
+        "successful": [_guidellm_request(100.0, 100.5, 101.5, 3, 10, 3),
+                       _guidellm_request(100.25, 101.0, 101.0, 1, 20, 1)],
+        "errored": [{"info": {"timings": {"request_start": 100.1}}}], "incomplete": []}}]}
+    s = summarize_report(report, num_prompts=3)
+    assert s["failed"] == 1 and "num_failed" not in s and s["completed"] == 2
+    assert s["request_goodput"] is None
+    assert s["latencies"] == s["e2els"] == pytest.approx([1.5, 0.75])
+    assert s["start_times"] == pytest.approx([0.0, 0.25])  # after the first send
+    # chunks at 0.5, 1.0, 1.5 (request 0) and 1.0 (request 1) after the first send: seconds
+    # 0 and 1 hold 1 and 3; both requests are active in seconds 0 and 1
+    assert s["max_output_tokens_per_s"] == 3.0 and s["max_concurrent_requests"] == 2
