@@ -101,7 +101,8 @@ def _earliest(rows: Iterable[TraceRow], n: int) -> list[TraceRow]:
 
 def _nothing_left(path: str, fmt: str, flt: RowFilter, counts: RowCounts) -> ValueError:
     if counts.rows == 0:
-        what = "no JSON lines" if fmt == "mooncake" else "a header but no requests"
+        what = "no JSON lines" if fmt in ("mooncake", "timed_trace") else \
+            "a header but no requests"
         return ValueError(f"{path}: trace has {what}")
     for setting, wanted, seen in (("model_filter", flt.models, counts.models),
                                   ("log_type", flt.log_types, counts.log_types)):

@@ -24,6 +24,10 @@ MAX_JSONL_LINE = 16 << 20
 # Tokens per block hash in Mooncake's traces: a request's hash_ids are its prompt's blocks, one
 # per 512 tokens or part of them (kvcache-ai/Mooncake, FAST'25 trace README).
 MOONCAKE_BLOCK_SIZE = 512
+# vLLM's timed-trace dataset (vllm bench serve --dataset-name timed_trace --self-timed): the
+# same keys, its timestamp in seconds (--timed-trace-sec-multiplier 1, its default), and each
+# hash one --timed-trace-chunk-hash-size block (16 tokens by default), with no fixed count.
+TIMED_TRACE_KEYS = MOONCAKE_KEYS
 # Integers beyond this are no time or length: Python could not even make them floats.
 MAX_JSON_INT = 2**63 - 1
 # UTC offsets in use run from -12:00 to +14:00; a larger one is a typo, not a time zone.
@@ -270,29 +274,44 @@ def _read_burstgpt(path: str, flt: RowFilter, counts: RowCounts) -> Iterator[Tra
 # --------------------------------------------------------------------------- Mooncake JSONL
 
 def _read_mooncake(path: str, flt: RowFilter, counts: RowCounts) -> Iterator[TraceRow]:
+    return _read_jsonl(path, counts, "Mooncake", MOONCAKE_BLOCK_SIZE)
+
+
+def _read_timed_trace(path: str, flt: RowFilter, counts: RowCounts) -> Iterator[TraceRow]:
+    # its hash_ids are checked but not kept: their block size is a vLLM command-line setting,
+    # not the file's, and schedlab's block hashes are Mooncake's 512-token ones
+    return _read_jsonl(path, counts, "vLLM timed-trace", None)
+
+
+def _read_jsonl(path: str, counts: RowCounts, name: str, block_size: int | None
+                ) -> Iterator[TraceRow]:
+    """Rows of a JSON-lines trace with Mooncake's keys (``name``: the format's, for errors);
+    ``block_size``: the tokens of each hash_ids entry, kept on the request (None: checked,
+    not kept)."""
     with open(path, "rb") as f:
         line = 0
         while raw := f.readline(MAX_JSONL_LINE + 1):
             line += 1
             if len(raw) > MAX_JSONL_LINE:
                 raise ValueError(f"{path}:{line}: a line longer than {MAX_JSONL_LINE >> 20} MiB; "
-                                 f"a Mooncake trace has one JSON object per line")
+                                 f"a {name} trace has one JSON object per line")
             if line == 1:
                 raw = raw.removeprefix(b"\xef\xbb\xbf")
             if not raw.strip():
                 continue
             counts.rows += 1
-            yield _mooncake_row(raw, path, line)
+            yield _mooncake_row(raw, path, line, name, block_size)
 
 
-def _mooncake_row(raw: bytes, path: str, line: int) -> TraceRow:
+def _mooncake_row(raw: bytes, path: str, line: int, name: str = "Mooncake",
+                  block_size: int | None = MOONCAKE_BLOCK_SIZE) -> TraceRow:
     if b"\x00" in raw:
-        raise ValueError(f"{path}:{line}: NUL byte; a Mooncake trace is JSON lines text")
+        raise ValueError(f"{path}:{line}: NUL byte; a {name} trace is JSON lines text")
     try:
         record = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x}); "
-                         f"a Mooncake trace is JSON lines") from None
+                         f"a {name} trace is JSON lines") from None
     except json.JSONDecodeError as e:
         if not raw.endswith(b"\n"):
             raise ValueError(f"{path}:{line}: the last line is cut short (incomplete JSON, no "
@@ -300,7 +319,7 @@ def _mooncake_row(raw: bytes, path: str, line: int) -> TraceRow:
         raise ValueError(f"{path}:{line}: not a JSON object ({e.msg}, column {e.colno})"
                          ) from None
     except RecursionError:
-        raise ValueError(f"{path}:{line}: JSON nested too deep to read; a Mooncake request "
+        raise ValueError(f"{path}:{line}: JSON nested too deep to read; a {name} request "
                          f"is one flat object") from None
     except ValueError as e:  # Python's 4,300-digit limit on integers
         raise ValueError(f"{path}:{line}: a number too long to read "
@@ -310,7 +329,7 @@ def _mooncake_row(raw: bytes, path: str, line: int) -> TraceRow:
                          f"with {', '.join(MOONCAKE_KEYS)}")
     missing = [k for k in MOONCAKE_KEYS if k not in record]
     if missing:
-        raise ValueError(f"{path}:{line}: no {missing[0]!r} (a Mooncake request needs "
+        raise ValueError(f"{path}:{line}: no {missing[0]!r} (a {name} request needs "
                          f"{', '.join(MOONCAKE_KEYS)}; got {', '.join(record) or 'nothing'})")
     arrival = _json_number(record, "timestamp", path, line, integer=False)
     if arrival < 0:
@@ -323,13 +342,16 @@ def _mooncake_row(raw: bytes, path: str, line: int) -> TraceRow:
         if not isinstance(hash_ids, list) or not all(
                 isinstance(h, int) and not isinstance(h, bool) for h in hash_ids):
             raise ValueError(f"{path}:{line}: hash_ids must be a list of integers")
-        # one hash a block of the prompt: any other count is not this request's prefix
-        blocks = -(-int(prompt_len) // MOONCAKE_BLOCK_SIZE)
-        if len(hash_ids) != blocks:
-            raise ValueError(f"{path}:{line}: {len(hash_ids)} hash_ids for input_length "
-                             f"{int(prompt_len)}; a Mooncake request has one per "
-                             f"{MOONCAKE_BLOCK_SIZE}-token block of its prompt ({blocks})")
-        hash_ids = tuple(hash_ids)
+        if block_size is None:
+            hash_ids = None  # blocks of a size the file does not say: checked, not kept
+        else:
+            # one hash a block of the prompt: any other count is not this request's prefix
+            blocks = -(-int(prompt_len) // block_size)
+            if len(hash_ids) != blocks:
+                raise ValueError(f"{path}:{line}: {len(hash_ids)} hash_ids for input_length "
+                                 f"{int(prompt_len)}; a Mooncake request has one per "
+                                 f"{block_size}-token block of its prompt ({blocks})")
+            hash_ids = tuple(hash_ids)
     slo_class = record.get("slo_class")
     if slo_class is not None and not isinstance(slo_class, str):
         raise ValueError(f"{path}:{line}: slo_class must be a class name (text), got "
@@ -359,4 +381,5 @@ FORMATS: dict[str, TraceFormat] = {f.name: f for f in (
     TraceFormat("azure", "TIMESTAMP", SECONDS, _read_azure, AZURE_COLUMNS),
     TraceFormat("burstgpt", "Timestamp", SECONDS, _read_burstgpt, BURSTGPT_COLUMNS),
     TraceFormat("mooncake", "timestamp", MILLISECONDS, _read_mooncake),
+    TraceFormat("timed_trace", "timestamp", SECONDS, _read_timed_trace),
 )}
