@@ -1,17 +1,30 @@
-"""A sweep's jobs: a joblib sweep's worker processes stop when the sweep process is gone
-(killed), instead of running its remaining jobs for no one; and no job's config outlives it."""
+"""A sweep's jobs: one line each on the sweep's console under every launcher (submitit's jobs
+print into log files, so their lines come back as the jobs' returns); a joblib sweep's worker
+processes stop when the sweep process is gone (killed), instead of running its remaining jobs
+for no one; and no job's config outlives it."""
 
 from __future__ import annotations
 
 import _thread
+import contextlib
+import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from hydra.core.utils import JobReturn
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+# The launchers' own console lines ("Launching 2 jobs locally", "#0 : k=1 ..."): each run's
+# line names its overrides and directory already, so a sweep prints one line per run.
+LAUNCHER_LOGGERS = ("hydra._internal.core_plugins.basic_launcher",
+                    "hydra_plugins.hydra_joblib_launcher._core",
+                    "hydra_plugins.hydra_joblib_launcher.joblib_launcher",
+                    "hydra_plugins.hydra_submitit_launcher.submitit_launcher")
 
 # The sweep process's pid, set before it starts its pool; the workers inherit it. Set only for
 # the joblib launcher, whose workers are children of the sweep process on the same host (a
@@ -25,7 +38,12 @@ class SweepWorkersCallback(Callback):
     return of its configs when it ends."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if "joblib" not in str(OmegaConf.select(config, "hydra.launcher._target_", default="")):
+        for name in LAUNCHER_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+        launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
+        if "submitit" in launcher:
+            print_submitit_lines()
+        if "joblib" not in launcher:
             return
         os.environ[SWEEP_PID_ENV] = str(os.getpid())
         # Ctrl-C stops the pool with its semaphores still registered; multiprocessing's resource
@@ -65,3 +83,38 @@ def stop_with_sweep() -> None:
 
     threading.Thread(target=watch, name="sweep-watch", daemon=True).start()
     _watching = True
+
+
+def print_job_lines(returns: Sequence[JobReturn], submitit_folder: str) -> None:
+    """In the sweep process, each finished job's line (the run's return: its one line, or the
+    skip), in job order; and the folder submitit makes for its %j pattern itself, left empty
+    (each job's files go to its own job id's folder), removed."""
+    for r in returns:
+        if r.status == JobStatus.COMPLETED and isinstance(r.return_value, str):
+            print(r.return_value, flush=True)
+    pattern = Path(submitit_folder)
+    if "%j" in pattern.name:
+        with contextlib.suppress(OSError):  # not there, or not empty: left alone
+            pattern.rmdir()
+
+
+def print_submitit_lines() -> None:
+    """Make the submitit launchers (local and SLURM) print each finished job's line in the
+    sweep process once the jobs are done (print_job_lines). Called in the sweep process before
+    its launcher starts; the jobs themselves run the launcher's __call__, not launch. (Hydra
+    takes launchers only from the hydra_plugins package, so this wraps the plugin's launch
+    rather than naming a launcher of schedlab's own.)"""
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+
+    launch = BaseSubmititLauncher.launch
+    if getattr(launch, "prints_job_lines", False):
+        return
+
+    def launch_and_print(self: Any, job_overrides: Sequence[Sequence[str]],
+                         initial_job_idx: int) -> Sequence[JobReturn]:
+        returns = launch(self, job_overrides, initial_job_idx)
+        print_job_lines(returns, self.params["submitit_folder"])
+        return returns
+
+    launch_and_print.prints_job_lines = True  # type: ignore[attr-defined]
+    BaseSubmititLauncher.launch = launch_and_print  # type: ignore[method-assign]

@@ -120,3 +120,28 @@ def test_a_joblib_sweep_prints_and_logs_each_run_once(tmp_path):
     assert "Serving Benchmark Result" not in p.stdout  # each summary is in its run.log only
     for log in sweep.glob("*/run.log"):
         assert log.read_text().count("Serving Benchmark Result") == 1
+
+
+def test_every_launcher_prints_one_line_per_run_and_the_aggregate(tmp_path):
+    """basic, joblib and submitit_local print the same: each run's line (submitit's jobs print
+    into their log files, so the sweep process prints their lines), the aggregate's path, and
+    nothing else on stdout; submitit leaves no empty folder for its %j pattern."""
+    outputs = {}
+    for launcher in ("basic", "joblib", "submitit_local"):
+        sweep = tmp_path / launcher
+        p = _sweep(ROOT, *SWEEP[:3], "policy.num_steps=1,2", "progress=false", "model=tiny",
+                   "hardware=cpu", "overhead=none", f"hydra/launcher={launcher}",
+                   f"hydra.sweep.dir={sweep}")
+        assert p.returncode == 0, p.stderr[-2000:]
+        lines = p.stdout.strip().splitlines()
+        assert len(lines) == 3, (launcher, lines)
+        assert sorted(line.split(":")[0] for line in lines[:2]) == [
+            "hardware=cpu,model=tiny,overhead=none,"
+            f"policy.num_steps={k},policy=multi_step,workload.num_prompts=10,"
+            "workload=synthetic" for k in (1, 2)], (launcher, lines)
+        assert all("req/s, median TTFT" in line and f"-> {sweep}" in line for line in lines[:2])
+        assert lines[2] == f"aggregated 2 runs -> {sweep / 'aggregate.csv'} (and .parquet)"
+        outputs[launcher] = sorted(line.replace(str(sweep), "SWEEP") for line in lines)
+    assert outputs["basic"] == outputs["joblib"] == outputs["submitit_local"]
+    assert not list((tmp_path / "submitit_local" / ".submitit").glob("%j"))
+    assert len(list((tmp_path / "submitit_local" / ".submitit").iterdir())) == 2  # a job each
