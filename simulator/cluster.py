@@ -89,8 +89,8 @@ def replica_summaries(result: Any, ttfts: Sequence[float | None],
         if t is not None:
             by_replica[r].append(t)
     kv: list[list[int]] = [[] for _ in result.replicas]
-    for row in result.total.steps:
-        kv[row["replica"]].append(row["kv_blocks_used"])
+    for row in result.total.steps.rows:  # StepRows: replica and kv_blocks_used are the last
+        kv[row[-5]].append(row[-1])
     out = []
     for i, (rep, ttft) in enumerate(zip(result.replicas, by_replica, strict=True)):
         pp = max(1, result.specs[i].hw.pp)

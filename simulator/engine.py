@@ -64,7 +64,9 @@ Events are per CPU phase and GPU window (per step and stage when pp > 1), never 
 
 from __future__ import annotations
 
+import csv
 import gc
+import io
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, fields
@@ -99,6 +101,49 @@ _EPS = 1e-9  # seconds: busy-until times this close to now count as now (float r
 # Called with each request once its token times are final (delivery times), and its replica.
 FinishHook = Callable[[Request, int], None]
 
+STEP_COLUMNS = ("virtual_engine", "window", "t_start", "k", "num_seqs", "num_prefill_seqs",
+                "num_tokens", "kv_tokens", "num_preempted", "num_wasted_steps",
+                "schedule_prepare_s", "gpu_s", "gpu_step_s")
+CLUSTER_STEP_COLUMNS = ("replica", "outstanding", "num_waiting", "num_running", "kv_blocks_used")
+
+
+class StepRows(Sequence[dict[str, Any]]):
+    """steps.csv's rows, one per window, kept as tuples (a 1M-request run has hundreds of
+    thousands): each read as a dict of its columns, or all of them as CSV (``to_csv``)."""
+
+    def __init__(self, cluster: bool, rows: list[tuple] | None = None) -> None:
+        self.cluster = cluster
+        self.columns = STEP_COLUMNS + (CLUSTER_STEP_COLUMNS if cluster else ())
+        self.rows: list[tuple] = rows if rows is not None else []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self._dict(row) for row in self.rows[i]]
+        return self._dict(self.rows[i])
+
+    def __iter__(self):
+        return map(self._dict, self.rows)
+
+    def _dict(self, row: tuple) -> dict[str, Any]:
+        return dict(zip(self.columns, self._cells(row), strict=True))
+
+    @staticmethod
+    def _cells(row: tuple) -> tuple:
+        # stored: gpu_step_s as the stage times (gpu_s is their sum), formatted when read
+        times = row[11]
+        return (*row[:11], sum(times), ";".join(f"{g:.6f}" for g in times), *row[12:])
+
+    def to_csv(self, index: bool = False, lineterminator: str = "\n") -> str:
+        """The rows as CSV text (the call experiments.metrics.steps_csv makes of a table)."""
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator=lineterminator)
+        w.writerow(self.columns)
+        w.writerows(map(self._cells, self.rows))
+        return buf.getvalue()
+
 
 @dataclass(slots=True)
 class SimResult:
@@ -113,7 +158,7 @@ class SimResult:
     num_blocks: int  # KV blocks per virtual engine
     gpu_busy_fraction: float  # of duration, averaged over the pipeline stages
     cpu_busy_fraction: float  # of duration, the engine thread
-    steps: list[dict[str, Any]]  # one row per window, steps.csv (the real engine's columns)
+    steps: StepRows  # one row per window, steps.csv (the real engine's columns)
 
 
 @dataclass(slots=True)
@@ -199,7 +244,7 @@ class _Sim:
     gpu_busy: float = 0.0  # stage-seconds
     cpu_busy: float = 0.0
     num_finished: int = 0
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: StepRows = field(default_factory=lambda: StepRows(False))
 
 
 def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
@@ -297,7 +342,8 @@ def _replica(shared: _Shared, index: int, spec: ReplicaSpec) -> _Sim:
     return _Sim(loop, shared, index, [Stage(loop) for _ in range(pp)] if pp > 1 else [],
                 schedulers, spec.model, spec.hw, overhead, spec.stream_per_step, [None] * pp,
                 PowerClock(spec.model, spec.hw), time_scale,
-                ReplicaLoad(index, schedulers, spec.group), num_blocks, [0] * pp)
+                ReplicaLoad(index, schedulers, spec.group), num_blocks, [0] * pp,
+                steps=StepRows(shared.cluster))
 
 
 def _result(sim: _Sim, requests: list[Request], wall: float) -> SimResult:
@@ -323,7 +369,8 @@ def _total(per: list[SimResult], requests: list[Request], wall: float) -> SimRes
     gpu = sum(r.gpu_busy_fraction * r.duration for r in per)
     cpu = sum(r.cpu_busy_fraction * r.duration for r in per)
     n = len(per)
-    steps = sorted((row for r in per for row in r.steps), key=lambda row: row["t_start"])
+    steps = StepRows(True, sorted((row for r in per for row in r.steps.rows),
+                                  key=lambda row: row[2]))  # by t_start
     return SimResult(
         requests=requests, duration=duration, wall_seconds=wall, stats=stats,
         num_windows=stats.num_windows, num_finished=sum(r.num_finished for r in per),
@@ -359,7 +406,7 @@ def _engine(sim: _Sim, v: int) -> Generator:
         yield loop.now + win.schedule_cost
         yield from _run_steps(sim, win)
         _close_window(sim, sched, win)
-        sim.steps.append(_window_row(sim, win, v))
+        sim.steps.rows.append(_window_row(sim, win, v))
         if asynchronous and sim.overhead.defer_last_output:
             pending = win
         else:  # blocking: every step's outputs now; async, not deferred: the last step's
@@ -418,7 +465,7 @@ def _engine_overlap(sim: _Sim, v: int) -> Generator:
                 _claim_output_processing(sim, last, j, j + 1, now=last.gpu_done[j])
             yield max(loop.now, sim.cpu_free)
             _close_window(sim, sched, last)
-            sim.steps.append(_window_row(sim, last, v))
+            sim.steps.rows.append(_window_row(sim, last, v))
         elif win is None:
             if _all_done(sim, v):
                 return
@@ -569,27 +616,20 @@ def _open_window(sim: _Sim, batch: Batch, v: int, gpu_free: float | None = None)
     return win
 
 
-def _window_row(sim: _Sim, win: _Window, v: int) -> dict[str, Any]:
-    """steps.csv's row of a closed window, in the real engine's columns where they mean the same
-    (gpu_s per pipeline stage; the CPU before the GPU starts is one term, schedule_prepare_s);
-    window ids count per virtual engine. In a cluster each row also names its replica and that
-    replica's load as the window closes (the per-replica load figure reads them)."""
+def _window_row(sim: _Sim, win: _Window, v: int) -> tuple:
+    """steps.csv's row of a closed window (StepRows' columns), in the real engine's columns where
+    they mean the same (gpu_s per pipeline stage; the CPU before the GPU starts is one term,
+    schedule_prepare_s); window ids count per virtual engine. In a cluster each row also names
+    its replica and that replica's load as the window closes (the per-replica load figure)."""
     batch = win.batch
-    row = {
-        "virtual_engine": v, "window": batch.window_id, "t_start": win.t_start,
-        "k": batch.num_steps,
-        "num_seqs": len(batch.seqs), "num_prefill_seqs": len(batch.seqs) - batch.num_decode_seqs,
-        "num_tokens": win.first.num_tokens, "kv_tokens": win.first.kv_tokens,
-        "num_preempted": len(batch.preempted), "num_wasted_steps": batch.num_wasted_steps,
-        "schedule_prepare_s": win.schedule_cost, "gpu_s": sum(win.stage_times),
-        "gpu_step_s": ";".join(f"{g:.6f}" for g in win.stage_times),
-    }
+    row = (v, batch.window_id, win.t_start, batch.num_steps, len(batch.seqs),
+           len(batch.seqs) - batch.num_decode_seqs, win.first.num_tokens, win.first.kv_tokens,
+           len(batch.preempted), batch.num_wasted_steps, win.schedule_cost,
+           tuple(win.stage_times))
     if sim.shared.cluster:
         load = sim.load
-        row.update(replica=sim.index, outstanding=load.outstanding,
-                   num_waiting=sum(s.num_waiting for s in sim.schedulers),
-                   num_running=sum(s.num_running for s in sim.schedulers),
-                   kv_blocks_used=load.kv_blocks_used)
+        row += (sim.index, load.outstanding, sum(s.num_waiting for s in sim.schedulers),
+                sum(s.num_running for s in sim.schedulers), load.kv_blocks_used)
     return row
 
 
