@@ -24,7 +24,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import (  # noqa: E402
     FixedLocator,
     FuncFormatter,
-    LogLocator,
+    MaxNLocator,
     NullFormatter,
     NullLocator,
     ScalarFormatter,
@@ -159,12 +159,10 @@ def _context_title(what: str, ctx: dict, gpus: list[str]) -> str:
 
 
 def _y_from_zero(row: Iterable[Axes]) -> None:
-    """A row of panels' (shared) y axis from 0, unless the values lie in a narrow band far
-    above it (a real engine's 45-52 req/s), where 0 would press the series into one line."""
-    row = list(row)
-    lo, hi = min(a.dataLim.y0 for a in row), max(a.dataLim.y1 for a in row)
-    if not (lo > 0 and lo > 0.6 * hi):
-        row[0].set_ylim(bottom=0)
+    """A row of panels' (shared) y axis from 0: an axis cut above it (29-43 req/s) makes a
+    gain look steeper than it is."""
+    for ax in row:
+        ax.set_ylim(bottom=0)
 
 
 def _k_axis(ax: Axes, ks: list[float]) -> None:
@@ -364,6 +362,38 @@ def plot_rates(df: pd.DataFrame, out: Path) -> list[Path]:
 
 # ---- simulated versus measured ----------------------------------------------------------------
 
+# Log-axis tick mantissas from sparse to dense: the first that puts 3-4 ticks on a panel.
+_TICK_MANTISSAS = ((1.0,), (1.0, 3.0), (1.0, 2.0, 5.0), (1.0, 1.5, 2.0, 3.0, 5.0, 7.0),
+                   tuple(float(m) for m in range(1, 10)))
+
+
+def log_ticks(lo: float, hi: float, most: int = 4) -> list[float]:
+    """Ticks for a log axis over [lo, hi] that a narrow panel can label: 3 to ``most`` round
+    values (1-2-5 and denser mantissas) where some set of them gives that many, else 2, or, on
+    a range too narrow for any (95-130 ms), evenly spaced round values."""
+    decades = range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
+    found = []
+    for mantissas in _TICK_MANTISSAS:
+        ticks = sorted(m * 10.0 ** d for d in decades for m in mantissas
+                       if lo <= m * 10.0 ** d <= hi)
+        if 3 <= len(ticks) <= most:
+            return ticks
+        found.append(ticks)
+    if len(found[0]) > most:  # many decades: every n-th power of ten
+        step = math.ceil(len(found[0]) / most)
+        return found[0][::step]
+    for ticks in found:  # two labels, rather than crowded ones
+        if 2 <= len(ticks) <= most:
+            return ticks
+    return [float(t) for t in MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
+            if lo <= t <= hi]
+
+
+def short_number(value: float, _pos: object = None) -> str:
+    """A tick label that fits a narrow panel: 20k, not 20000."""
+    return f"{value / 1000:g}k" if abs(value) >= 10_000 else f"{value:g}"
+
+
 def _equal_limits(values: pd.Series, log: bool) -> tuple[float, float]:
     lo, hi = float(values.min()), float(values.max())
     if log:
@@ -411,10 +441,10 @@ def validation_figure(df: pd.DataFrame, title: str = "") -> Figure:
         ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, zorder=1)
         if log:
             ax.set(xscale="log", yscale="log")
-            subs = (1.0,) if hi / lo > 200 else (1.0, 2.0, 5.0)  # labels that fit
+            ticks = log_ticks(lo, hi)
             for axis in (ax.xaxis, ax.yaxis):  # 20, 50, 100, not 2 x 10^1
-                axis.set_major_locator(LogLocator(subs=subs))
-                axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                axis.set_major_locator(FixedLocator(ticks))
+                axis.set_major_formatter(FuncFormatter(short_number))
                 axis.set_minor_formatter(NullFormatter())
         ax.set(xlim=(lo, hi), ylim=(lo, hi))
         ax.set_aspect("equal", adjustable="box")
@@ -431,9 +461,13 @@ def validation_figure(df: pd.DataFrame, title: str = "") -> Figure:
                (Patch(color="0.88"), "within 10%")]]
     if "measured_spread" in df or "predicted_spread" in df:
         repeats = df["repeats"].dropna().astype(int) if "repeats" in df else pd.Series([], int)
-        n = "" if repeats.empty else f"{repeats.min()}" + (
-            f"-{repeats.max()}" if repeats.max() > repeats.min() else "") + " "
-        note = (f"bars: the range between repeated runs (measured: {n}runs; simulated: runs over "
+        if repeats.empty:
+            n = "runs"
+        elif repeats.max() > repeats.min():
+            n = f"{repeats.min()}-{repeats.max()} runs"
+        else:
+            n = f"{repeats.min()} run" + ("s" if repeats.min() != 1 else "")
+        note = (f"bars: the range between repeated runs (measured: {n}; simulated: runs over "
                 "a band of time scales),\ndrawn half either way of their mean")
     else:
         note = "one run per side, so no bars"
@@ -489,7 +523,9 @@ def check_table(df: pd.DataFrame, table: Path) -> None:
             raise ValueError(f"{table}: column {col}, row {pos + 1}: {text} is not {want}")
 
 
-def plot_table(table: str | os.PathLike, out: str | os.PathLike | None = None) -> list[Path]:
+def plot_table(table: str | os.PathLike, out: str | os.PathLike | None = None,
+               title: str = "") -> list[Path]:
+    """Every figure a table gives; ``title``: a validation scatter's (default: a generic one)."""
     table = Path(table)
     if not table.is_file():
         raise ValueError(f"no table at {table}; run a sweep first "
@@ -505,7 +541,7 @@ def plot_table(table: str | os.PathLike, out: str | os.PathLike | None = None) -
     check_table(df, table)
     out = Path(out) if out else table.parent / "figures"
     if "metric" in df and "predicted" in df:
-        return plot_validation(df, out)
+        return plot_validation(df, out, title)
     made = plot_steps(df, out) + plot_rates(df, out) + plot_policies(df, out)
     if not made:
         raise ValueError(f"{table}: nothing to plot (need >= 2 values of k or of request_rate)")
@@ -517,9 +553,13 @@ def main() -> None:
     ap.add_argument("table", nargs="?", default=DEFAULT_TABLE,
                     help=f"aggregate.csv/.parquet or a validation table (default {DEFAULT_TABLE})")
     ap.add_argument("--out", default=None, help="figure directory (default: TABLE's dir/figures)")
+    ap.add_argument("--title", default="",
+                    help="a validation table's scatter title (default: 'Simulator versus "
+                    "measurement'), e.g. validation_title's 'Simulator versus measurement: "
+                    "Llama-3-8B, H200 (calibrated)'")
     args = ap.parse_args()
     try:
-        made = plot_table(args.table, args.out)
+        made = plot_table(args.table, args.out, args.title)
     except ValueError as err:  # a table that is not one, or lacks what a figure needs
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
