@@ -39,9 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import real_backend  # noqa: E402,F401  (sets CUDA_MODULE_LOADING before CUDA starts)
 from common.model_spec import ModelSpec  # noqa: E402
 from experiments.files import write_text_atomic  # noqa: E402
-from experiments.validate import POLICIES, run_one  # noqa: E402
+from experiments.validate import POLICIES, _policy_grid, run_one  # noqa: E402
 
-GRID = POLICIES[:6] + [("chunked_prefill", None)] + POLICIES[6:]
+GRID = _policy_grid(POLICIES)
+GRID = GRID[:6] + [("chunked_prefill", None)] + GRID[6:]
 MODEL_POLICIES = [("single_step", None), ("multi_step", 8), ("cp1", 8)]  # the models part's
 POISSON_LOAD = 0.6  # the models part's Poisson rate: this share of single_step's t=0 throughput
 MODEL_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exc()
             table.append("calibration FAILED")
     if "poisson" in parts:
-        grid = chosen or POLICIES
+        grid = chosen or _policy_grid(POLICIES)
         for r in rep:
             for policy, k in grid:  # policy-major: runs of one shape follow each other
                 for rate in (args.rates or "20,40").split(","):

@@ -183,9 +183,7 @@ class Scheduler:
         if policy.preemptive and self.waiting:
             for victim in policy.preempt_for_waiting(self):
                 self._preempt(victim)
-                self.waiting.append(victim)
-            if self.waiting and self.waiting[-1].state is RequestState.PREEMPTED:
-                self._order_queues()
+                preempted.append(victim)
         if policy.mixed_batches:
             seqs, k = self._schedule_mixed(preempted)
         else:

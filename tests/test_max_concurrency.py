@@ -199,7 +199,7 @@ def test_measured_runs_with_other_limits_are_not_averaged_as_repeats(tmp_path):
 
     for name, limit in (("a", 8), ("b", 16)):
         (tmp_path / f"{name}.json").write_text(json.dumps({
-            "request_rate": 10.0, "num_prompts": 5, "completed": 5, "request_throughput": 2.0,
-            "max_concurrency": limit}))
+            "policy": "single_step", "request_rate": 10.0, "num_prompts": 5, "completed": 5,
+            "request_throughput": 2.0, "max_concurrency": limit}))
     with pytest.raises(ValueError, match=r"different max_concurrency \(16.0 and 8.0\)"):
         measured_from_dir(tmp_path)

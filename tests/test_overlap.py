@@ -22,7 +22,16 @@ PARAMS = {
     "single_step": {}, "chunked_prefill": {},
     "multi_step": {"num_steps": 4}, "cp1": {"num_steps": 4}, "cp2": {"num_steps": 3},
     "cp_promote": {"num_steps": 4}, "adaptive": {"num_steps": 6},
+    "priority": {}, "sjf": {"predictor": "noisy", "sigma": 1.0, "starvation_s": 40.0},
+    "edf": {"ttft_slo_ms": 8000.0}, "sarathi": {"tpot_slo_ms": 30.0},
+    "mlfq": {"quantum_tokens": 4, "num_levels": 3, "starvation_s": 40.0},
+    "slo_adaptive": {"num_steps": 6, "ttft_slo_ms": 8000.0},
 }
+
+
+def stand_in_step_time(decodes, decode_kv, longest, chunks):
+    """A stand-in cost model for the policies that price windows (sarathi): 1 ms a token."""
+    return 1e-3 * (decodes + sum(q for q, _, _ in chunks))
 EOS = 7
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -31,7 +40,8 @@ def sched(name, params=None, *, overlap=True, blocks=100, budget=None, seqs=256,
           watermark=0.0):
     cfg = SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=budget, block_size=bs,
                           watermark=watermark)
-    return make_scheduler(name, {**(params or {}), "overlap": overlap}, cfg, blocks, 4096)
+    return make_scheduler(name, {**(params or {}), "overlap": overlap}, cfg, blocks, 4096,
+                          stand_in_step_time)
 
 
 def token(req: Request, j: int) -> int:

@@ -11,7 +11,16 @@ PARAMS = {
     "single_step": {}, "chunked_prefill": {},
     "multi_step": {"num_steps": 4}, "cp1": {"num_steps": 4}, "cp2": {"num_steps": 3},
     "cp_promote": {"num_steps": 4}, "adaptive": {"num_steps": 6},
+    "priority": {}, "sjf": {"predictor": "noisy", "sigma": 1.0, "starvation_s": 40.0},
+    "edf": {"ttft_slo_ms": 8000.0}, "sarathi": {"tpot_slo_ms": 30.0},
+    "mlfq": {"quantum_tokens": 4, "num_levels": 3, "starvation_s": 40.0},
+    "slo_adaptive": {"num_steps": 6, "ttft_slo_ms": 8000.0},
 }
+
+
+def stand_in_step_time(decodes, decode_kv, longest, chunks):
+    """A stand-in cost model for the policies that price windows (sarathi): 1 ms a token."""
+    return 1e-3 * (decodes + sum(q for q, _, _ in chunks))
 
 workloads = st.fixed_dictionaries({
     "requests": st.lists(st.tuples(st.integers(0, 30),    # arrival window
@@ -35,7 +44,8 @@ def run_workload(name: str, w: dict) -> tuple[list[Request], object]:
     num_blocks = int((num_blocks + 1) / (1 - w["watermark"])) + 1  # room for the watermark
     cfg = SchedulerConfig(max_num_seqs=w["max_num_seqs"], max_num_batched_tokens=w["budget"],
                           block_size=bs, watermark=w["watermark"])
-    s = make_scheduler(name, PARAMS[name], cfg, num_blocks, max_model_len=4096)
+    s = make_scheduler(name, PARAMS[name], cfg, num_blocks, max_model_len=4096,
+                       step_time_fn=stand_in_step_time)
     pending = sorted(reqs, key=lambda r: r.arrival_time)
     now, windows = 0.0, 0
     while pending or s.has_unfinished:

@@ -279,7 +279,7 @@ def test_filters_that_leave_nothing_or_are_malformed(tmp_path, settings, match):
     ("mooncake", "m.jsonl", jsonl(MOONCAKE), {"keep_failed": True},
      r"workload\.keep_failed applies to workload\.format=azure or burstgpt only, not mooncake"),
     ("parquet", "b.csv", BURST, {},
-     r"workload\.format must be one of csv, azure, burstgpt, mooncake, got 'parquet'"),
+     r"workload\.format must be one of csv, azure, burstgpt, mooncake, timed_trace, got 'parquet'"),
     ("burstgpt", "b.csv", BURST, {"format_version": 2},
      r"workload\.format_version is not a setting of kind=trace"),
 ])
