@@ -150,9 +150,9 @@ def request_times(req: Request) -> RequestTimes:
     if req.finish_time is None:
         return RequestTimes(completed=False, output_len=0)
     if _REUSE:  # computed already for this run's metrics (reusing_request_times)
-        hit = _REUSE.get(id(req))
-        if hit is not None and hit[0] is req:
-            return hit[1]
+        hit = _reused(req)
+        if hit is not None:
+            return hit
     times = req.token_times
     if not times:
         raise ValueError(f"request {req.request_id} finished but has no token_times")
@@ -178,18 +178,30 @@ def request_times(req: Request) -> RequestTimes:
                         num_chunks=len(chunks))
 
 
-_REUSE: dict[int, tuple[Request, RequestTimes]] = {}
+# (requests, their times) while reusing_request_times is open
+_REUSE: list[tuple[Sequence[Request], Sequence[RequestTimes]]] = []
+
+
+def _reused(req: Request) -> RequestTimes | None:
+    requests, times = _REUSE[-1]
+    i = req.request_id  # a run's requests are numbered by position (no index kept)
+    if isinstance(i, int) and 0 <= i < len(requests) and requests[i] is req:
+        return times[i]
+    return None
 
 
 @contextlib.contextmanager
 def reusing_request_times(requests: Sequence[Request], times: Sequence[RequestTimes]):
     """Within the block, ``request_times`` of these requests returns the times given (computed
-    once for every metric of a run) instead of computing them again."""
-    _REUSE.update((id(r), (r, t)) for r, t in zip(requests, times, strict=True))
+    once for every metric of a run) instead of computing them again (a request whose
+    request_id is not its position is computed again)."""
+    if len(requests) != len(times):
+        raise ValueError(f"{len(times)} request times for {len(requests)} requests")
+    _REUSE.append((requests, times))
     try:
         yield
     finally:
-        _REUSE.clear()
+        _REUSE.pop()
 
 
 def _pooled(lists: Any) -> array:
