@@ -7,7 +7,8 @@ each time it has used the quantum of its level (the last level keeps it). Lower 
 served first (FCFS within a level), and a waiting request that cannot be admitted preempts
 running requests of higher levels, the most demoted first. A request that has waited
 ``starvation_s`` seconds goes ahead of every level until it finishes (FCFS among such, and
-never preempted by another), so none starves past that bound while the cache can hold it. Simplifications: a preempted request is recomputed rather
+never preempted by another), so none starves past that bound as long as the requests that
+reached it fit in the cache together. Simplifications: a preempted request is recomputed rather
 than swapped to host memory (FastServe's proactive KV swapping), and demotion is counted in
 tokens rather than in seconds of GPU time.
 """
