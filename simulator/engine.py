@@ -46,10 +46,10 @@ when it starts) and, with overlap, the steps after the next window's launch; wor
 in between (a request's front-end parse) then queues behind it, which overstates its wait by at
 most that processing. Delivery can end after ``update()`` ran (and
 after the next window was scheduled), so ``update()`` records each step's GPU completion time,
-which is unique to the step, and at the end of the run every token_times entry and
-finish_time is mapped to its step's delivery time once the request's last window is delivered
-(a policy reading token_times during the run sees GPU times). Requests arrive from one process, sent as the benchmark client sends
-them (``common.client``: at their arrival times, with ``max_concurrency`` a request waits for
+which is unique to the step, and a finished request's token_times and finish_time are
+mapped to their steps' delivery times once its last window is delivered (then ``on_finish``
+takes it; a policy reading token_times during the run sees GPU times). Requests arrive from
+one process, sent as the benchmark client sends them (``common.client``: at their arrival times, with ``max_concurrency`` a request waits for
 an unfinished one's last token to be delivered), pass through the front end's per-request
 work (``api_per_request_us``: on the engine thread, or on the API-server process) and go
 round-robin to the virtual engines.
