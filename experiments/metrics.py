@@ -318,16 +318,29 @@ def peak_output_and_concurrency(starts: Sequence[float], done: Sequence[RequestT
     buckets = int(np.ceil(float(end.max()) - t0)) + 1
     gaps = _pooled(t.itls for t in done)
     counts = np.fromiter((len(t.itls) for t in done), np.int64, len(done))
-    # each later chunk's time: its request's first token plus the ITLs up to it
+    # each later chunk's time: its request's first token plus the ITLs up to it (in place, one
+    # chunk-long array at a time: a 1M-request run has tens of millions of chunks)
     after = np.cumsum(np.frombuffer(gaps, dtype=float)) if len(gaps) else np.zeros(0)
-    before = np.concatenate(([0.0], after))[np.cumsum(counts) - counts]  # sum up to each request
-    times = np.concatenate((first, np.repeat(first, counts) + after - np.repeat(before, counts)))
-    index = (times - t0).astype(np.int64)
-    tokens = np.bincount(index[(index >= 0) & (index < buckets)], minlength=buckets)
+    del gaps
+    offset = np.cumsum(counts) - counts  # each request's first ITL in ``after``
+    before = np.where(offset > 0, after[np.maximum(offset - 1, 0)] if len(after) else 0.0, 0.0)
+    after += np.repeat(first, counts)
+    after -= np.repeat(before, counts)
+    after -= t0
+    tokens = _bucket_counts(after.astype(np.int64), buckets)
+    del after
+    tokens += _bucket_counts((first - t0).astype(np.int64), buckets)
     steps = np.zeros(buckets + 1, np.int64)
     np.add.at(steps, (start - t0).astype(np.int64), 1)
     np.add.at(steps, (end - t0).astype(np.int64) + 1, -1)
     return float(tokens.max()), int(np.cumsum(steps[:-1]).max())
+
+
+def _bucket_counts(index: np.ndarray, buckets: int) -> np.ndarray:
+    """How many of ``index`` fall in each of ``buckets`` (those outside none)."""
+    if len(index) and (index.min() < 0 or index.max() >= buckets):
+        index = index[(index >= 0) & (index < buckets)]
+    return np.bincount(index, minlength=buckets)
 
 
 def _num_good(done: Sequence[RequestTimes], slos_ms: Mapping[str, float]) -> int:
