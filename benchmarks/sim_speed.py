@@ -37,8 +37,9 @@ def cases(n: int) -> dict[str, list[str]]:
     }
 
 
-def measure(overrides: list[str]) -> tuple[float, float, float]:
-    """(wall seconds end to end, peak RSS in GB, the simulation's own wall seconds)."""
+def measure(overrides: list[str]) -> tuple[float, float, float, float]:
+    """(wall seconds end to end, CPU seconds (user + system), peak RSS in GB, the simulation's
+    own wall seconds). On a shared machine the CPU seconds are the ones to compare."""
     with tempfile.TemporaryDirectory() as d:
         cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "experiments.run", *overrides,
                "progress=false", f"hydra.run.dir={d}"]
@@ -51,9 +52,11 @@ def measure(overrides: list[str]) -> tuple[float, float, float]:
     m = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (?:(\d+):)?(\d+):([\d.]+)",
                   text)
     wall = int(m.group(1) or 0) * 3600 + int(m.group(2)) * 60 + float(m.group(3))
+    cpu = sum(float(re.search(rf"{what} time \(seconds\): ([\d.]+)", text).group(1))
+              for what in ("User", "System"))
     rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", text).group(1)) / 1e6
     sim = float(re.search(r"wall_seconds:\s+([\d.]+)", text).group(1))
-    return wall, rss, sim
+    return wall, cpu, rss, sim
 
 
 def main() -> None:
@@ -68,10 +71,10 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown case {sorted(unknown)[0]!r}; choose from {', '.join(table)}")
     measure(["workload.num_prompts=10"])  # builds the ShareGPT token-count cache
-    print(f"{'case':<28}{'wall s':>8}{'sim s':>8}{'peak RSS GB':>13}")
+    print(f"{'case':<28}{'wall s':>8}{'cpu s':>8}{'sim s':>8}{'peak RSS GB':>13}")
     for name in names:
-        wall, rss, sim = measure(table[name])
-        print(f"{name:<28}{wall:>8.1f}{sim:>8.1f}{rss:>13.2f}", flush=True)
+        wall, cpu, rss, sim = measure(table[name])
+        print(f"{name:<28}{wall:>8.1f}{cpu:>8.1f}{sim:>8.1f}{rss:>13.2f}", flush=True)
 
 
 if __name__ == "__main__":
