@@ -106,6 +106,7 @@ def release(path: str | os.PathLike[str]) -> None:
 
 
 def _claim_or_exit(config: DictConfig, setting: str) -> None:
+    path = None
     try:
         path = claim(str(OmegaConf.select(config, setting)), setting)
         subdir = OmegaConf.select(config, "hydra.output_subdir")
@@ -118,6 +119,8 @@ def _claim_or_exit(config: DictConfig, setting: str) -> None:
             # tables of an earlier sweep into this directory go now, so none is left stale.
             remove_recorded(path, AGGREGATE_FILES, setting)
     except (RunDirError, IsADirectoryError) as err:
+        if path is not None:  # refused after the claim: the directory is not this run's
+            release(path)
         # Hydra turns a callback's exception into a warning; only an exit stops the run.
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

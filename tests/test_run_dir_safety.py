@@ -21,7 +21,14 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.run import CONF_DIR, run
-from experiments.run_dir import MANIFEST, RunDirCallback, RunDirError, claim, safe_dirname
+from experiments.run_dir import (
+    MANIFEST,
+    RunDirCallback,
+    RunDirError,
+    _held,
+    claim,
+    safe_dirname,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["backend=sim", "model=tiny", "hardware=cpu", "overhead=none", "progress=false"]
@@ -120,6 +127,7 @@ def test_a_sweep_keeps_a_users_aggregate_table(tmp_path, capsys):
         RunDirCallback().on_multirun_start(config)
     assert exit_.value.code == 2 and "aggregate.csv" in capsys.readouterr().err
     assert (tmp_path / "aggregate.csv").read_text() == "mine\n"
+    assert tmp_path.absolute() not in _held  # refused: the directory's lock is let go
 
 
 # --- 3. job directories stay inside the sweep dir ---------------------------------------------

@@ -111,7 +111,12 @@ def test_the_policy_sweep_figures(tmp_path):
             rows.append({"policy": policy, "request_rate": rate, "class_goodput": rate * 0.9,
                          "p99_ttft_ms": rate * 10, "run_dir": str(run_dir), "model": "llama3_8b"})
     df = pd.DataFrame(rows)
-    stems = [stem for stem, _ in policy_figures(df)]
+    import matplotlib.pyplot as plt
+
+    drawn = list(policy_figures(df))
+    stems = [stem for stem, _ in drawn]
+    for _, fig in drawn:
+        plt.close(fig)
     assert stems == ["goodput_vs_rate", "p99_ttft_vs_rate", "ttft_cdf_rate20", "policies_overview"]
     made = plot_policies(df, tmp_path / "figures")
     assert len(made) == 8 and all(p.stat().st_size > 0 for p in made)
