@@ -1,4 +1,4 @@
-"""The GPU measurements of overlap scheduling (policy.overlap) against multi-step, in one process.
+"""The GPU measurements of overlap scheduling (scheduler.overlap) against multi-step, in one process.
 
     python benchmarks/overlap_suite.py OUT_DIR [--parts grid,poisson] [--prompts N]
                                                [--poisson-prompts N] [--rates 20,40]
@@ -47,7 +47,7 @@ def overrides(policy: str, k: int | None, overlap: bool, rate: str, seed: int,
     """One in-process run's overrides (benchmarks/server_suite.py's too, with its ``model``)."""
     ov = ["backend=real", f"policy={policy}", *model, "workload=sharegpt",
           f"workload.num_prompts={prompts}", f"workload.seed={seed}",
-          f"workload.request_rate={rate}", f"policy.overlap={str(overlap).lower()}",
+          f"workload.request_rate={rate}", f"scheduler.overlap={str(overlap).lower()}",
           "progress=false", "backend.keep_runner=true"]  # one shape: weights, cache, graphs kept
     return ov + ([f"policy.num_steps={k}"] if k else [])
 

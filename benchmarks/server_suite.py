@@ -52,7 +52,7 @@ SMOKE_OUTPUT_LEN = 6
 
 
 def policy_overrides(policy: str, k: int | None, overlap: bool) -> list[str]:
-    return ([f"policy={policy}", f"policy.overlap={str(overlap).lower()}"]
+    return ([f"policy={policy}", f"scheduler.overlap={str(overlap).lower()}"]
             + ([f"policy.num_steps={k}"] if k else []))
 
 

@@ -32,7 +32,7 @@ from experiments.run_dir import (
 )
 from experiments.sweep_workers import stop_with_sweep
 from policies import ModelSpec, Scheduler, SchedulerConfig, make_policy, make_scheduler
-from policies.base import Policy, check_int, check_number, check_settings
+from policies.base import MOVED_SETTINGS, Policy, check_int, check_number, check_settings
 from policies.request import Request
 
 CONF_DIR = str(conf_dir())  # one home: experiments/paths.py
@@ -418,7 +418,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             "policy": choice.name,
             "policy_settings": policy.describe(),
             "k": getattr(policy, "num_steps", 1),
-            "overlap": bool(getattr(policy, "overlap", False)),
+            "overlap": choice.scheduler.overlap,
             "model": model.name,
             "tensor_parallel_size": parallel.tensor_parallel_size,
             "pipeline_parallel_size": parallel.pipeline_parallel_size,
@@ -508,6 +508,18 @@ def _app(cfg: DictConfig) -> str | None:
     return None if sweep_label is None else sweep_line(sweep_label, result, Path(run_dir))
 
 
+def refuse_moved_settings(overrides: Sequence[str]) -> None:
+    """A setting given under its old name (policy.overlap, now scheduler.overlap) is one line
+    and exit 2, before Hydra's own several-line error for an unknown key."""
+    for arg in overrides:
+        key = arg.lstrip("+").partition("=")[0]
+        group, _, name = key.partition(".")
+        if group == "policy" and name in MOVED_SETTINGS:
+            print(f"error: policy.{name} is now scheduler.{name}: overlap scheduling is a mode "
+                  "of the engine loop, for every policy", file=sys.stderr)
+            sys.exit(2)
+
+
 def main() -> None:
     """``python -m experiments.run`` / ``schedlab-run``: the Hydra app; Ctrl-C and SIGTERM
     (kill, timeout, scancel) are one line and exit 130 and 143 (128 + the signal's number)."""
@@ -523,6 +535,7 @@ def main() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    refuse_moved_settings(sys.argv[1:])
     try:
         _app()
     except RunExit as err:  # a run of a submitit sweep failed (RunFailed)

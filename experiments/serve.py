@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import hydra
 from omegaconf import DictConfig
 
-from experiments.run import CONF_DIR, PolicyChoice, known_settings, plain
+from experiments.run import CONF_DIR, PolicyChoice, known_settings, plain, refuse_moved_settings
 from policies import ModelSpec
 from policies.base import check_int, check_settings
 from policies.scheduler import Scheduler
@@ -275,6 +275,7 @@ def _app(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    refuse_moved_settings(sys.argv[1:])
     _app()
 
 

@@ -211,7 +211,7 @@ def measured_engine(meas: dict[str, Any]) -> list[str]:
     tensor-parallel size, where its result records them (vLLM's files record neither)."""
     out = []
     if meas.get("overlap") is True:
-        out.append("policy.overlap=true")
+        out.append("scheduler.overlap=true")
     tp = known(meas.get("tensor_parallel_size"))
     if tp is not None and tp != 1:
         if not float(tp).is_integer() or tp < 1:

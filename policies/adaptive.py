@@ -27,8 +27,9 @@ The rule, and why:
    after the start and the cap vanishes; under online load, windows shorten as load rises
    until the backlog itself (rule 3) takes over.
 
-5. With ``overlap``, the scheduler invocation runs while the previous window is on the GPU, so
-   a window costs max(overhead_steps, k) steps instead of overhead_steps + k: k only has to
+5. With overlap scheduling (``scheduler.overlap``), the scheduler invocation runs while the
+   previous window is on the GPU, so a window costs max(overhead_steps, k) steps instead of
+   overhead_steps + k: k only has to
    grow until the window outlasts the CPU's work (k = 1 once that is under one step).
    Remaining tokens then leave out those the window in flight will produce.
 
@@ -82,7 +83,7 @@ class Adaptive(KStepPolicy):
         for k in range(1, k_max + 1):
             useful += alive  # requests still owing tokens at step k
             alive -= count[k]
-            cost = max(self.overhead_steps, k) if self.overlap else self.overhead_steps + k
+            cost = max(self.overhead_steps, k) if sched.overlap else self.overhead_steps + k
             rate = useful / cost
             if rate > best * (1 + 1e-9):
                 best_k, best = k, rate

@@ -8,7 +8,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from policies.scheduler import Scheduler
 
 POLICIES: dict[str, type[Policy]] = {}
+# settings that were the policy's and are the scheduler's now (a one-line error says where)
+MOVED_SETTINGS = ("overlap", "overlap_late_schedule")
 
 
 def register(cls: type[Policy]) -> type[Policy]:
@@ -52,13 +54,8 @@ class Policy:
     queue too for a ``preemptive`` policy, so that its tail is the first victim); otherwise the
     queue is FCFS, preempted requests at its head.
     ``preemptive``: ``preempt_for_waiting`` may preempt running requests for waiting ones.
-    ``overlap``: overlap scheduling (vLLM V1's async scheduling, SGLang's overlap scheduler):
-    the next window is formed while the last one is still on the GPU, so the CPU's work hides
-    behind the GPU's (the contract is on ``Scheduler.schedule``).
-    ``overlap_late_schedule`` (with overlap): when no request is waiting, the next window is
-    formed just before the one in flight ends rather than as it starts, so that requests
-    arriving meanwhile join it (policies/late_schedule.py); false forms it at once (SGLang's and
-    vLLM V1's order).
+    Overlap scheduling is not a policy's trait but a mode of the engine loop that every policy
+    runs under (``SchedulerConfig.overlap``).
     """
 
     name: ClassVar[str] = ""
@@ -67,13 +64,9 @@ class Policy:
     orders_queue: ClassVar[bool] = False
     preemptive: ClassVar[bool] = False
     needs_step_time: ClassVar[bool] = False  # the run must give the scheduler a StepTimeFn
-    # keyword-only: a policy's own settings keep their positions
-    overlap: bool = field(default=False, kw_only=True)
-    overlap_late_schedule: bool = field(default=True, kw_only=True)
 
     def __post_init__(self) -> None:
-        check_bool("policy.overlap", self.overlap)
-        check_bool("policy.overlap_late_schedule", self.overlap_late_schedule)
+        """Check the policy's settings (each policy extends this with its own)."""
 
     # ---------------------------------------------------------------- window length
     @property
@@ -147,6 +140,10 @@ def make_policy(name: str, module: str | None = None, **params: Any) -> Policy:
     ``module`` (``policy.module``): a policy defined outside schedlab, as a dotted module name
     importable from the working directory or a path to a ``.py`` file; importing it registers
     its classes (``@register``), docs/policies.md shows one."""
+    for key in MOVED_SETTINGS:
+        if key in params:
+            raise ValueError(f"policy.{key} is now scheduler.{key}: overlap scheduling is a mode "
+                             "of the engine loop, for every policy")
     if module is not None:
         import_policy_module(module)
     cls = POLICIES.get(name)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from policies.base import Policy, StepTimeFn, check_int, check_number, check_settings
+from policies.base import Policy, StepTimeFn, check_bool, check_int, check_number, check_settings
 from policies.batch import Batch, ScheduledSeq
 from policies.block_manager import BlockManager
 from policies.request import Request, RequestState
@@ -25,6 +25,14 @@ class SchedulerConfig:
     max_num_batched_tokens: int | None = None
     block_size: int = 16
     watermark: float = 0.01
+    # Overlap scheduling (vLLM V1's async scheduling, SGLang's overlap scheduler), a mode of the
+    # engine loop under any policy: the next window is formed while the last one is still on
+    # the GPU, so the CPU's work hides behind the GPU's (the contract is on ``schedule``).
+    overlap: bool = False
+    # With overlap, when no request waits: form the next window just before the one in flight
+    # ends rather than as it starts, so that arrivals meanwhile join it
+    # (policies/late_schedule.py); false forms it at once (SGLang's and vLLM V1's order).
+    overlap_late_schedule: bool = True
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SchedulerConfig:
@@ -39,6 +47,8 @@ class SchedulerConfig:
         check_number("scheduler.watermark", self.watermark, minimum=0)
         if not self.watermark < 1.0:
             raise ValueError(f"scheduler.watermark must be in [0, 1), got {self.watermark}")
+        check_bool("scheduler.overlap", self.overlap)
+        check_bool("scheduler.overlap_late_schedule", self.overlap_late_schedule)
 
 
 @dataclass(slots=True)
@@ -55,7 +65,7 @@ class Scheduler:
     """Forms windows for one engine; knows nothing about clocks, devices or simpy.
 
     The loop of a backend: ``batch = schedule(now)``, run it, ``update(batch, ...)``. With
-    ``policy.overlap`` one more ``schedule()`` may come between a window's launch and its
+    ``scheduler.overlap`` one more ``schedule()`` may come between a window's launch and its
     ``update()`` (see ``schedule``).
     """
 
@@ -73,7 +83,7 @@ class Scheduler:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.watermark)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the tail is preempted first
-        self.overlap = policy.overlap
+        self.overlap = config.overlap
         # Overlap: requests whose last token a window in flight samples; they take no further
         # part, and their blocks stay theirs until that window's update().
         self.finishing: list[Request] = []
@@ -120,7 +130,7 @@ class Scheduler:
         """End request ``request_id`` now, wherever it is, and give its KV blocks back; False
         if the scheduler does not hold it (finished, or never added).
 
-        Call it between windows (before ``schedule()``). With ``policy.overlap`` the request
+        Call it between windows (before ``schedule()``). With ``scheduler.overlap`` the request
         may be in the window in flight: its blocks are freed now all the same, because the
         backend runs windows in order, so a window formed from here on that takes a freed
         block writes it after the window in flight is done with it. That window's ``update()``
@@ -151,18 +161,18 @@ class Scheduler:
 
     # ------------------------------------------------------------------ schedule
     def defers_schedule(self) -> bool:
-        """Overlap with ``policy.overlap_late_schedule``: whether the backend should form the
+        """Overlap with ``scheduler.overlap_late_schedule``: whether the backend should form the
         next window as late as the window in flight allows (policies/late_schedule.py). Only
         while no request waits: then what the next window could still take is what arrives
         meanwhile, and forming it later loses nothing; with a queue, it is formed at once."""
-        return (self.overlap and self.policy.overlap_late_schedule and not self.waiting
+        return (self.overlap and self.config.overlap_late_schedule and not self.waiting
                 and bool(self._in_flight))
 
     def schedule(self, now: float) -> Batch | None:
         """Form the next window, or None when nothing can run.
 
         Without overlap, every window is update()d before the next schedule(). With
-        ``policy.overlap``, schedule() may also be called once while the last window is still in
+        ``scheduler.overlap``, schedule() may also be called once while the last window is still in
         flight (launched, not yet update()d), and the window it forms assumes that one's
         outcome: each of its requests continues with its KV computed and its samples counted
         as placeholders (the backend finds the newest one on the device, not the host); one

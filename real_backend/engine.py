@@ -73,9 +73,9 @@ def fill_prompt_tokens(requests: list[Request], spec: ModelSpec, seed: int) -> N
 
 def check_overlap_backend(probe: Scheduler, cfg: BackendConfig) -> None:
     """Overlap scheduling collects a window's ids while the next window runs, which only the
-    async output path does: refuse ``policy.overlap`` without ``backend.async_output``."""
+    async output path does: refuse ``scheduler.overlap`` without ``backend.async_output``."""
     if probe.overlap and not cfg.async_output:
-        raise ValueError("policy.overlap needs backend.async_output=true: a window's ids are "
+        raise ValueError("scheduler.overlap needs backend.async_output=true: a window's ids are "
                          "collected while the next window runs")
 
 

@@ -22,7 +22,7 @@ Timeline of one window (every decision is the scheduler's; this module only keep
    together when its last output processing finishes, as vLLM V0 multi-step streams in
    bursts; ``stream_per_step=True`` delivers each step's tokens once they are processed.
 
-6. With overlap scheduling (``policy.overlap``; pp = 1) the engine thread schedules and
+6. With overlap scheduling (``scheduler.overlap``; pp = 1) the engine thread schedules and
    launches window n+1 while window n is on the GPU: window n+1 starts on the GPU when both
    its launch and window n are done, so the GPU waits only when the CPU's work is longer.
    Then the thread processes window n's outputs, each step's once the step is done (they
@@ -336,7 +336,7 @@ def _replica(shared: _Shared, index: int, spec: ReplicaSpec) -> _Sim:
     pp = spec.hw.pp
     schedulers = [spec.make_scheduler(num_blocks) for _ in range(pp)]
     if schedulers[0].overlap and pp > 1:  # Scheduler.overlap: wherever it is configured
-        raise ValueError(f"policy.overlap with parallel.pipeline_parallel_size = {pp} is not "
+        raise ValueError(f"scheduler.overlap with parallel.pipeline_parallel_size = {pp} is not "
                          "modelled (1 only)")
     loop = shared.loop
     return _Sim(loop, shared, index, [Stage(loop) for _ in range(pp)] if pp > 1 else [],

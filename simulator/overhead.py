@@ -59,7 +59,7 @@ for ``api_per_request_us``, the front end's work on each request it receives (pa
 tokenization, submission): the request reaches the scheduler once that work is done, on the
 engine thread or on the API-server process.
 ``async_output_processing``: a step's output processing overlaps the next GPU step. With
-overlap scheduling (``policy.overlap``) a window's output processing waits for the next
+overlap scheduling (``scheduler.overlap``) a window's output processing waits for the next
 window's launch (or, when the next window is formed late, runs step by step while it waits),
 so that setting and ``defer_last_output`` do not apply (simulator/engine.py).
 """

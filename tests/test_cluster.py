@@ -42,8 +42,9 @@ def _spec(policy: str = "multi_step", params: dict | None = None, hardware: str 
           overhead: str = "vllm_v0_6", num_blocks: int | None = 2000, group: int = 0,
           overlap: bool = False) -> ReplicaSpec:
     def new_scheduler(blocks: int) -> Scheduler:
-        return Scheduler(make_policy(policy, **(params or {}), overlap=overlap),
-                         SchedulerConfig(max_num_seqs=64), blocks, MODEL.max_model_len)
+        return Scheduler(make_policy(policy, **(params or {})),
+                         SchedulerConfig(max_num_seqs=64, overlap=overlap), blocks,
+                         MODEL.max_model_len)
 
     return ReplicaSpec(new_scheduler, MODEL, HardwareSpec.from_dict(_conf("hardware", hardware)),
                        OverheadSpec.from_dict(_conf("overhead", overhead)),

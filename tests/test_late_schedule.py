@@ -42,10 +42,9 @@ def test_estimates_err_short_and_need_observations():
 
 
 def test_the_scheduler_defers_only_with_overlap_late_schedule_and_nothing_waiting():
-    cfg = SchedulerConfig(block_size=16)
-
-    def sched(**params):
-        return make_scheduler("single_step", params, cfg, 1000, 4096)
+    def sched(**settings):
+        return make_scheduler("single_step", {}, SchedulerConfig(block_size=16, **settings), 1000,
+                              4096)
 
     s = sched(overlap=True)
     s.add_request(Request(0, 0.0, 10, 8))
@@ -62,8 +61,11 @@ def test_the_scheduler_defers_only_with_overlap_late_schedule_and_nothing_waitin
     plain.add_request(Request(0, 0.0, 10, 8))
     plain.schedule(0.0)
     assert not plain.defers_schedule()
-    with pytest.raises(ValueError, match="policy.overlap_late_schedule"):
-        make_policy("single_step", overlap=True, overlap_late_schedule="yes")
+    with pytest.raises(ValueError, match="scheduler.overlap_late_schedule must be true or false"):
+        SchedulerConfig(overlap=True, overlap_late_schedule="yes")
+    with pytest.raises(ValueError, match="policy.overlap_late_schedule is now "
+                                         "scheduler.overlap_late_schedule"):
+        make_policy("single_step", overlap_late_schedule=False)
 
 
 def _sim(tmp_path, name, rate, *extra):
@@ -84,13 +86,13 @@ def test_late_schedule_lets_arrivals_join_the_next_window_in_the_simulator(tmp_p
     close a window early and median TTFT rises ~60% over no overlap; formed late, it stays
     within 10%. At t=0 (a queue all along) the late schedule changes nothing."""
     base = _sim(tmp_path, "base", 40)["median_ttft_ms"]
-    early = _sim(tmp_path, "early", 40, "policy.overlap=true",
-                 "policy.overlap_late_schedule=false")["median_ttft_ms"]
-    late = _sim(tmp_path, "late", 40, "policy.overlap=true")["median_ttft_ms"]
+    early = _sim(tmp_path, "early", 40, "scheduler.overlap=true",
+                 "scheduler.overlap_late_schedule=false")["median_ttft_ms"]
+    late = _sim(tmp_path, "late", 40, "scheduler.overlap=true")["median_ttft_ms"]
     assert early > 1.4 * base
     assert late < 1.1 * base
-    t0 = [_sim(tmp_path, f"t0{v}", "inf", "policy.overlap=true",
-               f"policy.overlap_late_schedule={v}") for v in ("true", "false")]
+    t0 = [_sim(tmp_path, f"t0{v}", "inf", "scheduler.overlap=true",
+               f"scheduler.overlap_late_schedule={v}") for v in ("true", "false")]
     assert t0[0]["request_throughput"] == pytest.approx(t0[1]["request_throughput"], rel=1e-3)
 
 
@@ -99,7 +101,7 @@ def test_steps_finishing_during_the_late_schedule_wait_stream_one_by_one(tmp_pat
     flight while it waits to form the next one, so each step's tokens reach the client as the
     step ends; median ITL is a step's time, as without overlap (not ~0, the window at once)."""
     over = _sim(tmp_path, "k4o", 20, "policy=multi_step", "policy.num_steps=4",
-                "policy.overlap=true", "backend.stream_per_step=true")
+                "scheduler.overlap=true", "backend.stream_per_step=true")
     plain = _sim(tmp_path, "k4", 20, "policy=multi_step", "policy.num_steps=4",
                  "backend.stream_per_step=true")
     assert over["median_itl_ms"] > 0.5 * plain["median_itl_ms"] > 1.0

@@ -161,9 +161,9 @@ def test_sim_limit_with_async_output_pipeline_and_stream_per_step():
 
 # --- the real engine (tiny model, CPU) -------------------------------------------------------------
 
-@pytest.mark.parametrize(("policy", "params"), [("multi_step", {"num_steps": 4}),
-                                                 ("single_step", {"overlap": True})])
-def test_real_engine_never_has_more_than_the_limit_in_flight(policy, params):
+@pytest.mark.parametrize(("policy", "params", "overlap"), [("multi_step", {"num_steps": 4}, False),
+                                                            ("single_step", {}, True)])
+def test_real_engine_never_has_more_than_the_limit_in_flight(policy, params, overlap):
     from real_backend import run_real
 
     tiny = ModelSpec.from_dict(load("model", "tiny"))
@@ -175,7 +175,7 @@ def test_real_engine_never_has_more_than_the_limit_in_flight(policy, params):
                                           for _ in range(rng.randint(2, 12))]) for i in range(8)]
 
     def serve(reqs, limit):
-        cfg = SchedulerConfig(block_size=4)
+        cfg = SchedulerConfig(block_size=4, overlap=overlap)
         return run_real(reqs, lambda n: make_scheduler(policy, params, cfg, n, tiny.max_model_len),
                         tiny, {"device": "cpu", "num_blocks": 64, "save_token_ids": True},
                         max_concurrency=limit, progress=False)

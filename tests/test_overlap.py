@@ -1,4 +1,4 @@
-"""Overlap scheduling (policy.overlap): the scheduler's contract, hand-worked windows, properties
+"""Overlap scheduling (scheduler.overlap): the scheduler's contract, hand-worked windows, properties
 (placeholders never leak or double-free blocks, never more than max_tokens), the simulator's
 timeline, and the same decisions as the non-overlapped run would deliver."""
 
@@ -13,7 +13,15 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies import POLICIES, ModelSpec, Request, RequestState, SchedulerConfig, make_scheduler
+from policies import (
+    POLICIES,
+    ModelSpec,
+    Request,
+    RequestState,
+    SchedulerConfig,
+    make_policy,
+    make_scheduler,
+)
 from simulator import OverheadSpec, SimResult, simulate
 from simulator.cost_model import StepShape, step_time
 from simulator.hardware import HardwareSpec
@@ -39,8 +47,8 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 def sched(name, params=None, *, overlap=True, blocks=100, budget=None, seqs=256, bs=4,
           watermark=0.0):
     cfg = SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=budget, block_size=bs,
-                          watermark=watermark)
-    return make_scheduler(name, {**(params or {}), "overlap": overlap}, cfg, blocks, 4096,
+                          watermark=watermark, overlap=overlap)
+    return make_scheduler(name, params or {}, cfg, blocks, 4096,
                           stand_in_step_time)
 
 
@@ -243,16 +251,23 @@ def test_a_request_preempted_in_flight_waits_for_its_tokens_before_readmission()
 
 
 def test_bad_overlap_setting_is_a_one_line_error():
-    with pytest.raises(ValueError, match="policy.overlap must be true or false, got 'yes'"):
+    with pytest.raises(ValueError, match="scheduler.overlap must be true or false, got 'yes'"):
         sched("multi_step", {"num_steps": 4}, overlap="yes")
 
 
-def test_every_policy_takes_the_setting():
+def test_every_policy_runs_under_overlap_and_the_old_key_is_refused():
+    """Overlap is the engine loop's mode (scheduler.overlap), taken by every policy; the key it
+    had as a policy setting is one line saying where it went."""
     # the built-in ones: a test may have registered a policy of its own
     built_in = {n for n, c in POLICIES.items() if c.__module__.startswith("policies.")}
     assert set(PARAMS) == built_in
     for name, params in PARAMS.items():
-        assert sched(name, params).policy.describe()["overlap"] is True
+        assert sched(name, params).overlap is True
+        assert "overlap" not in sched(name, params).policy.describe()
+    with pytest.raises(ValueError) as err:
+        make_policy("multi_step", overlap=True)
+    assert str(err.value) == ("policy.overlap is now scheduler.overlap: overlap scheduling is "
+                              "a mode of the engine loop, for every policy")
 
 
 def test_adaptive_with_overlap_pays_only_the_cpu_time_the_window_does_not_hide():
@@ -400,7 +415,7 @@ HAND = OverheadSpec("hand", 1000.0, 10.0, 1.0, 500.0, 20.0, 100.0)
 def simulate_policy(policy: str, requests: list[Request], overhead: OverheadSpec, *,
                     overlap: bool, hw: HardwareSpec = H100, **params) -> SimResult:
     def make(num_blocks: int):
-        return make_scheduler(policy, {**params, "overlap": overlap}, SchedulerConfig(),
+        return make_scheduler(policy, params, SchedulerConfig(overlap=overlap),
                               num_blocks, MODEL.max_model_len)
 
     return simulate(requests, make, MODEL, hw, overhead, progress=False)
@@ -456,7 +471,7 @@ def test_sim_overlap_off_is_unchanged_and_overlap_is_refused_with_pipeline_stage
     b = simulate_policy("multi_step", synthetic(50), HAND, overlap=False, num_steps=4)
     assert a.duration == b.duration
     pp2 = dataclasses.replace(H100, pp=2)
-    with pytest.raises(ValueError, match="policy.overlap with parallel.pipeline_parallel_size = 2 is "
+    with pytest.raises(ValueError, match="scheduler.overlap with parallel.pipeline_parallel_size = 2 is "
                                          "not modelled"):
         simulate_policy("single_step", synthetic(4), HAND, overlap=True, hw=pp2)
 
@@ -480,7 +495,7 @@ def test_overlap_suite_smoke(tmp_path):
     assert "grid/chunked_prefill" in runs and "poisson/chunked_prefill_rate40" in runs
     for tag, res in runs.items():
         assert res["completed"] == 3
-        assert res["schedlab"]["policy_settings"]["overlap"] == tag.split("_rate")[0].endswith(
+        assert res["schedlab"]["overlap"] == tag.split("_rate")[0].endswith(
             "overlap"), tag
     assert runs["grid/multi_step_k4_overlap"]["schedlab"]["k"] == 4
     table = proc.stdout[proc.stdout.index("req/s"):]

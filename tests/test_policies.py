@@ -150,7 +150,7 @@ def test_adaptive_rule():
             for r, rem in zip(self.running, rems, strict=False):
                 r.num_output_tokens = 100 - rem
             self.waiting = list(waiting)
-            self.rate, self.step_time = 0.0, None
+            self.rate, self.step_time, self.overlap = 0.0, None, False
 
         def arrival_rate(self):
             return self.rate

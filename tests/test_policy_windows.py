@@ -43,8 +43,9 @@ def window_digest(policy: str, params: dict, rate, overlap: bool, num_blocks: in
     digest = hashlib.sha256()
 
     def new_scheduler(blocks: int) -> Scheduler:
-        sched = Scheduler(make_policy(policy, **params, overlap=overlap),
-                          SchedulerConfig(max_num_seqs=64), blocks, model.max_model_len)
+        sched = Scheduler(make_policy(policy, **params),
+                          SchedulerConfig(max_num_seqs=64, overlap=overlap), blocks,
+                          model.max_model_len)
         schedule = sched.schedule
 
         def recorded(now: float):

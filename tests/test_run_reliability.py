@@ -80,7 +80,7 @@ def test_rerunning_steps_sweep_replaces_or_skips_each_run_in_place(tmp_path):
     only runs whose result is stamped with this config; a run of another config is redone."""
     sweep = tmp_path / "sweep"
     args = ["-m", "experiments.run", "-m", "+experiment=steps_sweep", f"hydra.sweep.dir={sweep}",
-            "policy=multi_step", "policy.num_steps=1,4", "policy.overlap=false", *SMALL,
+            "policy=multi_step", "policy.num_steps=1,4", "scheduler.overlap=false", *SMALL,
             "hydra.launcher.n_jobs=1"]
     p = cli(*args)
     assert p.returncode == 0, p.stderr[-2000:]

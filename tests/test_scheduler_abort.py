@@ -3,13 +3,16 @@ behind, wherever it was, overlap's in-flight window included."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from policies import Request, RequestState, SchedulerConfig, make_scheduler
 
 
 def sched(name="multi_step", params=None, *, overlap=False, blocks=40, bs=4):
     cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, block_size=bs,
                           watermark=0.0)
-    return make_scheduler(name, {**(params or {}), "overlap": overlap}, cfg, blocks, 256)
+    return make_scheduler(name, params or {}, dataclasses.replace(cfg, overlap=overlap), blocks,
+                          256)
 
 
 def every_request_accounted(s, reqs):

@@ -346,7 +346,7 @@ def test_sigterm_ends_open_streams_and_exits_0(server):
 
 
 def test_overlap_streams_per_token_and_aborts_in_flight(tmp_path):
-    s = start(tmp_path, "policy=single_step", "policy.overlap=true")
+    s = start(tmp_path, "policy=single_step", "scheduler.overlap=true")
     try:
         events = stream(s, {"prompt": "one two three", "max_tokens": 6, "ignore_eos": True})
         chunks = [e for e in events if e != "[DONE]" and e["choices"]]
@@ -438,7 +438,7 @@ def test_a_front_end_that_does_not_stop_is_killed_by_a_second_signal(tmp_path):
 
 @pytest.mark.parametrize("overrides, match", [
     (["parallel.tensor_parallel_size=2"], "parallel.tensor_parallel_size"),
-    (["policy=single_step", "policy.overlap=true", "backend.async_output=false"],
+    (["policy=single_step", "scheduler.overlap=true", "backend.async_output=false"],
      "backend.async_output=true"),
     (["server.host=999.1.1.1"], "server.host=999.1.1.1"),  # before the engine is built
 ])

@@ -147,8 +147,8 @@ def test_a_stop_sequence_ends_the_request_in_the_engine_as_finished():
     """("stop", id) from the front end, with overlap and the request in the window in flight:
     it leaves the scheduler, its blocks are free, that window's update() counts its slots as
     wasted and sends nothing more for it, and the metrics count it finished, not aborted."""
-    sched = make_scheduler("multi_step", {"num_steps": 4, "overlap": True},
-                           SchedulerConfig(block_size=4), 16, 4096)
+    sched = make_scheduler("multi_step", {"num_steps": 4},
+                           SchedulerConfig(block_size=4, overlap=True), 16, 4096)
     inbox, front, clock = pipe_inbox(sched)
     front.send(("add", Request(0, 0.0, 3, 50, [1, 2, 3])))
     front.send(("add", Request(1, 0.0, 3, 50, [1, 2, 3])))

@@ -71,8 +71,12 @@ def run_case(name: str) -> dict:
     digest = hashlib.sha256()
 
     def new_scheduler(num_blocks: int) -> Scheduler:
-        sched = Scheduler(make_policy(policy, **params, overlap=overlap),
-                          SchedulerConfig(max_num_seqs=48), num_blocks, model.max_model_len)
+        late = params.get("overlap_late_schedule", True)
+        sched = Scheduler(make_policy(policy, **{k: v for k, v in params.items()
+                                                 if k != "overlap_late_schedule"}),
+                          SchedulerConfig(max_num_seqs=48, overlap=overlap,
+                                          overlap_late_schedule=late),
+                          num_blocks, model.max_model_len)
         schedule = sched.schedule
 
         def recorded(now: float):

@@ -20,7 +20,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 def test_steps_sweep_aggregates_skips_and_plots(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", "experiments.run", "-m", "+experiment=steps_sweep", f"hydra.sweep.dir={sweep}",
-            "policy=multi_step,cp2", "policy.num_steps=1,4", "policy.overlap=false",
+            "policy=multi_step,cp2", "policy.num_steps=1,4", "scheduler.overlap=false",
             "hardware=h200", "workload.num_prompts=60", "hydra.launcher.n_jobs=1"]
     p = run(*args)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -206,10 +206,10 @@ def test_simulated_repeats_average_runs_over_time_scales(tmp_path):
 
 
 def test_overlap_run_says_so_in_the_aggregate(tmp_path):
-    """A run with policy.overlap=true is marked as such in its aggregate row, so figures draw
+    """A run with scheduler.overlap=true is marked as such in its aggregate row, so figures draw
     overlap on and off as two series (tests/test_plot.py checks the drawing)."""
     out = subprocess.run([sys.executable, "-m", "experiments.run", "policy=single_step",
-                          "policy.overlap=true", "workload=synthetic", "workload.num_prompts=4",
+                          "scheduler.overlap=true", "workload=synthetic", "workload.num_prompts=4",
                           "model=tiny", "hardware=cpu", "overhead=none", "progress=false",
                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)

@@ -63,7 +63,7 @@ def test_measured_engine_is_simulated_as_it_ran():
     # a policy without a step count is keyed as --policies names it (its file records k = 1)
     assert ("chunked_prefill", None, float("inf")) in found
     assert meas["overlap"] is True
-    assert validate.measured_engine(meas) == ["policy.overlap=true"]
+    assert validate.measured_engine(meas) == ["scheduler.overlap=true"]
     assert validate.measured_engine({**meas, "overlap": False, "tensor_parallel_size": 2}) == [
         "parallel.tensor_parallel_size=2"]
     with pytest.raises(validate.InputError, match="tensor_parallel_size"):

@@ -45,8 +45,7 @@ def make_requests(n: int = 16, seed: int = 1, eos: dict[int, int] | None = None)
 
 
 def serve(requests, policy, params, budget, *, overlap: bool, **backend):
-    cfg = SchedulerConfig(block_size=BLOCK_SIZE, max_num_batched_tokens=budget)
-    params = {**params, "overlap": overlap}
+    cfg = SchedulerConfig(block_size=BLOCK_SIZE, max_num_batched_tokens=budget, overlap=overlap)
     backend = {"device": "cpu", "num_blocks": NUM_BLOCKS, "save_token_ids": True, **backend}
     return run_real(requests, lambda n: make_scheduler(policy, params, cfg, n, SPEC.max_model_len),
                     SPEC, backend, progress=False)
@@ -98,14 +97,15 @@ def test_overlap_with_triton_kernels(reference) -> None:
 
 
 def test_overlap_needs_async_output() -> None:
-    with pytest.raises(ValueError, match="policy.overlap needs backend.async_output=true"):
+    with pytest.raises(ValueError, match="scheduler.overlap needs backend.async_output=true"):
         serve(make_requests(2), "single_step", {}, None, overlap=True, async_output=False)
 
 
 def test_a_window_formed_with_overlap_needs_the_overlap_launch() -> None:
     """Without the token map a placeholder token cannot be built on the host: a clear error."""
     cfg = SchedulerConfig(block_size=BLOCK_SIZE)
-    sched = make_scheduler("single_step", {"overlap": True}, cfg, NUM_BLOCKS, SPEC.max_model_len)
+    sched = make_scheduler("single_step", {}, SchedulerConfig(block_size=BLOCK_SIZE, overlap=True),
+                           NUM_BLOCKS, SPEC.max_model_len)
     runner = build_runner(SPEC, BackendConfig(device="cpu", num_blocks=NUM_BLOCKS), sched)
     sched.add_request(Request(0, 0.0, 0, 4, prompt_token_ids=[1, 2, 3]))
     runner.launch_window(sched.schedule(0.0), overlap=True)
@@ -155,7 +155,7 @@ def test_overlap_late_schedule_with_arrivals_keeps_greedy_ids(reference) -> None
     requests = make_requests()
     for i, req in enumerate(requests):
         req.arrival_time = 0.02 * i
-    got = serve(requests, "single_step", {"overlap_late_schedule": True}, None,
+    got = serve(requests, "single_step", {}, None,
                 overlap=True).token_ids
     assert got == reference
 

@@ -170,8 +170,8 @@ def requests(company: bool, eos: int | None = None) -> list[Request]:
 
 
 def serve(reqs, policy="single_step", params=None, budget=None, *, overlap=False, **backend):
-    cfg = SchedulerConfig(block_size=BLOCK_SIZE, max_num_batched_tokens=budget)
-    params = {**(params or {}), "overlap": overlap}
+    cfg = SchedulerConfig(block_size=BLOCK_SIZE, max_num_batched_tokens=budget, overlap=overlap)
+    params = params or {}
     # on a GPU: Triton kernels and CUDA graphs (decode, prefill, piecewise), in fp32 so that
     # logits do not depend on the batch's shape beyond rounding
     backend = {"device": DEVICE, "dtype": "float32", "num_blocks": NUM_BLOCKS,

@@ -52,8 +52,7 @@ def make_requests(n: int = 16, seed: int = 1) -> list[Request]:
 
 def serve(policy: str, params: dict, budget: int | None, *, overlap: bool = False, tp: int = 1,
           workers: Workers | None = None, spec: ModelSpec = SPEC, **backend):
-    cfg = SchedulerConfig(block_size=BLOCK_SIZE, max_num_batched_tokens=budget)
-    params = {**params, "overlap": overlap}
+    cfg = SchedulerConfig(block_size=BLOCK_SIZE, max_num_batched_tokens=budget, overlap=overlap)
     backend = {"device": "cpu", "num_blocks": NUM_BLOCKS, "save_token_ids": True, **backend}
     return run_real(make_requests(),
                     lambda n: make_scheduler(policy, params, cfg, n, spec.max_model_len),
