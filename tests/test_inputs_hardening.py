@@ -292,6 +292,7 @@ def test_seeds_are_the_spread_of_one_point_and_each_figure_is_closed_once_saved(
     df = pd.concat([_table().assign(seed=s, request_throughput=10.0 + s) for s in range(seeds)])
     table = tmp_path / "aggregate.csv"
     df.to_csv(table, index=False)
+    plt.close("all")  # figures another test of this process left open are not plot's
     open_at_save = []
     save = plot.save
 

@@ -123,10 +123,9 @@ def test_sim_and_real_make_the_same_windows(policy, params, budget, overlap) -> 
     real = serve(make_requests(), policy, params, budget, overlap=overlap)
     conf = Path(__file__).resolve().parents[2] / "conf"
     hw = HardwareSpec.from_dict(yaml.safe_load((conf / "hardware" / "h100_sxm.yaml").read_text()))
-    cfg = SchedulerConfig(block_size=BLOCK_SIZE, max_num_batched_tokens=budget)
+    cfg = SchedulerConfig(block_size=BLOCK_SIZE, max_num_batched_tokens=budget, overlap=overlap)
     lengths = [Request(r.request_id, 0.0, r.prompt_len, r.max_tokens) for r in make_requests()]
-    sim = simulate(lengths, lambda n: make_scheduler(policy, {**params, "overlap": overlap}, cfg,
-                                                     n, SPEC.max_model_len),
+    sim = simulate(lengths, lambda n: make_scheduler(policy, params, cfg, n, SPEC.max_model_len),
                    SPEC, hw, OverheadSpec(), block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS,
                    progress=False)
     assert real.stats["num_preemptions"] > 0
