@@ -6,6 +6,7 @@ files written here in each format, never copies of the real ones."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import tracemalloc
@@ -225,8 +226,10 @@ def test_burstgpt_filters_and_keep_failed(tmp_path, settings, lines):
         assert dict((g[1], g[2]) for g in got)[300] == 1  # a failed request asks for one token
 
 
-def test_the_log_says_what_was_dropped(tmp_path, caplog):
+def test_the_log_says_what_was_dropped(tmp_path, caplog, monkeypatch):
     path = write(tmp_path, "b.csv", BURST)
+    # a logging config applied by another test of this process may have disabled the logger
+    monkeypatch.setattr(logging.getLogger("experiments.workload.trace"), "disabled", False)
     with caplog.at_level("INFO", logger="experiments.workload.trace"):
         specs_of(path, "burstgpt", model_filter="ChatGPT")
     assert caplog.messages == [
