@@ -145,7 +145,7 @@ def make_policy(name: str, module: str | None = None, **params: Any) -> Policy:
             raise ValueError(f"policy.{key} is now scheduler.{key}: overlap scheduling is a mode "
                              "of the engine loop, for every policy")
     if module is not None:
-        import_policy_module(module)
+        import_user_module(module, "policy.module")
     cls = POLICIES.get(name)
     if cls is None:
         raise ValueError(f"unknown policy {name!r} (policy.name); choose one of: "
@@ -154,17 +154,18 @@ def make_policy(name: str, module: str | None = None, **params: Any) -> Policy:
     return cls(**params)
 
 
-def import_policy_module(module: str) -> None:
-    """Import a user's policy module (a dotted name or a .py path), once; one-line errors."""
+def import_user_module(module: str, setting: str) -> None:
+    """Import a user's module of policies or routers (a dotted name or a .py path) once; its
+    errors are one line naming ``setting`` (policy.module, router.module)."""
     if not isinstance(module, str) or not module:
-        raise ValueError(f"policy.module must be a module name or a .py file, got {module!r}")
+        raise ValueError(f"{setting} must be a module name or a .py file, got {module!r}")
     if module in _IMPORTED:
         return
     path = Path(module).expanduser()
     try:
         if module.endswith(".py"):
             if not path.is_file():
-                raise ValueError(f"policy.module {module}: no such file")
+                raise ValueError(f"{setting} {module}: no such file")
             spec = importlib.util.spec_from_file_location(f"schedlab_user_{path.stem}", path)
             mod = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = mod
@@ -181,7 +182,7 @@ def import_policy_module(module: str) -> None:
         while tb is not None:
             where = f" ({tb.tb_frame.f_code.co_filename}:{tb.tb_lineno})"
             tb = tb.tb_next
-        raise ValueError(f"policy.module {module} failed to import: "
+        raise ValueError(f"{setting} {module} failed to import: "
                          f"{type(err).__name__}: {err}{where}") from None
     _IMPORTED.add(module)
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from policies.base import check_int, check_number, check_settings, import_policy_module
+from policies.base import check_int, check_number, check_settings, import_user_module
 from policies.request import Request
 from policies.scheduler import Scheduler
 
@@ -69,10 +69,7 @@ def make_router(name: str, module: str | None = None, **params: Any) -> Router:
     """Build a router by registry name (``router.name``); unknown names and settings are
     one-line errors. ``module`` (``router.module``) imports a user's router first."""
     if module is not None:
-        try:  # the same import as policy.module's, its errors naming this setting
-            import_policy_module(module)
-        except ValueError as err:
-            raise ValueError(str(err).replace("policy.module", "router.module", 1)) from None
+        import_user_module(module, "router.module")
     cls = ROUTERS.get(name)
     if cls is None:
         raise ValueError(f"unknown router {name!r} (router.name); choose one of: "
