@@ -144,13 +144,20 @@ def make_policy(name: str, module: str | None = None, **params: Any) -> Policy:
         if key in params:
             raise ValueError(f"policy.{key} is now scheduler.{key}: overlap scheduling is a mode "
                              "of the engine loop, for every policy")
+    return build_registered("policy", POLICIES, name, module, params)
+
+
+def build_registered(kind: str, registry: dict[str, type], name: str, module: str | None,
+                     params: dict[str, Any]) -> Any:
+    """An instance of ``registry[name]`` (a policy or a router) with ``params``, a user's
+    ``<kind>.module`` imported first; unknown names and settings are one-line errors."""
     if module is not None:
-        import_user_module(module, "policy.module")
-    cls = POLICIES.get(name)
+        import_user_module(module, f"{kind}.module")
+    cls = registry.get(name)
     if cls is None:
-        raise ValueError(f"unknown policy {name!r} (policy.name); choose one of: "
-                         + ", ".join(sorted(POLICIES)))
-    check_settings(f"policy {name}", params, (f.name for f in fields(cls) if f.init))
+        raise ValueError(f"unknown {kind} {name!r} ({kind}.name); choose one of: "
+                         + ", ".join(sorted(registry)))
+    check_settings(f"{kind} {name}", params, (f.name for f in fields(cls) if f.init))
     return cls(**params)
 
 

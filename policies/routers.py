@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from policies.base import check_int, check_number, check_settings, import_user_module
+from policies.base import build_registered, check_int, check_number
 from policies.request import Request
 from policies.scheduler import Scheduler
 
@@ -68,14 +68,7 @@ def register_router(cls: type[Router]) -> type[Router]:
 def make_router(name: str, module: str | None = None, **params: Any) -> Router:
     """Build a router by registry name (``router.name``); unknown names and settings are
     one-line errors. ``module`` (``router.module``) imports a user's router first."""
-    if module is not None:
-        import_user_module(module, "router.module")
-    cls = ROUTERS.get(name)
-    if cls is None:
-        raise ValueError(f"unknown router {name!r} (router.name); choose one of: "
-                         + ", ".join(sorted(ROUTERS)))
-    check_settings(f"router {name}", params, (f.name for f in fields(cls) if f.init))
-    return cls(**params)
+    return build_registered("router", ROUTERS, name, module, params)
 
 
 def _least(replicas: Sequence[ReplicaLoad], key) -> int:

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_policy_properties import PARAMS, stand_in_step_time  # every policy's test settings
 
 from policies import (
     POLICIES,
@@ -26,20 +27,6 @@ from simulator import OverheadSpec, SimResult, simulate
 from simulator.cost_model import StepShape, step_time
 from simulator.hardware import HardwareSpec
 
-PARAMS = {
-    "single_step": {}, "chunked_prefill": {},
-    "multi_step": {"num_steps": 4}, "cp1": {"num_steps": 4}, "cp2": {"num_steps": 3},
-    "cp_promote": {"num_steps": 4}, "adaptive": {"num_steps": 6},
-    "priority": {}, "sjf": {"predictor": "noisy", "sigma": 1.0, "starvation_s": 40.0},
-    "edf": {"ttft_slo_ms": 8000.0}, "sarathi": {"tpot_slo_ms": 30.0},
-    "mlfq": {"quantum_tokens": 4, "num_levels": 3, "starvation_s": 40.0},
-    "slo_adaptive": {"num_steps": 6, "ttft_slo_ms": 8000.0},
-}
-
-
-def stand_in_step_time(decodes, decode_kv, longest, chunks):
-    """A stand-in cost model for the policies that price windows (sarathi): 1 ms a token."""
-    return 1e-3 * (decodes + sum(q for q, _, _ in chunks))
 EOS = 7
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
