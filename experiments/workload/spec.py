@@ -20,6 +20,16 @@ class RequestSpec:
     # prefix (one id per block of the trace's block size), passed on to the Request.
     hash_ids: tuple[int, ...] | None = None
     slo_class: SLOClass | None = None  # its priority and targets (workload.classes)
+    # What the prompt is made of, for prefix caching: (content key, tokens) pieces whose
+    # lengths sum to prompt_len; equal keys at equal places mean equal tokens (a shared system
+    # prompt, a conversation's earlier turns, a trace's block hashes). None: unique content.
+    segments: tuple[tuple[int, int], ...] | None = None
+    conversation_id: int | None = None  # the conversation it is a turn of (multi-turn)
+    # A later turn of a conversation: the index (in the workload's list) of the turn it
+    # follows; it is sent think_time seconds after that turn's last token, and not before
+    # arrival_time.
+    previous_turn: int | None = None
+    think_time: float = 0.0
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.output_len < 1:
@@ -32,13 +42,19 @@ class RequestSpec:
             raise ValueError(
                 f"RequestSpec has {len(self.prompt_token_ids)} prompt token ids "
                 f"but prompt_len {self.prompt_len}")
+        if self.segments is not None and sum(n for _, n in self.segments) != self.prompt_len:
+            raise ValueError(f"RequestSpec's segments cover {sum(n for _, n in self.segments)} "
+                             f"tokens but prompt_len is {self.prompt_len}")
+        if not self.think_time >= 0:
+            raise ValueError(f"RequestSpec.think_time must be >= 0, got {self.think_time}")
         if self.hash_ids is not None and not isinstance(self.hash_ids, tuple):
             raise ValueError(f"RequestSpec.hash_ids must be a tuple or None, "
                              f"got {type(self.hash_ids).__name__}")
 
 
 def to_request(spec: RequestSpec, request_id: int, with_token_ids: bool) -> Request:
-    """A fresh Request asking for exactly ``output_len`` tokens, as benchmark_serving does."""
+    """A fresh Request asking for exactly ``output_len`` tokens, as benchmark_serving does;
+    ``request_id`` is the spec's index in its workload (a later turn names its previous turn's)."""
     token_ids: list[int] | None = None
     if with_token_ids:
         if spec.prompt_token_ids is None:
@@ -46,12 +62,18 @@ def to_request(spec: RequestSpec, request_id: int, with_token_ids: bool) -> Requ
                 f"request {request_id} carries no prompt token ids; "
                 f"build the workload with vocab_size set")
         token_ids = list(spec.prompt_token_ids)
+    req = Request(request_id=request_id, arrival_time=spec.arrival_time,
+                  prompt_len=spec.prompt_len, max_tokens=spec.output_len,
+                  prompt_token_ids=token_ids, hash_ids=spec.hash_ids)
+    if spec.segments is not None:
+        req.prefix_segments = spec.segments
+    if spec.conversation_id is not None:
+        req.conversation_id = spec.conversation_id
+    if spec.previous_turn is not None:
+        req.previous_turn = spec.previous_turn
+        req.think_time = spec.think_time
     c = spec.slo_class
-    if c is None:
-        return Request(request_id=request_id, arrival_time=spec.arrival_time,
-                       prompt_len=spec.prompt_len, max_tokens=spec.output_len,
-                       prompt_token_ids=token_ids, hash_ids=spec.hash_ids)
-    return Request(request_id=request_id, arrival_time=spec.arrival_time,
-                   prompt_len=spec.prompt_len, max_tokens=spec.output_len,
-                   prompt_token_ids=token_ids, hash_ids=spec.hash_ids, priority=c.priority,
-                   slo_class=c.name, ttft_slo_ms=c.ttft_ms, tpot_slo_ms=c.tpot_ms)
+    if c is not None:
+        req.priority, req.slo_class = c.priority, c.name
+        req.ttft_slo_ms, req.tpot_slo_ms = c.ttft_ms, c.tpot_ms
+    return req
