@@ -30,7 +30,7 @@ METRICS = (("ttft", "TTFT", "Time to First Token"),
            ("e2el", "E2EL", "End-to-end Latency"))
 REQUEST_CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len",
                        "first_scheduled_time", "ttft", "e2el", "tpot", "num_chunks",
-                       "num_preemptions", "finish_time", "replica")
+                       "num_preemptions", "finish_time", "replica", "num_cached_tokens")
 UNFINISHED = "unfinished"
 METRIC_KEYS = tuple(key for key, _, _ in METRICS)
 # vllm bench serve's per-request lists (its --save-detailed ones: latencies are the E2ELs, kept
@@ -427,6 +427,13 @@ def _cell(x: Any) -> Any:
     return "" if x is None else x
 
 
+def prefix_cache_hit_rate(requests: Sequence[Request]) -> float:
+    """Prompt tokens found in the prefix cache at each request's first admission, over all
+    prompt tokens (vLLM's prefix cache hit rate, by tokens)."""
+    total = sum(r.prompt_len for r in requests)
+    return sum(r.num_cached_prompt_tokens for r in requests) / total if total else 0.0
+
+
 def requests_csv(requests: Sequence[Request], replicas: Sequence[int] | None = None) -> str:
     """One row per request; empty cells where a value does not exist (unfinished, 1 token).
     ``replicas``: the replica each request was served by (a cluster); 0 for every one without."""
@@ -451,7 +458,8 @@ def _write_requests_csv(f: Any, requests: Sequence[Request],
                          _cell(r.first_scheduled_time), t.ttft if t.completed else "",
                          t.e2el if t.completed else "", _cell(t.tpot), t.num_chunks,
                          r.num_preemptions, _cell(r.finish_time),
-                         replicas[i] if replicas is not None else 0])
+                         replicas[i] if replicas is not None else 0,
+                         r.num_cached_prompt_tokens])
         w.writerows(rows)
 
 

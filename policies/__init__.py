@@ -12,6 +12,7 @@ from policies import (  # noqa: F401  (importing registers each policy)
     cp2,
     cp_promote,
     edf,
+    lpm,
     mlfq,
     multi_step,
     priority,

@@ -1,9 +1,12 @@
-"""The paged KV block manager: a free list of physical blocks and each request's block table."""
+"""The paged KV block manager: free blocks, each request's block table, and the prefix cache
+(content-addressed full prompt blocks, shared by reference count, evicted least recently used)."""
 
 from __future__ import annotations
 
 import random
+from collections import OrderedDict
 
+from policies.prefix_cache import block_hashes
 from policies.request import Request
 
 
@@ -12,12 +15,20 @@ class BlockManager:
 
     ``watermark`` keeps a fraction of blocks free at admission time so that running requests
     can still append slots (vLLM's default 1%); appends themselves may use every block.
+
+    With ``enable_caching`` (vLLM V1's automatic prefix caching) a full prompt block, once
+    scheduled for computation, is indexed by its hash (policies/prefix_cache.py); a request
+    admitted later starts with the longest run of its leading blocks found there, shared by
+    reference count. A block no table holds is free, but an indexed one keeps its KV until it
+    is needed: blocks are handed out from the never-indexed free ones first, then the indexed
+    ones least recently freed first (that eviction drops the block from the index).
     """
 
-    __slots__ = ("block_size", "num_blocks", "watermark_blocks", "_returned", "_next_fresh",
-                 "_owned")
+    __slots__ = ("block_size", "num_blocks", "watermark_blocks", "enable_caching", "_returned",
+                 "_next_fresh", "_refs", "_evictable", "_by_hash", "_hash_of")
 
-    def __init__(self, num_blocks: int, block_size: int = 16, watermark: float = 0.01) -> None:
+    def __init__(self, num_blocks: int, block_size: int = 16, watermark: float = 0.01,
+                 enable_caching: bool = False) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
@@ -27,12 +38,17 @@ class BlockManager:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.watermark_blocks = int(watermark * num_blocks)
-        # The free list is the blocks never handed out (ids _next_fresh.., lowest first) under a
-        # stack of returned ones (popped first): the order of one list [n-1, ..., 0] popped from
-        # the end, in memory that grows with the blocks in use, never with the cache's size.
+        self.enable_caching = enable_caching
+        # The uncached free list is the blocks never handed out (ids _next_fresh.., lowest
+        # first) under a stack of returned ones (popped first): the order of one list
+        # [n-1, ..., 0] popped from the end, in memory that grows with the blocks in use.
         self._returned: list[int] = []
         self._next_fresh = 0
-        self._owned: set[int] = set()
+        self._refs: dict[int, int] = {}  # block -> block tables holding it
+        # The prefix cache: free indexed blocks in LRU order, and the index both ways
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._by_hash: dict[int, int] = {}
+        self._hash_of: dict[int, int] = {}
 
     def shuffle_free(self, seed: int) -> None:
         """Hand free blocks out in a seeded random order, as an engine's churn of requests
@@ -43,19 +59,42 @@ class BlockManager:
         self._returned, self._next_fresh = free, self.num_blocks
 
     def _free_list(self) -> list[int]:
-        """Every free block, in the order pop() takes them from the end (for shuffle and check)."""
+        """Every unindexed free block, in the order pop() takes them from the end."""
         return list(range(self.num_blocks - 1, self._next_fresh - 1, -1)) + self._returned
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._returned) + self.num_blocks - self._next_fresh
+        """Blocks no request holds (indexed ones kept for reuse included)."""
+        return len(self._returned) + self.num_blocks - self._next_fresh + len(self._evictable)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks in the prefix cache's index, held or free."""
+        return len(self._by_hash)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def can_allocate(self, num_tokens: int) -> bool:
-        """Whether a new request holding ``num_tokens`` slots can be admitted (watermark kept)."""
-        return self.num_free_blocks - self.blocks_for(num_tokens) >= self.watermark_blocks
+    def can_allocate(self, num_tokens: int, hits: list[int] | None = None) -> bool:
+        """Whether a new request holding ``num_tokens`` slots, of which the cached blocks
+        ``hits`` come first, can be admitted (watermark kept)."""
+        need = self.blocks_for(num_tokens)
+        if hits:  # shared blocks take no new block; a free one taken back leaves the free pool
+            need += sum(1 for b in hits if b in self._evictable) - len(hits)
+        return self.num_free_blocks - need >= self.watermark_blocks
+
+    def _take(self) -> int | None:
+        """One free block: an unindexed one, else the least recently freed indexed one."""
+        if self._returned:
+            return self._returned.pop()
+        if self._next_fresh < self.num_blocks:
+            self._next_fresh += 1
+            return self._next_fresh - 1
+        if self._evictable:
+            block, _ = self._evictable.popitem(last=False)
+            del self._by_hash[self._hash_of.pop(block)]
+            return block
+        return None
 
     def ensure_slots(self, req: Request, num_tokens: int) -> bool:
         """Grow ``req``'s block table to hold ``num_tokens`` slots; False (nothing taken) if short."""
@@ -63,46 +102,116 @@ class BlockManager:
         need = -(-num_tokens // self.block_size) - len(table)
         if need <= 0:
             return True
-        returned, owned = self._returned, self._owned
+        refs = self._refs
         if need == 1:  # the common case: one more block
+            returned = self._returned
             if returned:
                 block = returned.pop()
             elif self._next_fresh < self.num_blocks:
                 block = self._next_fresh
                 self._next_fresh += 1
             else:
-                return False
-            owned.add(block)
+                block = self._take()
+                if block is None:
+                    return False
+            refs[block] = 1
             table.append(block)
             return True
-        if need > len(returned) + self.num_blocks - self._next_fresh:  # num_free_blocks
+        if need > self.num_free_blocks:
             return False
         for _ in range(need):
-            if returned:
-                block = returned.pop()
-            else:
-                block = self._next_fresh
-                self._next_fresh += 1
-            owned.add(block)
+            block = self._take()
+            refs[block] = 1
             table.append(block)
         return True
 
     def free(self, req: Request) -> None:
-        owned = self._owned
-        for block in req.block_table:
-            if block not in owned:
-                raise RuntimeError(f"block {block} of request {req.request_id} freed twice")
-            owned.discard(block)
-        self._returned.extend(reversed(req.block_table))
+        """Give back ``req``'s blocks; an indexed one no table holds stays cached (LRU order:
+        the table's tail, least likely shared, is evicted first)."""
+        refs = self._refs
+        table = req.block_table
         req.block_table = []
+        req.num_hashed_blocks = 0
+        if not self._hash_of:  # nothing indexed, so nothing shared: back to the free stack
+            for block in table:
+                if refs.pop(block, None) is None:
+                    raise RuntimeError(f"block {block} of request {req.request_id} freed twice")
+            self._returned.extend(reversed(table))
+            return
+        for block in table:
+            if block not in refs:
+                raise RuntimeError(f"block {block} of request {req.request_id} freed twice")
+        for block in reversed(table):
+            n = refs.pop(block)
+            if n > 1:
+                refs[block] = n - 1
+            elif block in self._hash_of:
+                self._evictable[block] = None
+            else:
+                self._returned.append(block)
+
+    # ------------------------------------------------------------------ prefix cache
+    def match(self, req: Request) -> list[int]:
+        """The cached blocks of ``req``'s longest cached prefix (held or free; nothing taken),
+        leaving at least its last token to compute (the step that samples needs it)."""
+        if not self.enable_caching or req.prefix_segments is None:
+            return []
+        hashes = block_hashes(req, self.block_size)
+        limit = min(len(hashes), (req.seq_len - 1) // self.block_size)
+        by_hash = self._by_hash
+        out = []
+        for h in hashes[:limit]:
+            block = by_hash.get(h)
+            if block is None:
+                break
+            out.append(block)
+        return out
+
+    def take_hits(self, req: Request, hits: list[int]) -> None:
+        """Start ``req``'s empty block table with the cached blocks ``hits``."""
+        refs, evictable = self._refs, self._evictable
+        for block in hits:
+            if block in evictable:
+                del evictable[block]
+            refs[block] = refs.get(block, 0) + 1
+        req.block_table = list(hits)
+        req.num_hashed_blocks = len(hits)
+
+    def cache_blocks(self, req: Request, num_computed: int) -> None:
+        """Index ``req``'s full prompt blocks within its first ``num_computed`` tokens (those
+        scheduled for computation); a hash already indexed keeps its first block."""
+        if not self.enable_caching or req.prefix_segments is None:
+            return
+        hashes = block_hashes(req, self.block_size)
+        upto = min(len(hashes), num_computed // self.block_size)
+        by_hash, hash_of, table = self._by_hash, self._hash_of, req.block_table
+        for i in range(req.num_hashed_blocks, upto):
+            h = hashes[i]
+            if h not in by_hash:
+                block = table[i]
+                by_hash[h] = block
+                hash_of[block] = h
+        if upto > req.num_hashed_blocks:
+            req.num_hashed_blocks = upto
 
     def check(self, requests: list[Request]) -> None:
-        """Assert the invariant: every block is either free or in exactly one block table."""
-        owned = [b for r in requests for b in r.block_table]
-        if len(owned) != len(set(owned)):
+        """Assert the invariants: a block's reference count is the number of block tables
+        holding it, every block is held or free (never both), the index is consistent."""
+        held: dict[int, int] = {}
+        for r in requests:
+            if len(r.block_table) != len(set(r.block_table)):
+                raise AssertionError(f"request {r.request_id} holds a block twice")
+            for b in r.block_table:
+                held[b] = held.get(b, 0) + 1
+        if held != self._refs:
+            raise AssertionError("reference counts disagree with the block tables")
+        if not self.enable_caching and any(n > 1 for n in held.values()):
             raise AssertionError("a block is in two block tables")
-        if len(owned) + self.num_free_blocks != self.num_blocks:
+        free = set(self._free_list()) | set(self._evictable)
+        if len(held) + self.num_free_blocks != self.num_blocks or free & set(held):
             raise AssertionError(
-                f"{len(owned)} owned + {self.num_free_blocks} free != {self.num_blocks} blocks")
-        if set(owned) != self._owned or self._owned.intersection(self._returned):
-            raise AssertionError("the owned set disagrees with the free list")
+                f"{len(held)} held + {self.num_free_blocks} free != {self.num_blocks} blocks")
+        if set(self._evictable) - set(self._hash_of):
+            raise AssertionError("a free cached block is not in the index")
+        if {b: h for h, b in self._by_hash.items()} != self._hash_of:
+            raise AssertionError("the index disagrees with itself")

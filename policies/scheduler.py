@@ -33,6 +33,10 @@ class SchedulerConfig:
     # ends rather than as it starts, so that arrivals meanwhile join it
     # (policies/late_schedule.py); false forms it at once (SGLang's and vLLM V1's order).
     overlap_late_schedule: bool = True
+    # Automatic prefix caching (vLLM V1's default): a request admitted while the full blocks
+    # of its prompt's prefix are cached starts after them (policies/block_manager.py). It acts
+    # on requests whose content the workload describes (Request.prefix_segments).
+    enable_prefix_caching: bool = True
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SchedulerConfig:
@@ -49,6 +53,7 @@ class SchedulerConfig:
             raise ValueError(f"scheduler.watermark must be in [0, 1), got {self.watermark}")
         check_bool("scheduler.overlap", self.overlap)
         check_bool("scheduler.overlap_late_schedule", self.overlap_late_schedule)
+        check_bool("scheduler.enable_prefix_caching", self.enable_prefix_caching)
 
 
 @dataclass(slots=True)
@@ -80,7 +85,8 @@ class Scheduler:
                              "has positions")
         default_budget = 2048 if policy.mixed_batches else max(max_model_len, 2048)
         self.max_num_batched_tokens = config.max_num_batched_tokens or default_budget
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.watermark)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.watermark,
+                                          config.enable_prefix_caching)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the tail is preempted first
         self.overlap = config.overlap
@@ -310,6 +316,8 @@ class Scheduler:
                 break
             prefills.append(ScheduledSeq(req, chunk, req.num_computed_tokens, 1, True))
             self.forming.append(prefills[-1])
+            if req.prefix_segments is not None:
+                self.block_manager.cache_blocks(req, req.num_computed_tokens + chunk)
             budget -= chunk
         if self.waiting and budget > 0:
             lookahead = policy.prefill_steps(policy.max_steps) - 1
@@ -345,23 +353,32 @@ class Scheduler:
             if not policy.admit(req, self):
                 i += 1
                 continue
-            num_new = req.seq_len  # a preempted request recomputes its outputs too
+            # a preempted request recomputes its outputs too; a cached prefix is not computed
+            hits = bm.match(req) if req.prefix_segments is not None else None
+            cached = len(hits) * bm.block_size if hits else 0
+            num_new = req.seq_len - cached
             q = policy.chunk_size(req, num_new, budget, self)
             if q <= 0:
                 break
-            reserve = num_new + (steps - 1 if q == num_new else 0)
-            if not bm.can_allocate(reserve):
+            reserve = req.seq_len + (steps - 1 if q == num_new else 0)
+            if not bm.can_allocate(reserve, hits):
                 break
+            if hits:
+                bm.take_hits(req, hits)
             bm.ensure_slots(req, reserve)
             if i == 0:
                 waiting.popleft()
             else:
                 del waiting[i]
             req.state = _RUNNING
-            req.num_computed_tokens = 0
+            req.num_computed_tokens = cached
+            if req.num_preemptions == 0:
+                req.num_cached_prompt_tokens = cached
             running.append(req)
-            out.append(ScheduledSeq(req, q, 0, steps if q == num_new else 1, True))
+            out.append(ScheduledSeq(req, q, cached, steps if q == num_new else 1, True))
             forming.append(out[-1])
+            if hits is not None:  # its blocks computed by this window are found from now on
+                bm.cache_blocks(req, cached + q)
             budget -= q
         return out
 

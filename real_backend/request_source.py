@@ -57,5 +57,5 @@ class ClientSource:
 
     def delivered(self, batch: Batch, finished: list[Request]) -> None:
         # the client learns of each finished request at its last token's delivery time
-        self.client.finished([r.finish_time for r in finished])
+        self.client.finished(finished, [r.finish_time for r in finished])
         self.bar.update(len(finished))

@@ -514,6 +514,12 @@ def _arrivals(shared: _Shared, sims: list[_Sim], router: Router,
             shared.client_wake = Signal(loop)
             yield shared.client_wake
             now = loop.now
+        elif client.has_followups and t > loop.now:  # a later turn may fall due before t
+            wake = shared.client_wake = Signal(loop)
+            loop.at(t, lambda wake=wake: _wake_client(shared) if shared.client_wake is wake
+                    else None)
+            yield wake
+            now = loop.now
         else:
             if t > loop.now:
                 yield t
@@ -549,20 +555,28 @@ def _client_finished(sim: _Sim, win: _Window) -> None:
         if hook is not None:
             hook(r, sim.index)
     client = shared.client
-    if client.max_concurrency is None:  # nothing waits on a finish
-        client.finished(0.0 for _ in win.finished)
-        return
-    times: dict[float, int] = {}
-    for r in win.finished:
-        t = r.finish_time
-        times[t] = times.get(t, 0) + 1
     loop = sim.loop
-    for t, n in times.items():
-        loop.at(max(t, loop.now), lambda n=n: _slots_freed(shared, n))
+    if client.max_concurrency is None:  # no slot waits on a finish; a later turn may
+        for due in client.finished(win.finished, [r.finish_time for r in win.finished]):
+            loop.at(max(due, loop.now), lambda: _wake_client(shared))
+        return
+    at: dict[float, list[Request]] = {}
+    for r in win.finished:
+        at.setdefault(r.finish_time, []).append(r)
+    for t, reqs in at.items():
+        loop.at(max(t, loop.now), lambda reqs=reqs: _slots_freed(shared, reqs))
 
 
-def _slots_freed(shared: _Shared, n: int) -> None:
-    shared.client.finished([shared.loop.now] * n)
+def _slots_freed(shared: _Shared, reqs: list[Request]) -> None:
+    loop = shared.loop
+    for due in shared.client.finished(reqs, [loop.now] * len(reqs)):
+        if due > loop.now:
+            loop.at(due, lambda: _wake_client(shared))
+    _wake_client(shared)
+
+
+def _wake_client(shared: _Shared) -> None:
+    """The client may have a request to send now (a slot freed, a later turn due)."""
     wake, shared.client_wake = shared.client_wake, None
     if wake is not None:
         wake.fire()

@@ -60,11 +60,11 @@ def test_a_request_due_while_the_slots_are_held_is_sent_when_one_frees():
     assert [r.request_id for r in first] == [0, 1] and client.num_in_flight == 2
     assert client.next_send_time() is None  # both slots held: the next send waits for a finish
     assert client.send_due(3.0) == []
-    client.finished([3.0])
+    client.finished(first[:1], [3.0])
     (third,) = client.send_due(3.0)
     assert third.request_id == 2 and third.arrival_time == 3.0  # sent at the finish, not at 0
     assert client.next_send_time() is None
-    client.finished([4.0])  # a slot frees before the last request is due: it goes at its time
+    client.finished(first[1:], [4.0])  # a slot frees before the last request is due: it goes at its time
     assert client.next_send_time() == 5.0 and client.send_due(4.5) == []
     (last,) = client.send_due(5.0)
     assert last.arrival_time == 5.0
@@ -72,8 +72,8 @@ def test_a_request_due_while_the_slots_are_held_is_sent_when_one_frees():
 
 def test_held_requests_go_in_arrival_order_and_take_the_earliest_slot():
     client = Client(reqs(0.0, 1.0, 2.0), max_concurrency=1)
-    client.send_due(2.0)
-    client.finished([2.5])
+    sent = client.send_due(2.0)
+    client.finished(sent, [2.5])
     (r,) = client.send_due(9.0)  # noticed late: it was sent when the slot freed
     assert (r.request_id, r.arrival_time) == (1, 2.5)
 
@@ -86,9 +86,9 @@ def test_a_bad_limit_is_refused(bad):
 
 def test_more_finishes_than_sends_is_a_bug_named():
     client = Client(reqs(0.0), max_concurrency=1)
-    client.send_due(0.0)
+    (sent,) = client.send_due(0.0)
     with pytest.raises(RuntimeError, match="2 requests finished but only 1"):
-        client.finished([1.0, 1.0])
+        client.finished([sent, sent], [1.0, 1.0])
 
 
 # --- the simulator -------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ PARAMS = {
     "edf": {"ttft_slo_ms": 8000.0}, "sarathi": {"tpot_slo_ms": 30.0},
     "mlfq": {"quantum_tokens": 4, "num_levels": 3, "starvation_s": 40.0},
     "slo_adaptive": {"num_steps": 6, "ttft_slo_ms": 8000.0},
+    "lpm": {"num_steps": 4, "fcfs_above": 6},
 }
 
 
@@ -32,12 +33,21 @@ workloads = st.fixed_dictionaries({
     "max_num_seqs": st.integers(1, 6),
     "budget": st.integers(64, 96),
     "watermark": st.sampled_from([0.0, 0.05]),
+    # prefix caching: every prompt starts with `shared` tokens of one system prompt, and the
+    # rest is one of `families` contents (equal families: equal prompts)
+    "shared": st.integers(0, 12),
+    "families": st.integers(1, 20),
 })
 
 
 def run_workload(name: str, w: dict) -> tuple[list[Request], object]:
     bs = w["block_size"]
     reqs = [Request(i, float(a), p, m) for i, (a, p, m) in enumerate(w["requests"])]
+    for r in reqs:
+        shared = min(w.get("shared", 0), r.prompt_len)
+        own = ((1000 + r.request_id % w.get("families", 1) * 100 + r.prompt_len,
+                r.prompt_len - shared),)
+        r.prefix_segments = ((7, shared),) * (shared > 0) + own * (r.prompt_len > shared)
     policy_steps = PARAMS[name].get("num_steps", 1)
     need = max(-(-(r.prompt_len + r.max_tokens + policy_steps) // bs) for r in reqs)
     num_blocks = need + w["spare_blocks"]
@@ -68,10 +78,10 @@ def run_workload(name: str, w: dict) -> tuple[list[Request], object]:
             assert x.request.state is RequestState.RUNNING
             assert 1 <= x.num_steps <= batch.num_steps
             assert len(x.request.block_table) * bs >= x.num_cached_tokens + x.num_slots
-        s.block_manager.check(s.running)
+        s.block_manager.check(s.running + s.finishing)
         step_times = [now + j + 1.0 for j in range(batch.num_steps)]
         s.update(batch, step_times)
-        s.block_manager.check(s.running)
+        s.block_manager.check(s.running + s.finishing)
         now = step_times[-1]
     return reqs, s
 
@@ -79,6 +89,7 @@ def run_workload(name: str, w: dict) -> tuple[list[Request], object]:
 def check(name: str, w: dict) -> None:
     reqs, s = run_workload(name, w)
     assert s.block_manager.num_free_blocks == s.block_manager.num_blocks
+    assert not s.block_manager._refs  # no block left referenced
     for r in reqs:
         assert r.is_finished and r.num_output_tokens == r.max_tokens
         assert len(r.token_times) == r.max_tokens

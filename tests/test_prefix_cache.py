@@ -1,0 +1,161 @@
+"""Prefix caching in the block manager: block hashes, hits against an independent reference,
+reference counts under preemption, LRU eviction, and lpm's order."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policies import BlockManager, Request, SchedulerConfig, make_scheduler
+from policies.prefix_cache import block_hashes, token_segments
+
+
+def req(i: int, segments, max_tokens: int = 4, arrival: float = 0.0) -> Request:
+    r = Request(i, arrival, sum(n for _, n in segments), max_tokens)
+    r.prefix_segments = tuple(segments)
+    return r
+
+
+def run(reqs, policy="single_step", params=None, *, num_blocks=400, block_size=4,
+        caching=True, budget=None):
+    cfg = SchedulerConfig(block_size=block_size, watermark=0.0, enable_prefix_caching=caching,
+                          max_num_batched_tokens=budget)
+    s = make_scheduler(policy, params or {}, cfg, num_blocks, max_model_len=4096)
+    pending = sorted(reqs, key=lambda r: r.arrival_time)
+    now, admitted = 0.0, []
+    while pending or s.has_unfinished:
+        while pending and pending[0].arrival_time <= now:
+            s.add_request(pending.pop(0))
+        batch = s.schedule(now)
+        if batch is None:
+            now = pending[0].arrival_time
+            continue
+        admitted += [x.request for x in batch.seqs
+                     if x.is_prefill and x.request not in admitted]
+        s.block_manager.check(s.running)
+        times = [now + j + 1.0 for j in range(batch.num_steps)]
+        s.update(batch, times)
+        s.block_manager.check(s.running)
+        now = times[-1]
+    assert s.block_manager.num_free_blocks == num_blocks and not s.block_manager._refs
+    return s, admitted
+
+
+def test_hashes_follow_content_not_the_way_it_is_cut():
+    a = req(0, [(1, 6), (2, 10)])
+    b = req(1, [(1, 6), (2, 4), (3, 6)])
+    c = req(2, [(1, 5), (9, 11)])
+    ha, hb, hc = (block_hashes(r, 4) for r in (a, b, c))
+    assert len(ha) == 4 and len(hb) == 4  # full blocks only
+    assert ha[:2] == hb[:2] and ha[2] != hb[2]  # tokens 8..11: key 2 against 2 then 3
+    assert hc[0] == ha[0] and hc[1] != ha[1]  # tokens 4..7 differ from token 5 on
+    assert ha[3] != hb[3]  # a chain: a block's hash names everything before it
+    assert block_hashes(req(3, [(1, 3)]), 4) == []
+    # a served prompt's segments are its token ids in blocks: equal runs, equal hashes
+    ids = list(range(30))
+    x, y = Request(4, 0.0, 30, 2), Request(5, 0.0, 30, 2)
+    x.prefix_segments = token_segments(ids, 4)
+    y.prefix_segments = token_segments(ids[:20] + [99] * 10, 4)
+    assert block_hashes(x, 4)[:5] == block_hashes(y, 4)[:5]
+    assert block_hashes(x, 4)[5] != block_hashes(y, 4)[5]
+
+
+def test_a_shared_system_prompt_is_computed_once():
+    reqs = [req(i, [(1, 17), (100 + i, 5)]) for i in range(6)]
+    s, _ = run(reqs)
+    # the first computes it; the others (even in the same window) start after its 4 full blocks
+    assert [r.num_cached_prompt_tokens for r in reqs] == [0] + [16] * 5
+    off, _ = run([req(i, [(1, 17), (100 + i, 5)]) for i in range(6)], caching=False)
+    assert off.stats.num_steps >= s.stats.num_steps
+
+
+def test_the_last_token_is_always_computed():
+    reqs = [req(i, [(1, 16)]) for i in range(2)]  # equal prompts of exactly 4 blocks
+    run(reqs)
+    assert reqs[1].num_cached_prompt_tokens == 12  # the 4th block holds the sampled token
+
+
+def test_a_preempted_request_keeps_nothing_another_holds_away():
+    # 2 requests share 3 blocks; the cache is too small for both to decode: one is preempted,
+    # its shared blocks stay with the other, and it finds them again when re-admitted
+    reqs = [req(i, [(1, 12), (50 + i, 2)], max_tokens=40) for i in range(2)]
+    s, _ = run(reqs, "multi_step", {"num_steps": 4}, num_blocks=17)
+    assert s.stats.num_preemptions > 0
+    assert reqs[1].num_cached_prompt_tokens == 12
+    assert all(r.num_output_tokens == 40 for r in reqs)
+
+
+def test_eviction_takes_the_least_recently_freed_block_first():
+    bm = BlockManager(4, block_size=2, watermark=0.0, enable_caching=True)
+    a, b = req(0, [(1, 3)]), req(1, [(2, 3)])
+    for r in (a, b):
+        assert bm.ensure_slots(r, 3)
+        bm.cache_blocks(r, 3)  # one full block each is indexed
+        bm.free(r)
+    assert bm.num_free_blocks == 4 and bm.num_cached_blocks == 2
+    c = req(2, [(3, 8)])
+    assert bm.ensure_slots(c, 6)  # the 2 never-indexed blocks, then a's (freed first)
+    assert bm.match(req(3, [(1, 3)])) == [] and len(bm.match(req(4, [(2, 3)]))) == 1
+    bm.check([c])
+
+
+def test_caching_off_finds_nothing():
+    reqs = [req(i, [(1, 17), (100 + i, 5)]) for i in range(4)]
+    run(reqs, caching=False)
+    assert all(r.num_cached_prompt_tokens == 0 for r in reqs)
+
+
+def test_lpm_runs_the_request_with_the_longest_cached_prefix_first():
+    cfg = SchedulerConfig(block_size=4, watermark=0.0, max_num_seqs=1)
+    s = make_scheduler("lpm", {}, cfg, 100, max_model_len=4096)
+    s.add_request(req(0, [(1, 16), (2, 4)], max_tokens=2))
+    batch = s.schedule(0.0)
+    s.update(batch, [1.0])
+    s.add_request(req(1, [(8, 20)], max_tokens=2, arrival=1.0))
+    s.add_request(req(2, [(1, 16), (3, 4)], max_tokens=2, arrival=1.5))
+    batch = s.schedule(2.0)  # request 0 still decodes alone (max_num_seqs=1)
+    s.update(batch, [3.0])
+    batch = s.schedule(3.0)
+    assert [x.request.request_id for x in batch.seqs] == [2]
+    assert batch.seqs[0].num_cached_tokens == 16
+
+
+# --- against an independent reference: with a cache large enough never to evict, a request's
+# hit is its longest common run of full blocks with any request admitted before it -----------
+
+def _tokens(r: Request) -> list[tuple[int, int]]:
+    """The prompt as (key, offset) per token: equal pairs are equal tokens."""
+    return [(key, j) for key, n in r.prefix_segments for j in range(n)]
+
+
+def _reference_hits(admitted: list[Request], block_size: int) -> dict[int, int]:
+    hits, seen = {}, []
+    for r in admitted:
+        mine = _tokens(r)
+        best = 0
+        for other in seen:
+            common = 0
+            while common < min(len(mine), len(other)) and mine[common] == other[common]:
+                common += 1
+            best = max(best, common // block_size)
+        hits[r.request_id] = min(best, (len(mine) - 1) // block_size) * block_size
+        seen.append(mine)
+    return hits
+
+
+prompts = st.lists(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 9)), min_size=1,
+                            max_size=4), min_size=1, max_size=12)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(prompts, st.sampled_from([1, 2, 4]), st.sampled_from(["single_step", "multi_step"]),
+       st.integers(0, 3))
+def test_hits_equal_an_independent_reference(segs, block_size, policy, spread):
+    # segments keyed by (content, length) so that one key always has one length
+    reqs = [req(i, [(k * 100 + n, n) for k, n in s], max_tokens=3, arrival=float(i % (spread + 1)))
+            for i, s in enumerate(segs)]
+    _, admitted = run(reqs, policy, {"num_steps": 3} if policy == "multi_step" else {},
+                      num_blocks=2000, block_size=block_size)
+    want = _reference_hits(admitted, block_size)
+    assert {r.request_id: r.num_cached_prompt_tokens for r in reqs} == want
