@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from policies.batch import Batch
+from policies.prefix_cache import token_segments
 from policies.request import Request, RequestState
 from policies.scheduler import Scheduler
 from real_backend.engine import Clock
@@ -123,6 +124,9 @@ class Inbox:
         rid = req.request_id
         if self._closed:
             return (rid, (), None, SHUTTING_DOWN, False)
+        if sched.config.enable_prefix_caching and req.prompt_token_ids:
+            # a served prompt's content is its token ids: equal runs of them share blocks
+            req.prefix_segments = token_segments(req.prompt_token_ids, sched.config.block_size)
         try:
             sched.add_request(req)
         except ValueError as err:  # the scheduler's own admission checks

@@ -1,0 +1,129 @@
+"""Prefix caching on the real engine: a prefill that starts after a cached prefix attends over
+the cached KV through the block table and samples the same greedy ids as with caching off, for
+every policy; the simulator finds the same hits, request for request, and forms the same
+windows. A later turn of a conversation is sent after the previous turn's answer."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from rb_util import load_spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from test_policy_properties import PARAMS, stand_in_step_time  # noqa: E402  (every policy's settings)
+
+from policies import Request, Scheduler, SchedulerConfig, make_policy
+from real_backend import run_real
+from real_backend.serving.inbox import Inbox
+from simulator import OverheadSpec, simulate
+from simulator.hardware import HardwareSpec
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+SPEC = load_spec("tiny")
+BLOCK_SIZE = 4
+HW = HardwareSpec.from_dict(yaml.safe_load((CONF / "hardware" / "h100_sxm.yaml").read_text()))
+WINDOW_COLUMNS = ("window", "k", "num_seqs", "num_prefill_seqs", "num_tokens", "kv_tokens",
+                  "num_preempted", "num_wasted_steps")
+# content keys and their lengths: 1 a system prompt, 2..4 a conversation's earlier turns
+LENGTHS = {1: 13, 2: 7, 3: 9, 4: 5}
+
+
+def _ids(key: int, n: int) -> list[int]:
+    rng = random.Random(key)
+    return [rng.randrange(SPEC.vocab_size) for _ in range(n)]
+
+
+def make_requests(with_ids: bool) -> list[Request]:
+    """Prompts that share a system prompt, and turns that extend earlier ones."""
+    r = random.Random(4)
+    out = []
+    for i in range(14):
+        keys = [1] * (i % 4 != 3) + [2, 3, 4][:r.randint(0, 3)]
+        segments = [(k, LENGTHS[k]) for k in keys] + [(100 + i, r.randint(1, 6))]
+        ids = [t for k, n in segments for t in _ids(k, n)]
+        req = Request(i, 0.0, len(ids), r.randint(3, 12),
+                      prompt_token_ids=ids if with_ids else None)
+        req.prefix_segments = tuple(segments)
+        out.append(req)
+    return out
+
+
+def _scheduler(policy: str, caching: bool, num_blocks: int) -> Scheduler:
+    cfg = SchedulerConfig(block_size=BLOCK_SIZE, enable_prefix_caching=caching,
+                          max_num_batched_tokens=48 if policy in ("sarathi",) else None)
+    return Scheduler(make_policy(policy, **PARAMS[policy]), cfg, num_blocks, SPEC.max_model_len,
+                     stand_in_step_time)
+
+
+def run(policy: str, *, caching: bool, real: bool, num_blocks: int = 64):
+    reqs = make_requests(real)
+    make = lambda n: _scheduler(policy, caching, n)  # noqa: E731
+    if real:
+        out = run_real(reqs, make, SPEC, {"device": "cpu", "num_blocks": num_blocks,
+                                          "save_token_ids": True}, progress=False)
+    else:
+        out = simulate(reqs, make, SPEC, HW, OverheadSpec(), block_size=BLOCK_SIZE,
+                       num_blocks=num_blocks, progress=False)
+    windows = [tuple(row[c] for c in WINDOW_COLUMNS) for row in out.steps]
+    return reqs, out, windows
+
+
+@pytest.mark.parametrize("policy", sorted(PARAMS))
+def test_cached_prefixes_give_the_same_greedy_ids_and_the_simulator_the_same_hits(policy):
+    reqs, on, windows = run(policy, caching=True, real=True)
+    _, off, _ = run(policy, caching=False, real=True)
+    assert on.token_ids == off.token_ids
+    hits = [r.num_cached_prompt_tokens for r in reqs]
+    assert sum(hits) > 0  # the shared prefixes were found
+    sim_reqs, _, sim_windows = run(policy, caching=True, real=False)
+    assert [r.num_cached_prompt_tokens for r in sim_reqs] == hits
+    assert sim_windows == windows
+
+
+def test_shared_blocks_survive_preemption_on_the_engine():
+    """A cache too small for every request: preemptions free shared blocks that another
+    request still reads; its ids are those of a run with caching off."""
+    reqs, on, windows = run("multi_step", caching=True, real=True, num_blocks=22)
+    _, off, _ = run("multi_step", caching=False, real=True, num_blocks=22)
+    assert any(w[6] for w in windows)  # preemptions
+    assert on.token_ids == off.token_ids
+    assert [w for w in run("multi_step", caching=True, real=False, num_blocks=22)[2]] == windows
+
+
+def test_a_later_turn_is_sent_after_the_previous_answer_plus_think_time():
+    def turns(with_ids: bool) -> list[Request]:
+        first = Request(0, 0.0, 9, 6, prompt_token_ids=_ids(1, 9) if with_ids else None)
+        second = Request(1, 0.0, 20, 4, prompt_token_ids=(_ids(1, 9) + _ids(5, 11))
+                         if with_ids else None)
+        first.prefix_segments, second.prefix_segments = ((1, 9),), ((1, 9), (5, 11))
+        second.previous_turn, second.think_time = 0, 0.25
+        return [first, second]
+
+    make = lambda n: _scheduler("single_step", True, n)  # noqa: E731
+    for real in (False, True):
+        reqs = turns(real)
+        if real:
+            run_real(reqs, make, SPEC, {"device": "cpu", "num_blocks": 32}, progress=False)
+        else:
+            simulate(reqs, make, SPEC, HW, OverheadSpec(), block_size=BLOCK_SIZE, num_blocks=32,
+                     progress=False)
+        first, second = reqs
+        assert second.arrival_time == pytest.approx(first.finish_time + 0.25)
+        assert second.first_scheduled_time >= second.arrival_time
+        assert second.num_cached_prompt_tokens == 8  # the first turn's 2 full blocks
+
+
+def test_a_served_prompt_is_cached_by_its_token_ids():
+    sched = _scheduler("single_step", True, 32)
+    inbox = Inbox.__new__(Inbox)  # only _add's bookkeeping is used
+    inbox._closed, inbox._sent, inbox._requests = False, {}, {}
+    ids = _ids(9, 18)
+    for i in range(2):
+        inbox._add(sched, Request(i, 0.0, 0, 2, prompt_token_ids=list(ids)))
+    batch = sched.schedule(0.0)
+    assert [s.num_cached_tokens for s in batch.seqs] == [0, 16]
