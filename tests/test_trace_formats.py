@@ -197,12 +197,13 @@ def test_num_prompts_holds_only_those_requests(tmp_path, monkeypatch):
 
 
 def test_mooncake_block_hashes_count_against_memory(tmp_path, monkeypatch):
-    # Enough for 10 trace rows without hashes and their run (~23 KiB), for 2 with 200 each.
+    # Enough for 10 trace rows without hashes and their run (~23 KiB), for 2 with 50 each
+    # (a hash and the prompt segment made of it).
     row = footprint.trace_row_bytes(10, 1, 0, with_token_ids=False)
     monkeypatch.setattr(footprint, "available_memory", lambda: 10 * row + 1000)
     small = [{"timestamp": i, "input_length": 10, "output_length": 1} for i in range(10)]
     assert len(build_workload(cfg(write(tmp_path, "s.jsonl", jsonl(small)), "mooncake"))) == 10
-    big = [{**r, "input_length": 200 * 512, "hash_ids": list(range(1000, 1200))} for r in small]
+    big = [{**r, "input_length": 50 * 512, "hash_ids": list(range(1000, 1050))} for r in small]
     one_line_error(cfg(write(tmp_path, "b.jsonl", jsonl(big)), "mooncake"),
                    r"b\.jsonl:3: the trace has more than 2 requests")
 

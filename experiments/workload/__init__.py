@@ -1,21 +1,26 @@
 """Workloads: the requests of a run (RequestSpecs) from the ``workload`` config section.
 
-A workload is a request source (``sharegpt``, ``synthetic``, ``trace``: lengths and, for the
-real backend, prompt token ids) and an arrival process (``arrivals``; a trace brings its own
-times). ``build_workload`` checks the section, refuses a run that would not fit in memory
-(``footprint``) and puts the two together.
+A workload is a request source (``sharegpt``, ``sharegpt_multiturn``, ``synthetic``,
+``trace``: lengths, prompt segments and, for the real backend, prompt token ids) and an arrival
+process (``arrivals``; a trace brings its own times). ``build_workload`` checks the section,
+refuses a run that would not fit in memory (``footprint``), puts the two together and adds what
+applies to every kind: a shared system prompt (``shared_prefix_len``) and the dropping of
+requests longer than the model (``drop_too_long``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
 
+from common.checks import check_bool
 from experiments.workload.arrivals import ARRIVAL_KEYS, arrival_times, trace_arrival_times
 from experiments.workload.classes import assign_classes, read_classes
 from experiments.workload.footprint import check_run_fits
 from experiments.workload.jsonstream import iter_json_array, read_record_at
+from experiments.workload.multiturn import MULTITURN_KEYS, sample_conversations_section, think_time
 from experiments.workload.settings import get_float, get_int
 from experiments.workload.sharegpt import (
     CACHE_FORMAT_VERSION,
@@ -31,30 +36,48 @@ from experiments.workload.sharegpt import (
     sharegpt_token_counts,
 )
 from experiments.workload.spec import RequestSpec, to_request
-from experiments.workload.synthetic import SYNTHETIC_KEYS, random_token_ids, synthetic_lengths
+from experiments.workload.synthetic import (
+    SYNTHETIC_KEYS,
+    SYSTEM_PROMPT_KEY,
+    random_token_ids,
+    request_prompt_key,
+    synthetic_lengths,
+    system_prompt_ids,
+)
 from experiments.workload.trace import TRACE_KEYS, TraceRequest, read_trace, read_trace_section
 from experiments.workload.trace_formats import FORMATS as TRACE_FORMATS
 
 __all__ = [
     "CACHE_FORMAT_VERSION", "DEFAULT_TOKENIZER", "KINDS", "MIN_SHAREGPT_LEN", "RequestSpec",
-    "arrival_times", "build_workload", "bundled_sharegpt_path", "cache_dir", "iter_json_array",
-    "load_tokenizer", "read_record_at", "read_trace", "sample_sharegpt",
+    "Workload", "arrival_times", "build_workload", "bundled_sharegpt_path", "cache_dir",
+    "iter_json_array", "load_tokenizer", "read_record_at", "read_trace", "sample_sharegpt",
     "sharegpt_prompt_token_ids", "sharegpt_token_counts", "synthetic_lengths", "to_request",
     "trace_arrival_times", "max_concurrency", "TraceRequest", "TRACE_FORMATS",
 ]
 
-KINDS = ("sharegpt", "synthetic", "trace")
+KINDS = ("sharegpt", "synthetic", "trace", "sharegpt_multiturn")
 
 # Keys each kind reads; anything else in the section is a typo or a leftover and is refused,
 # because a silently ignored knob gives a silently wrong experiment.
-_COMMON_KEYS = frozenset({"kind", "num_prompts", "seed", "max_concurrency", "classes"})
+_COMMON_KEYS = frozenset({"kind", "seed", "max_concurrency", "classes", "shared_prefix_len",
+                          "drop_too_long"})
 _KEYS_BY_KIND = {
-    "sharegpt": _COMMON_KEYS | ARRIVAL_KEYS | SHAREGPT_KEYS,
-    "synthetic": _COMMON_KEYS | ARRIVAL_KEYS | SYNTHETIC_KEYS,
-    "trace": _COMMON_KEYS | TRACE_KEYS,
+    "sharegpt": _COMMON_KEYS | {"num_prompts"} | ARRIVAL_KEYS | SHAREGPT_KEYS,
+    "sharegpt_multiturn": _COMMON_KEYS | ARRIVAL_KEYS | MULTITURN_KEYS,
+    "synthetic": _COMMON_KEYS | {"num_prompts"} | ARRIVAL_KEYS | SYNTHETIC_KEYS,
+    "trace": _COMMON_KEYS | {"num_prompts"} | TRACE_KEYS,
 }
 # np.random.RandomState, which draws the arrival gaps as benchmark_serving does, takes 32 bits.
 _MAX_SEED = 2**32 - 1
+
+log = logging.getLogger(__name__)
+
+
+class Workload(list[RequestSpec]):
+    """build_workload's requests, and ``num_dropped``: how many ``workload.drop_too_long``
+    dropped for not fitting in ``model.max_model_len`` (0 when none were)."""
+
+    num_dropped: int = 0
 
 
 def max_concurrency(cfg: Mapping[str, Any]) -> int | None:
@@ -67,14 +90,17 @@ def max_concurrency(cfg: Mapping[str, Any]) -> int | None:
 
 
 def build_workload(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
-                   max_model_len: int | None = None) -> list[RequestSpec]:
-    """The requests of a run from the ``workload`` config section, sorted by arrival time.
+                   max_model_len: int | None = None) -> Workload:
+    """The requests of a run from the ``workload`` config section, sorted by arrival time (a
+    conversation's turns in order: a later turn's previous_turn is an earlier index).
 
     With ``vocab_size`` every spec also carries prompt token ids below it (the real backend
     needs them): the tokenizer's ids for ShareGPT (folded modulo a smaller vocabulary), seeded
-    random ids otherwise. With ``max_model_len`` a request that would not fit is an error.
-    A workload whose run would not fit in memory is refused before it is drawn, and again
-    once its lengths are known. The same cfg gives the same list every time.
+    random ids otherwise. With ``max_model_len`` a request that would not fit is an error, or
+    with ``workload.drop_too_long`` is dropped (a conversation's later turns with it), the
+    returned Workload's ``num_dropped`` counting them. A workload whose run would not fit in
+    memory is refused before it is drawn, and again once its lengths are known. The same cfg
+    gives the same list every time.
     """
     if not isinstance(cfg, Mapping):
         raise ValueError(f"workload config must be a mapping, got {type(cfg).__name__}")
@@ -92,14 +118,25 @@ def build_workload(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
     max_concurrency(cfg)
     if seed > _MAX_SEED:
         raise ValueError(f"workload.seed must be <= {_MAX_SEED}, got {seed}")
-    num_prompts = None if kind == "trace" and cfg.get("num_prompts") is None \
-        else get_int(cfg, "num_prompts", 1000, 1)
+    prefix_len = get_int(cfg, "shared_prefix_len", 0, 0)
+    drop = check_bool("workload.drop_too_long", cfg.get("drop_too_long", False))
+    multiturn = kind == "sharegpt_multiturn"
+    count_setting = "num_conversations" if multiturn else "num_prompts"
+    if multiturn:
+        num_prompts: int | None = get_int(cfg, "num_conversations", 100, 1)
+    else:
+        num_prompts = None if kind == "trace" and cfg.get("num_prompts") is None \
+            else get_int(cfg, "num_prompts", 1000, 1)
     if num_prompts is not None:
-        check_run_fits(num_prompts, None, None, with_token_ids=with_ids)
+        check_run_fits(num_prompts, None, None, with_token_ids=with_ids, setting=count_setting)
 
     classes = read_classes(cfg.get("classes"))
-    sample = None
+    sample: Any = None  # where the prompts' text is (sharegpt kinds)
     hash_ids: list[tuple[int, ...] | None] | None = None
+    segments: list[tuple[tuple[int, int], ...] | None] | None = None
+    conversations: list[int] | None = None
+    previous: list[int | None] | None = None
+    think = 0.0
     named = where = None  # a trace's slo_class column
     if kind == "trace":
         trace = read_trace_section(cfg, num_prompts, with_token_ids=with_ids)
@@ -108,6 +145,8 @@ def build_workload(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
         output_lens = [r.output_len for r in trace]
         if any(r.hash_ids is not None for r in trace):
             hash_ids = [r.hash_ids for r in trace]
+        if any(r.segments is not None for r in trace):
+            segments = [r.segments for r in trace]
         if any(r.slo_class is not None for r in trace):
             if classes is None:
                 first = next(r for r in trace if r.slo_class is not None)
@@ -127,29 +166,94 @@ def build_workload(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
         if kind == "synthetic":
             p, o = synthetic_lengths(cfg.get("lengths"), num_prompts, seed)
             # Before the lengths become Python objects, the arrays being 8 bytes a request.
-            check_run_fits(num_prompts, int(p.sum()), int(o.sum()), with_token_ids=with_ids)
+            check_run_fits(num_prompts, int(p.sum()) + num_prompts * prefix_len, int(o.sum()),
+                           with_token_ids=with_ids, segments=2 * num_prompts * bool(prefix_len))
             prompt_lens, output_lens = p.tolist(), o.tolist()
-        else:
+        elif kind == "sharegpt":
             sample = sample_sharegpt_section(cfg, num_prompts, seed)
             prompt_lens, output_lens = sample.prompt_lens, sample.output_lens
+        else:
+            think = think_time(cfg)
+            sample = sample_conversations_section(cfg, num_prompts, seed)
+            prompt_lens, output_lens = sample.prompt_lens, sample.output_lens
+            segments, conversations = sample.segments, sample.conversation_ids
+            previous = sample.previous_turns
+        # a conversation's start for each of its turns; a request's send time otherwise
         arrivals = arrival_times(num_prompts, rate, burstiness, seed).tolist()
-    check_run_fits(len(prompt_lens), sum(prompt_lens), sum(output_lens),
+        if multiturn:
+            arrivals = sample.arrival_times(arrivals)
+    n = len(prompt_lens)
+    # a trace's segments are counted with its hash ids; the system prompt adds two a request
+    check_run_fits(n, sum(prompt_lens) + n * prefix_len, sum(output_lens),
                    with_token_ids=with_ids,
-                   hash_ids=0 if hash_ids is None else sum(len(h) for h in hash_ids if h))
+                   hash_ids=0 if hash_ids is None else sum(len(h) for h in hash_ids if h),
+                   segments=(0 if segments is None or hash_ids is not None
+                             else sum(len(s) for s in segments if s)) + 2 * n * bool(prefix_len),
+                   setting=count_setting)
 
-    if max_model_len is not None:
-        for i, (plen, olen) in enumerate(zip(prompt_lens, output_lens, strict=True)):
-            if plen + olen > max_model_len:
-                raise ValueError(
-                    f"workload: request {i} needs prompt_len + output_len = {plen + olen} "
-                    f"tokens > model.max_model_len = {max_model_len}")
+    keep = None if max_model_len is None else \
+        _fitting(prompt_lens, output_lens, prefix_len, max_model_len, previous, drop)
 
     token_ids: list[tuple[int, ...]] | None = None
     if vocab_size is not None:
         token_ids = sample.prompt_token_ids(vocab_size) if sample is not None \
             else random_token_ids(prompt_lens, vocab_size, seed)
-    slo = None if classes is None else assign_classes(classes, len(arrivals), seed, named, where)
-    return [RequestSpec(float(a), int(p), int(o), None if token_ids is None else token_ids[i],
-                        None if hash_ids is None else hash_ids[i],
-                        None if slo is None else slo[i])
-            for i, (a, p, o) in enumerate(zip(arrivals, prompt_lens, output_lens, strict=True))]
+    slo = None if classes is None else assign_classes(classes, n, seed, named, where)
+
+    out = Workload()
+    system_ids = () if vocab_size is None else system_prompt_ids(prefix_len, vocab_size, seed)
+    system = (SYSTEM_PROMPT_KEY, prefix_len)
+    index = [-1] * n if previous is not None else None  # a kept request's index in ``out``
+    for i in range(n):
+        if keep is not None and not keep[i]:
+            continue
+        prompt_len = prompt_lens[i]
+        ids = None if token_ids is None else token_ids[i]
+        seg = None if segments is None else segments[i]
+        if prefix_len:
+            seg = (system, *(seg or ((request_prompt_key(i), prompt_len),)))
+            prompt_len += prefix_len
+            ids = None if ids is None else system_ids + ids
+        prev = None
+        if previous is not None and index is not None:
+            index[i] = len(out)
+            prev = None if previous[i] is None else index[previous[i]]
+        out.append(RequestSpec(
+            float(arrivals[i]), int(prompt_len), int(output_lens[i]), ids,
+            None if hash_ids is None else hash_ids[i], None if slo is None else slo[i],
+            segments=seg, conversation_id=None if conversations is None else conversations[i],
+            previous_turn=prev, think_time=think if prev is not None else 0.0))
+    out.num_dropped = n - len(out)
+    if out.num_dropped:
+        turns = " (with the later turns of their conversations)" if multiturn else ""
+        log.warning("workload.drop_too_long: dropped %d of %d requests whose prompt_len + "
+                    "output_len exceeds model.max_model_len = %d%s", out.num_dropped, n,
+                    max_model_len, turns)
+    return out
+
+
+def _fitting(prompt_lens: list[int], output_lens: list[int], prefix_len: int,
+             max_model_len: int, previous: list[int | None] | None, drop: bool
+             ) -> list[bool] | None:
+    """Which requests fit in ``max_model_len`` (None: all of them). One that does not is an
+    error, unless ``drop``: then it is dropped, and so is every later turn of its
+    conversation."""
+    keep = None
+    for i, (plen, olen) in enumerate(zip(prompt_lens, output_lens, strict=True)):
+        if plen + prefix_len + olen > max_model_len:
+            if not drop:
+                raise ValueError(
+                    f"workload: request {i} needs prompt_len + output_len = "
+                    f"{plen + prefix_len + olen} tokens > model.max_model_len = {max_model_len} "
+                    f"(workload.drop_too_long=true drops such requests)")
+            if keep is None:
+                keep = [True] * len(prompt_lens)
+            keep[i] = False
+    if keep is not None and previous is not None:
+        for i, prev in enumerate(previous):  # a turn's previous turn comes before it
+            if prev is not None and not keep[prev]:
+                keep[i] = False
+    if keep is not None and not any(keep):
+        raise ValueError(f"workload.drop_too_long: every request needs more than "
+                         f"model.max_model_len = {max_model_len} tokens")
+    return keep

@@ -16,9 +16,13 @@ BYTES_PER_PROMPT_TOKEN_ID = 56
 BYTES_PER_OUTPUT_TOKEN_ID = 48
 # A trace row while the file is read and sorted (a 4-tuple, its float and ints, a list slot).
 BYTES_PER_TRACE_ROW = 256
+# A prompt segment (RequestSpec.segments, for prefix caching): a (content key, tokens) pair,
+# its 63-bit key and length ints and a tuple slot, ~100 B measured with tracemalloc. A
+# conversation's later turns share their earlier turns' pairs, so this overcounts them.
+BYTES_PER_SEGMENT = 128
 # A Mooncake block hash, from reading the trace to the run's end: an int object and a tuple
-# slot (the RequestSpec's tuple is the Request's, not a copy).
-BYTES_PER_HASH_ID = 40
+# slot (the RequestSpec's tuple is the Request's, not a copy), and the prompt segment made of it.
+BYTES_PER_HASH_ID = 40 + BYTES_PER_SEGMENT
 
 GIB = 1 << 30
 
@@ -40,11 +44,12 @@ def available_memory() -> int | None:
 
 
 def run_bytes(num_requests: int, prompt_tokens: int, output_tokens: int, *,
-              with_token_ids: bool, hash_ids: int = 0) -> int:
+              with_token_ids: bool, hash_ids: int = 0, segments: int = 0) -> int:
     """Estimated bytes the requests of one run take from building the workload to its results
-    (``hash_ids``: the trace's block hashes over all requests)."""
+    (``hash_ids``: the trace's block hashes over all requests, their segments included;
+    ``segments``: the requests' other prompt segments)."""
     need = (num_requests * BYTES_PER_REQUEST + output_tokens * BYTES_PER_OUTPUT_TOKEN
-            + hash_ids * BYTES_PER_HASH_ID)
+            + hash_ids * BYTES_PER_HASH_ID + segments * BYTES_PER_SEGMENT)
     if with_token_ids:
         need += (prompt_tokens * BYTES_PER_PROMPT_TOKEN_ID
                  + output_tokens * BYTES_PER_OUTPUT_TOKEN_ID)
@@ -52,9 +57,11 @@ def run_bytes(num_requests: int, prompt_tokens: int, output_tokens: int, *,
 
 
 def check_run_fits(num_requests: int, prompt_tokens: int | None, output_tokens: int | None, *,
-                   with_token_ids: bool, hash_ids: int = 0) -> None:
-    """Refuse, naming workload.num_prompts and the memory available, a run whose requests would
-    not fit in memory: it would swap or be killed rather than finish.
+                   with_token_ids: bool, hash_ids: int = 0, segments: int = 0,
+                   setting: str = "num_prompts") -> None:
+    """Refuse, naming ``workload.<setting>`` (what sets the number of requests) and the memory
+    available, a run whose requests would not fit in memory: it would swap or be killed rather
+    than finish.
 
     Token counts of None are not known yet (the lengths are not drawn): one token each is the
     least the requests can take, and the check is made before anything is allocated.
@@ -65,16 +72,16 @@ def check_run_fits(num_requests: int, prompt_tokens: int | None, output_tokens: 
     at_least = prompt_tokens is None or output_tokens is None
     need = run_bytes(num_requests, num_requests if prompt_tokens is None else prompt_tokens,
                      num_requests if output_tokens is None else output_tokens,
-                     with_token_ids=with_token_ids, hash_ids=hash_ids)
+                     with_token_ids=with_token_ids, hash_ids=hash_ids, segments=segments)
     if need > available:
         tokens = "" if at_least else (f", {output_tokens} output tokens and {hash_ids} block "
                                       "hashes" if hash_ids else f" and {output_tokens} output tokens")
         ids = " with prompt token ids" if with_token_ids else ""
         size = f"{'at least' if at_least else 'about'} {need / GIB:.1f} GiB{ids}"
         raise ValueError(
-            f"workload.num_prompts: {num_requests} requests{tokens} would take {size}, more "
+            f"workload.{setting}: {num_requests} requests{tokens} would take {size}, more "
             f"than the {available / GIB:.1f} GiB of memory available; lower "
-            f"workload.num_prompts")
+            f"workload.{setting}")
 
 
 def trace_row_bytes(prompt_len: int, output_len: int, hash_ids: int, *,

@@ -243,20 +243,31 @@ class ShareGPTSample:
         return out
 
 
-def sample_sharegpt_section(cfg: Mapping[str, Any], num_prompts: int, seed: int
-                            ) -> ShareGPTSample:
-    """The requests of a kind=sharegpt ``workload`` section, its settings checked."""
+def sharegpt_source(cfg: Mapping[str, Any]) -> tuple[Path, Any, np.ndarray]:
+    """The ShareGPT file (``workload.dataset_path``, else the bundled copy), its tokenizer
+    (``workload.tokenizer``) and its sharegpt_token_counts table, the settings checked."""
     tokenizer = cfg.get("tokenizer", DEFAULT_TOKENIZER)
     if not isinstance(tokenizer, str) or not tokenizer:
         raise ValueError(f"workload.tokenizer must be a model or encoding name, "
                          f"got {tokenizer!r}")
-    max_prompt_len = get_int(cfg, "max_prompt_len", 1024, MIN_SHAREGPT_LEN)
-    max_total_len = get_int(cfg, "max_total_len", 2048, MIN_SHAREGPT_LEN)
-    fixed = cfg.get("fixed_output_len")
-    fixed = None if fixed is None else get_int(cfg, "fixed_output_len", None, 1)
     path = get_path(cfg, "dataset_path") or bundled_sharegpt_path()
     enc = load_tokenizer(tokenizer)
-    counts = sharegpt_token_counts(path, enc)
+    return path, enc, sharegpt_token_counts(path, enc)
+
+
+def fixed_output_len(cfg: Mapping[str, Any]) -> int | None:
+    """``workload.fixed_output_len``: null, or the output length every request asks for."""
+    fixed = cfg.get("fixed_output_len")
+    return None if fixed is None else get_int(cfg, "fixed_output_len", None, 1)
+
+
+def sample_sharegpt_section(cfg: Mapping[str, Any], num_prompts: int, seed: int
+                            ) -> ShareGPTSample:
+    """The requests of a kind=sharegpt ``workload`` section, its settings checked."""
+    max_prompt_len = get_int(cfg, "max_prompt_len", 1024, MIN_SHAREGPT_LEN)
+    max_total_len = get_int(cfg, "max_total_len", 2048, MIN_SHAREGPT_LEN)
+    fixed = fixed_output_len(cfg)
+    path, enc, counts = sharegpt_source(cfg)
     sampled = sample_sharegpt(counts, num_prompts, seed, add_bos=_bos_id(enc) is not None,
                               max_prompt_len=max_prompt_len, max_total_len=max_total_len,
                               fixed_output_len=fixed, source=str(path))

@@ -1,7 +1,9 @@
-"""Synthetic requests: lengths from a seeded distribution, seeded random prompt token ids."""
+"""Made-up prompt content: synthetic lengths from a seeded distribution, seeded random prompt
+token ids, and the content keys of prompt segments (prefix caching)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -71,3 +73,26 @@ def random_token_ids(lens: Sequence[int], vocab_size: int, seed: int) -> list[tu
     # A stream of its own, so asking for token ids never changes lengths or arrivals.
     rng = np.random.default_rng((seed, 0x70C))
     return [tuple(int(t) for t in rng.integers(0, vocab_size, size=n)) for n in lens]
+
+
+def content_key(kind: str, *which: int) -> int:
+    """A prompt segment's content key (RequestSpec.segments): 63 bits of blake2b over ``kind``,
+    a tag naming the kind of content (so keys of two kinds never meet), and the ints saying
+    which content of that kind. Stable across processes, unlike Python's salted str hash."""
+    text = repr((kind, *(int(w) for w in which))).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
+
+
+# workload.shared_prefix_len's system prompt: the same tokens at the start of every prompt.
+SYSTEM_PROMPT_KEY = content_key("system prompt")
+
+
+def request_prompt_key(index: int) -> int:
+    """The key of a prompt that shares nothing (the ``index``-th request's own tokens)."""
+    return content_key("request prompt", index)
+
+
+def system_prompt_ids(length: int, vocab_size: int, seed: int) -> tuple[int, ...]:
+    """workload.shared_prefix_len's system prompt as token ids: seeded, below ``vocab_size``."""
+    rng = np.random.default_rng((seed, 0x5157))  # its own stream: nothing else changes
+    return tuple(int(t) for t in rng.integers(0, vocab_size, size=length))

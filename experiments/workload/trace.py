@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 from experiments.workload import footprint
 from experiments.workload.arrivals import trace_arrival_times
 from experiments.workload.settings import get_float, get_path
+from experiments.workload.synthetic import content_key, request_prompt_key
 from experiments.workload.trace_formats import FORMATS, RowCounts, RowFilter, TraceRow
 
 # The settings kind=trace reads besides the common ones.
@@ -27,7 +28,8 @@ log = logging.getLogger(__name__)
 
 
 class TraceRequest(NamedTuple):
-    """A request of a trace: seconds after the first arrival (scaled), lengths, block hashes."""
+    """A request of a trace: seconds after the first arrival (scaled), lengths, block hashes and
+    the prompt segments made of them."""
 
     arrival_time: float
     prompt_len: int
@@ -35,6 +37,7 @@ class TraceRequest(NamedTuple):
     hash_ids: tuple[int, ...] | None = None
     slo_class: str | None = None
     line: int = 0
+    segments: tuple[tuple[int, int], ...] | None = None
 
 
 def read_trace(path: str | os.PathLike[str], *, format: str = "csv",
@@ -47,7 +50,9 @@ def read_trace(path: str | os.PathLike[str], *, format: str = "csv",
     ``num_prompts``: only the first that many by arrival time, the file streamed and no more
     rows held. Without it, a file whose rows and their run (footprint.trace_row_bytes, prompt
     token ids counted ``with_token_ids``) would take more than ``max_bytes`` is refused at
-    the first row past it, not after the whole file is read.
+    the first row past it, not after the whole file is read. A row with block hashes, in a
+    format that says their block size, gets the prompt segments made of them
+    (hash_id_segments).
     """
     path_s = os.fspath(path)
     fmt = FORMATS[format]
@@ -67,9 +72,36 @@ def read_trace(path: str | os.PathLike[str], *, format: str = "csv",
                                 column=fmt.time_column, unit=fmt.unit, time_scale=time_scale)
     # In place: a large trace is not held twice.
     out: list[Any] = kept
+    pairs: dict[int, tuple[int, int]] = {}  # requests that share a block share its segment
     for i, (t, r) in enumerate(zip(times, kept, strict=True)):
-        out[i] = TraceRequest(t, r.prompt_len, r.output_len, r.hash_ids, r.slo_class, r.line)
+        segments = None if r.hash_ids is None or fmt.block_size is None else \
+            hash_id_segments(r.hash_ids, r.prompt_len, fmt.block_size, i, pairs)
+        out[i] = TraceRequest(t, r.prompt_len, r.output_len, r.hash_ids, r.slo_class, r.line,
+                              segments)
     return out
+
+
+def hash_id_segments(hash_ids: tuple[int, ...], prompt_len: int, block_size: int, index: int,
+                     pairs: dict[int, tuple[int, int]] | None = None
+                     ) -> tuple[tuple[int, int], ...]:
+    """A prompt's segments from its block hashes: each hash id is a ``block_size``-token block
+    (the last one the rest of ``prompt_len``). Ids past the prompt's blocks go unused; with
+    fewer ids than blocks the rest of the prompt is one segment of the ``index``-th request's
+    own. ``pairs`` keeps each full block's segment, shared by every request that has it."""
+    blocks = -(-prompt_len // block_size)
+    segments = []
+    for j, h in enumerate(hash_ids[:blocks]):
+        tokens = min(block_size, prompt_len - j * block_size)
+        pair = None if pairs is None or tokens < block_size else pairs.get(h)
+        if pair is None:
+            pair = (content_key("trace block", h), tokens)
+            if pairs is not None and tokens == block_size:
+                pairs[h] = pair
+        segments.append(pair)
+    covered = min(len(hash_ids) * block_size, prompt_len)
+    if covered < prompt_len:
+        segments.append((request_prompt_key(index), prompt_len - covered))
+    return tuple(segments)
 
 
 def _all(rows: Iterable[TraceRow], path: str, budget: int | None, with_token_ids: bool

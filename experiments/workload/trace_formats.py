@@ -77,6 +77,7 @@ class TraceFormat:
     unit: TimeUnit
     read: Reader  # rows in file order; every row's fields checked
     columns: tuple[str, ...] = ()  # a CSV format's header columns
+    block_size: int | None = None  # the tokens of each of a row's hash_ids, where it keeps them
 
 
 # --------------------------------------------------------------------------- CSV formats
@@ -380,6 +381,7 @@ FORMATS: dict[str, TraceFormat] = {f.name: f for f in (
     # TIMESTAMP is a date and time; as seconds since the Unix epoch here.
     TraceFormat("azure", "TIMESTAMP", SECONDS, _read_azure, AZURE_COLUMNS),
     TraceFormat("burstgpt", "Timestamp", SECONDS, _read_burstgpt, BURSTGPT_COLUMNS),
-    TraceFormat("mooncake", "timestamp", MILLISECONDS, _read_mooncake),
+    TraceFormat("mooncake", "timestamp", MILLISECONDS, _read_mooncake,
+                block_size=MOONCAKE_BLOCK_SIZE),
     TraceFormat("timed_trace", "timestamp", SECONDS, _read_timed_trace),
 )}
