@@ -262,6 +262,7 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         # what experiments.measured reads: the configuration measured, the KV cache it had
         "schedlab": {"backend": "real-http", "policy": info["policy"], "k": int(info["k"]),
                      "overlap": info["overlap"] == "true", "model": info["model"],
+                     "enable_prefix_caching": info.get("enable_prefix_caching") == "true",
                      "hardware": info["device_name"], "num_blocks": int(info["num_blocks"]),
                      "load_generator": f"guidellm {version('guidellm')}",
                      "workload": workload,

@@ -227,7 +227,7 @@ def average_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     (NaN where fewer than two repeats have the metric)."""
     first = rows[0]
     for r in rows[1:]:
-        for field in ("num_prompts", "seed", "max_concurrency", "overlap",
+        for field in ("num_prompts", "seed", "max_concurrency", "overlap", "enable_prefix_caching",
                       "tensor_parallel_size"):
             a, b = known(first.get(field)), known(r.get(field))
             if a != b:

@@ -146,6 +146,7 @@ class Server:
             self.metrics = EngineMetrics({
                 "model": model.name, "policy": policy_name,
                 "k": str(getattr(policy, "num_steps", 1)), "overlap": str(probe.overlap).lower(),
+                "enable_prefix_caching": str(probe.config.enable_prefix_caching).lower(),
                 "num_blocks": str(self.runner.kv_cache.num_blocks),
                 "block_size": str(self.runner.block_size), "device": str(self.runner.device),
                 "device_name": (torch.cuda.get_device_name(self.runner.device)

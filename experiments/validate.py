@@ -207,11 +207,15 @@ def measured_limit(meas: dict[str, Any]) -> int | None:
 
 
 def measured_engine(meas: dict[str, Any]) -> list[str]:
-    """The overrides that simulate the engine a measurement ran: overlap scheduling and the
-    tensor-parallel size, where its result records them (vLLM's files record neither)."""
+    """The overrides that simulate the engine a measurement ran: overlap scheduling, prefix
+    caching and the tensor-parallel size, where its result records them (vLLM's files record
+    none: overlap and prefix caching were off in its V0 engine, and in runs before schedlab
+    cached prefixes)."""
     out = []
     if meas.get("overlap") is True:
         out.append("scheduler.overlap=true")
+    if meas.get("enable_prefix_caching") is not True:
+        out.append("scheduler.enable_prefix_caching=false")
     tp = known(meas.get("tensor_parallel_size"))
     if tp is not None and tp != 1:
         if not float(tp).is_integer() or tp < 1:

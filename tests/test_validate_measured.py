@@ -63,8 +63,11 @@ def test_measured_engine_is_simulated_as_it_ran():
     # a policy without a step count is keyed as --policies names it (its file records k = 1)
     assert ("chunked_prefill", None, float("inf")) in found
     assert meas["overlap"] is True
-    assert validate.measured_engine(meas) == ["scheduler.overlap=true"]
-    assert validate.measured_engine({**meas, "overlap": False, "tensor_parallel_size": 2}) == [
+    # measured before schedlab cached prefixes: simulated without
+    assert validate.measured_engine(meas) == ["scheduler.overlap=true",
+                                              "scheduler.enable_prefix_caching=false"]
+    assert validate.measured_engine({**meas, "overlap": False, "tensor_parallel_size": 2,
+                                     "enable_prefix_caching": True}) == [
         "parallel.tensor_parallel_size=2"]
     with pytest.raises(validate.InputError, match="tensor_parallel_size"):
         validate.measured_engine({**meas, "tensor_parallel_size": 1.5})
