@@ -317,6 +317,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     workload = plain(cfg["workload"])
     specs = build_workload(workload, vocab_size=model.vocab_size if with_ids else None,
                            max_model_len=model.max_model_len)
+    num_dropped = specs.num_dropped  # workload.drop_too_long: requests over max_model_len
     limit = max_concurrency(workload)
     tokenizer_id = text_tokenizer_id(workload, model)
     # the real backend's outputs become text: its tokenizer is loaded before the run, not after
@@ -434,6 +435,8 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             **outcome_stats(outcome),
             STAMP_KEY: config_stamp(cfg),
         }
+        if workload.get("drop_too_long"):
+            extra["num_dropped_too_long"] = num_dropped
         if results.goodput:
             extra["goodput_slo_ms"] = dict(results.goodput)
         replica_of = None
