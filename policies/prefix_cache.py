@@ -14,11 +14,12 @@ from collections.abc import Sequence
 from policies.request import Request
 
 
-def block_hashes(req: Request, block_size: int) -> list[int]:
-    """The chained hashes of ``req``'s full prompt blocks (computed once, kept on the request);
-    empty for a request without segments."""
+def block_hashes(req: Request, block_size: int, keep: bool = True) -> list[int]:
+    """The chained hashes of ``req``'s full prompt blocks (computed once and kept on the
+    request, for its scheduler's block size; ``keep=False`` for another size); empty for a
+    request without segments."""
     hashes = req.block_hashes
-    if hashes is not None:
+    if hashes is not None and keep:
         return hashes
     hashes = []
     segments = req.prefix_segments
@@ -40,7 +41,8 @@ def block_hashes(req: Request, block_size: int) -> list[int]:
                     pieces, filled = [], 0
             if len(hashes) == num_full:
                 break
-    req.block_hashes = hashes
+    if keep:
+        req.block_hashes = hashes
     return hashes
 
 

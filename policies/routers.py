@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from policies.base import build_registered, check_int, check_number
+from policies.prefix_cache import block_hashes
 from policies.request import Request
 from policies.scheduler import Scheduler
 
@@ -155,10 +156,11 @@ class PowerOfTwo(Router):
 @register_router
 @dataclass
 class PrefixAffinity(Router):
-    """Keep a conversation (``Request.conversation_id``), or a shared prompt prefix (a Mooncake
-    trace's ``hash_ids``: its first block hash, and so every prompt that shares the first
-    block) on the replica that served it last, where its KV prefix is; a request with neither goes to the
-    least outstanding replica. The load cap: the affine replica is passed over for the least
+    """Keep a conversation (``Request.conversation_id``), or a shared prompt prefix, on the
+    replica that served it last, where its KV prefix is: a request goes where the longest run
+    of its leading prompt blocks went (the prefix cache's block hashes, from its content
+    segments; a Mooncake trace's ``hash_ids`` without them). A request with none of these
+    goes to the least outstanding replica. The load cap: the affine replica is passed over for the least
     outstanding one when its outstanding requests exceed both ``load_cap_abs`` more and
     ``load_cap_rel`` times the least loaded replica's (SGLang's router's balance thresholds);
     the conversation or prefix then moves with it."""
@@ -182,11 +184,21 @@ class PrefixAffinity(Router):
         owner = self._owner
         if req.conversation_id is not None:
             keys: Sequence[Any] = (("conversation", req.conversation_id),)
+        elif req.prefix_segments:
+            sizes = {s.block_manager.block_size for r in replicas for s in r.schedulers}
+            size = min(sizes)
+            keys = block_hashes(req, size, keep=len(sizes) == 1)
         elif req.hash_ids:
             keys = req.hash_ids
         else:
+            keys = ()
+        if not keys:
             return _least(replicas, lambda r: r.outstanding)
-        target = owner.get(keys[0])
+        target = None
+        for key in reversed(keys):  # the longest prefix some replica served
+            target = owner.get(key)
+            if target is not None:
+                break
         if target is None or self.capped(target, replicas):
             target = _least(replicas, lambda r: r.outstanding)
         for key in keys:  # the prefix now lives (also) on target: its newest copy
