@@ -127,3 +127,21 @@ def test_a_served_prompt_is_cached_by_its_token_ids():
         inbox._add(sched, Request(i, 0.0, 0, 2, prompt_token_ids=list(ids)))
     batch = sched.schedule(0.0)
     assert [s.num_cached_tokens for s in batch.seqs] == [0, 16]
+
+
+def test_validate_scores_the_hit_rate_of_a_measured_multiturn_run(tmp_path):
+    """benchmarks/prefix_suite.py's layout scored by validate_policies --table prefix_cache: the
+    simulator, from the run's config alone, finds the engine's hit rate to the token."""
+    from experiments.validate import run_one
+    from experiments.validate_policies import main
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from prefix_suite import overrides, workloads
+
+    run_one(overrides("single_step", workloads(0, 0, smoke=True)["multiturn"], True, "inf",
+                      smoke=True), tmp_path / "runs" / "multiturn_on")
+    df = main([str(tmp_path / "runs"), "--table", "prefix_cache", "--hardware", "cpu",
+               "--overhead", "none", "--sim-repeats", "1", "--out", str(tmp_path / "out")])
+    hit = df[df["metric"] == "prefix_cache_hit_rate"].iloc[0]
+    assert hit["measured"] > 10 and hit["error"] == 0
+    assert "Prefix caching" in (tmp_path / "out" / "prefix_cache.md").read_text()
