@@ -119,10 +119,20 @@ class BlockManager:
             return True
         if need > self.num_free_blocks:
             return False
-        for _ in range(need):
-            block = self._take()
-            refs[block] = 1
-            table.append(block)
+        returned = self._returned
+        got = min(need, len(returned))
+        if got:  # the top of the stack, popped one by one: its last block first
+            taken = returned[-got:]
+            del returned[-got:]
+            taken.reverse()
+            table += taken
+        fresh = min(need - got, self.num_blocks - self._next_fresh)
+        if fresh:
+            table += range(self._next_fresh, self._next_fresh + fresh)
+            self._next_fresh += fresh
+        for _ in range(need - got - fresh):
+            table.append(self._take())
+        refs.update(dict.fromkeys(table[-need:], 1))
         return True
 
     def free(self, req: Request) -> None:

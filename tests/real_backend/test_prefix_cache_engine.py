@@ -53,19 +53,20 @@ def make_requests(with_ids: bool) -> list[Request]:
     return out
 
 
-def _scheduler(policy: str, caching: bool, num_blocks: int) -> Scheduler:
-    cfg = SchedulerConfig(block_size=BLOCK_SIZE, enable_prefix_caching=caching,
+def _scheduler(policy: str, caching: bool, num_blocks: int, overlap: bool = False) -> Scheduler:
+    cfg = SchedulerConfig(block_size=BLOCK_SIZE, enable_prefix_caching=caching, overlap=overlap,
                           max_num_batched_tokens=48 if policy in ("sarathi",) else None)
     return Scheduler(make_policy(policy, **PARAMS[policy]), cfg, num_blocks, SPEC.max_model_len,
                      stand_in_step_time)
 
 
-def run(policy: str, *, caching: bool, real: bool, num_blocks: int = 64):
+def run(policy: str, *, caching: bool, real: bool, num_blocks: int = 64, overlap: bool = False):
     reqs = make_requests(real)
-    make = lambda n: _scheduler(policy, caching, n)  # noqa: E731
+    make = lambda n: _scheduler(policy, caching, n, overlap)  # noqa: E731
     if real:
         out = run_real(reqs, make, SPEC, {"device": "cpu", "num_blocks": num_blocks,
-                                          "save_token_ids": True}, progress=False)
+                                          "save_token_ids": True, "async_output": overlap},
+                       progress=False)
     else:
         out = simulate(reqs, make, SPEC, HW, OverheadSpec(), block_size=BLOCK_SIZE,
                        num_blocks=num_blocks, progress=False)
@@ -82,6 +83,20 @@ def test_cached_prefixes_give_the_same_greedy_ids_and_the_simulator_the_same_hit
     assert sum(hits) > 0  # the shared prefixes were found
     sim_reqs, _, sim_windows = run(policy, caching=True, real=False)
     assert [r.num_cached_prompt_tokens for r in sim_reqs] == hits
+    assert sim_windows == windows
+
+
+@pytest.mark.parametrize("policy", ["multi_step", "chunked_prefill"])
+def test_cached_prefixes_under_overlap_scheduling(policy):
+    """With overlap the next window is formed while this one runs: a request admitted then
+    may share blocks the window in flight computes; ids and hits as without overlap."""
+    reqs, on, windows = run(policy, caching=True, real=True, overlap=True, num_blocks=30)
+    _, off, _ = run(policy, caching=False, real=True, overlap=False, num_blocks=30)
+    assert on.token_ids == off.token_ids
+    assert sum(r.num_cached_prompt_tokens for r in reqs) > 0
+    sim_reqs, _, sim_windows = run(policy, caching=True, real=False, overlap=True, num_blocks=30)
+    assert [r.num_cached_prompt_tokens for r in sim_reqs] == \
+        [r.num_cached_prompt_tokens for r in reqs]
     assert sim_windows == windows
 
 
