@@ -1,10 +1,11 @@
-"""A host's speed at the scheduler's Python work, and CPU costs moved between hosts.
+"""A run's host factor (its speed at the scheduler's Python work), and CPU costs moved by it.
 
 The served runs of docs/validation/measured were measured on the H200 hosts used at the time,
 whose CPUs ran the same scheduler code at different speeds. A run's host factor, read from its
 windows' update() timings, puts its CPU costs on one reference host for a fit, and a profile's
-CPU costs on the host of a run it predicts. It is a per-run proxy: on one host, update() also
-ran slower in a large model's runs (docs/validation/models.md).
+CPU costs on the run's own host. Read from the run being predicted, it is a diagnostic only
+(``experiments.leave_one_out --per-run-host-factor``): a prediction may carry a host's speed
+only through a host profile measured before the run (conf/host, benchmarks/scheduler_speed.py).
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ def with_host_factors(windows: pd.DataFrame, reference: pd.Series | None = None,
     windows pooled (default: all), as the median ratio over the run's windows, each window
     against the reference's fit (a + b * sequences) of its class of windows. A fold's reference
     is its training runs only, so that a held-out model's runs enter its prediction through
-    their own factors and nothing else. A user measures a host's factor with
-    benchmarks/scheduler_speed.py."""
+    their own factors and nothing else."""
     from scipy.optimize import nnls
 
     y = windows["update_s"].to_numpy(float)

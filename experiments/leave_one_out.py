@@ -13,22 +13,28 @@ rows are dropped first, then:
    each window's kernel time K and compute-bound share C come from simulated runs at unit and
    doubled factors, and the measured GPU time g ~ G + a K + b C by least squares
    (a = op_kernel_factor, b = a (op_compute_factor - 1); G: the launch terms).
-2. CPU: ``experiments.fit_cpu.fit_overhead`` over the other models' served windows pooled (their
-   idle time between windows, less the last step's pythonization; a window after which the GPU
-   waited for arrivals is read as its timed CPU phases instead), each run's CPU times put on a
-   reference host by its host factor (``experiments.host_speed``, against the fold's training
-   runs); a prediction scales the fold's CPU costs by the predicted run's own factor.
+2. CPU: ``experiments.fit_cpu.fit_overhead`` over the other models' served windows pooled as
+   measured (their idle time between windows, less the last step's pythonization; a window
+   after which the GPU waited for arrivals is read as its timed CPU phases instead).
 3. The held-out model's runs (t=0 and its Poisson rate, single_step, multi_step k=8 and cp1 k=8
    where measured) are simulated with the measured KV cache and scheduler settings, as
    ``experiments.validate.predict`` does, and compared on request throughput, median TTFT and
-   median TPOT. The old profile (h200_calibrated + schedlab_h200, fitted on llama3_8b steps)
-   predicts the same runs for comparison.
+   median TPOT, and on the tails beside them: p90 (target 15%) and p99 (no target) TTFT and
+   TPOT. The old profile (h200_calibrated + schedlab_h200, fitted on llama3_8b steps) predicts
+   the same runs for comparison.
+
+A prediction reads nothing of the run it predicts but its configuration (workload, scheduler
+settings, KV cache size). ``--per-run-host-factor`` is a diagnostic that breaks this rule: it
+scales each run's CPU times by its host factor, read from that run's own ``update()`` timings
+(``experiments.host_speed``), in the fit and in the prediction; its tables say so in their
+title, and no headline number uses them.
 
 ``--predict ROOT`` predicts other runs of a model (another host's, say: ROOT/MODEL/t0 and
-ROOT/MODEL/poisson) by the fold that holds that model out, each with its own host factor.
+ROOT/MODEL/poisson) by the fold that holds that model out.
 
-Writes ``OUT.csv`` (model x configuration x metric x profile: predicted, measured, error; at t=0
-also the run's summed GPU time and the CPU time between windows, simulated against measured),
+Writes ``OUT.csv`` (model x configuration x metric x profile: predicted, measured, error, and
+``host_scaling``: none, or the diagnostic's per-run factor; at t=0 also the run's summed GPU time
+and the CPU time between windows, simulated against measured),
 ``OUT_fit.csv`` (each fold's fitted coefficients, and a fit on every model, held_out "none":
 the coefficients of conf/hardware/h200_ops.yaml) and ``OUT.md``.
 """
@@ -49,15 +55,26 @@ import pandas as pd
 
 from experiments.fit_cpu import fit_overhead
 from experiments.host_speed import on_reference_host, scaled_overhead, with_host_factors
-from experiments.leave_one_out_tables import NEW, OLD, TARGET_METRICS, markdown, write
+from experiments.leave_one_out_tables import (
+    NEW,
+    NO_SCALING,
+    OLD,
+    PER_RUN,
+    TAIL_METRICS,
+    TARGET_METRICS,
+    markdown,
+    write,
+)
 from experiments.model_runs import (
     ModelRuns,
     config_tag,
     load_spec,
     measured_configs,
+    measured_tails,
     predicted_runs,
     read_steps,
     served_windows,
+    tail_latencies,
     window_gaps,
 )
 from experiments.profiles import InputError, load_profile
@@ -77,7 +94,8 @@ FACTOR_BOUNDS = (0.5, 3.0)  # op_kernel_factor and op_compute_factor stay within
 def config_factor(runs: ModelRuns, windows: pd.DataFrame, policy: str, k: int | None,
                   rate: float) -> float:
     """The host factor of the measured run(s) of a configuration (repeats, directories
-    ``TAG_rateR_*``: their mean)."""
+    ``TAG_rateR_*``: their mean): read from the run being predicted, so the
+    ``--per-run-host-factor`` diagnostic's alone."""
     tag = config_tag(policy, k)
     if math.isinf(rate):
         files = [runs.steps[tag]] if tag in runs.steps else []
@@ -89,7 +107,7 @@ def config_factor(runs: ModelRuns, windows: pd.DataFrame, policy: str, k: int | 
     if mine.empty:
         rate_s = "t=0" if math.isinf(rate) else f"{rate:g} req/s"
         raise InputError(f"{runs.model}: no steps file of its {tag} run at {rate_s}; its host "
-                         "factor needs the run's update() timings (--no-host-speed goes without)")
+                         "factor needs the run's update() timings (the default goes without)")
     return float(mine.groupby("file")["host_factor"].first().mean())
 
 
@@ -189,26 +207,35 @@ def fold_profiles(held_out: str, windows: pd.DataFrame, gpu_rows: pd.DataFrame, 
 
 def predict_config(runs: ModelRuns, policy: str, k: int | None, rate: float, meas: dict,
                    profiles: dict, scales: list[float], work: Path, label: str,
-                   host_factor: float = 1.0) -> list[dict]:
+                   host_factor: float | None = None) -> list[dict]:
+    """One configuration's rows: each metric predicted against measured. ``host_factor``: the
+    predicted run's own factor its CPU costs were scaled by (the diagnostic); None: none."""
     tag = f"{config_tag(policy, k)}_rate{'inf' if math.isinf(rate) else f'{rate:g}'}"
     run_dir = work / runs.model / ("new" if label == NEW else "old") / tag
     with contextlib.redirect_stdout(io.StringIO()):  # each run prints its summary
         pred = predict(sim_overrides(runs, policy, k, rate, meas), run_dir, profiles,
                        meas["cache_sizes"], scales)
+    sizes = meas["cache_sizes"]
+    sim_dirs = sim_run_dirs(run_dir, sizes, sizes[0] if sizes else None, scales)
     split = {}
     if math.isinf(rate) and config_tag(policy, k) in runs.steps:
-        sizes = meas["cache_sizes"]
-        split = time_split(read_steps(Path(runs.steps[config_tag(policy, k)])),
-                           sim_run_dirs(run_dir, sizes, sizes[0] if sizes else None, scales))
+        split = time_split(read_steps(Path(runs.steps[config_tag(policy, k)])), sim_dirs)
+    # the tails, as the medians: the mean over the simulated runs and over the measured repeats
+    sim_tails = [tail_latencies(d / "result.json") for d in sim_dirs]
+    pred = {**pred, **{m: float(np.mean([t[m] for t in sim_tails])) for m in TAIL_METRICS}}
+    meas = {**meas, **measured_tails(meas)}
     rows = []
-    for metric, target in TARGET_METRICS.items():
-        p, q = pred.get(metric), meas.get(metric)
-        err = (p - q) / q
+    for metric, target in {**TARGET_METRICS, **TAIL_METRICS}.items():
+        p, q = pred.get(metric, math.nan), meas.get(metric, math.nan)
+        err = (p - q) / q if q == q and q and p == p else math.nan
         rows.append({"model": runs.model, "policy": policy, "k": k or 1,
                      "request_rate": rate, "metric": metric, "profile": label,
                      "predicted": p, "measured": q, "rel_error": err,
-                     "target": target, "over_target": abs(err) > target,
-                     "repeats": meas.get("repeats", 1), "host_factor": round(host_factor, 4),
+                     "target": math.nan if target is None else target,
+                     "over_target": target is not None and err == err and abs(err) > target,
+                     "repeats": meas.get("repeats", 1),
+                     "host_scaling": NO_SCALING if host_factor is None else PER_RUN,
+                     "host_factor": 1.0 if host_factor is None else round(host_factor, 4),
                      **split})
     return rows
 
@@ -236,11 +263,12 @@ def time_split(measured: pd.DataFrame, sim_dirs: list[Path]) -> dict[str, float]
 
 
 def leave_one_out(spec: list[ModelRuns], models: list[str] | None, scales: list[float],
-                  work: Path, old: bool = True, scale_hosts: bool = True,
+                  work: Path, old: bool = True, per_run_host_factor: bool = False,
                   targets: list[ModelRuns] | None = None,
                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Each target's runs (default: the spec's, or those of ``models``) predicted by profiles
-    fitted on the spec's runs of the other models."""
+    fitted on the spec's runs of the other models. ``per_run_host_factor``: the diagnostic that
+    reads each predicted run's own host factor (module docstring)."""
     hw = load_profile("hardware", "h200_ops")
     base_ov = load_profile("overhead", "schedlab_h200")
     measured = {r.model: measured_configs(r) for r in spec}
@@ -252,9 +280,9 @@ def leave_one_out(spec: list[ModelRuns], models: list[str] | None, scales: list[
     in_spec = pd.Series(np.arange(len(windows)) < len(training), index=windows.index)
 
     def host(held_out: str) -> pd.DataFrame:
-        """The windows with host factors against the fold's training runs."""
+        """The windows, with host factors against the fold's training runs (the diagnostic)."""
         return with_host_factors(windows, in_spec & (windows["model"] != held_out)) \
-            if scale_hosts else windows
+            if per_run_host_factor else windows
 
     gpu_rows = spec_factor_rows(spec, measured, hw, base_ov, work / "factors")
     old_profiles = {"hardware": load_profile("hardware", "h200_calibrated"),
@@ -269,10 +297,12 @@ def leave_one_out(spec: list[ModelRuns], models: list[str] | None, scales: list[
             fits.append({"held_out": runs.model, **fit})
         configs = measured[runs.model] if runs in spec else measured_configs(runs)
         for (policy, k, rate), meas in sorted(configs.items(), key=str):
-            f = config_factor(runs, fold_windows, policy, k, rate) if scale_hosts else 1.0
+            f = config_factor(runs, fold_windows, policy, k, rate) \
+                if per_run_host_factor else None
+            ov = ov_fold if f is None else scaled_overhead(ov_fold, f)
             rows += predict_config(runs, policy, k, rate, meas,
-                                   {"hardware": hw_fold, "overhead": scaled_overhead(ov_fold, f)},
-                                   scales, work, NEW, host_factor=f)
+                                   {"hardware": hw_fold, "overhead": ov}, scales, work, NEW,
+                                   host_factor=f)
             if old:
                 rows += predict_config(runs, policy, k, rate, meas, old_profiles, scales, work,
                                        OLD)
@@ -297,9 +327,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="simulated runs per configuration over time scales 1 +- --sim-spread")
     ap.add_argument("--sim-spread", type=float, default=0.01)
     ap.add_argument("--no-old", action="store_true", help="skip the old profile's predictions")
-    ap.add_argument("--no-host-speed", action="store_true",
-                    help="fit and predict CPU costs as measured, without scaling each run's by "
-                    "its host's speed at the scheduler's Python work")
+    ap.add_argument("--per-run-host-factor", action="store_true",
+                    help="diagnostic, not a prediction: scale each run's CPU costs, in the fit "
+                    "and in its prediction, by its host factor read from that run's own "
+                    "update() timings (experiments.host_speed); the tables say so, and no "
+                    "headline number uses them")
+    ap.add_argument("--no-host-speed", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
@@ -319,6 +352,9 @@ def _without_runs(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parse_args(argv)
     try:
+        if args.no_host_speed:
+            raise InputError("--no-host-speed is gone: no per-run host factor is the default "
+                             "(--per-run-host-factor is the diagnostic that reads it)")
         spec = load_spec(args.spec)
         models = args.models.split(",") if args.models else None
         unknown = sorted(set(models or []) - {r.model for r in spec})
@@ -338,7 +374,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             if not targets:
                 raise InputError(f"--predict {args.predict}: no runs of {args.models}")
         df, fits = leave_one_out(spec, models, scales, work, old=not args.no_old,
-                                 scale_hosts=not args.no_host_speed, targets=targets)
+                                 per_run_host_factor=args.per_run_host_factor, targets=targets)
         command = "python -m experiments.leave_one_out " + " ".join(
             _without_runs(argv if argv is not None else sys.argv[1:]))
         write(df, fits, args.out, command)

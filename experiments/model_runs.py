@@ -1,15 +1,17 @@
 """The measured runs the leave-one-model-out validation reads: each model's runs (the spec),
-their configurations and their served windows."""
+their configurations, their served windows and their tail latencies."""
 
 from __future__ import annotations
 
 import glob
+import gzip
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -23,6 +25,7 @@ POLICIES = [("single_step", None), ("multi_step", 8), ("cp1", 8)]
 # for arrivals: its CPU cost is read from the timed phases
 IDLE_FACTOR = 2.0
 IDLE_MARGIN_S = 200e-6
+TAIL_PERCENTILES = (90, 99)
 
 @dataclass(frozen=True)
 class ModelRuns:
@@ -188,3 +191,51 @@ def served_windows(runs: ModelRuns) -> pd.DataFrame:
                                model=runs.model, file=str(f),
                                num_layers=_model_spec(runs.model).num_layers))
     return pd.concat(frames, ignore_index=True)
+
+
+def tail_latencies(result: Path) -> dict[str, float]:
+    """p90 and p99 TTFT and TPOT (ms) of one result.json: the file's own ``pNN_*_ms`` where it
+    has them, else from its per-request lists (in the file, as the simulator writes them, or in
+    a measured run's ``per_request.json.gz`` beside it) as ``experiments.metrics.summarize``
+    computes them: completed requests, TPOT (e2el - ttft) / (output_len - 1) over those with
+    more than one output token. NaN where neither is there (result files stripped of their
+    lists)."""
+    try:
+        res = json.loads(result.read_text())
+    except (OSError, ValueError) as err:
+        raise InputError(f"{result}: cannot read the result ({err})") from None
+    keys = [f"p{p}_{m}_ms" for p in TAIL_PERCENTILES for m in ("ttft", "tpot")]
+    out = {k: float(res[k]) for k in keys if isinstance(res.get(k), (int, float))}
+    if len(out) == len(keys):
+        return out
+    lists = res if res.get("ttfts") else _per_request(result.parent / "per_request.json.gz")
+    if not lists:
+        return {k: out.get(k, math.nan) for k in keys}
+    done = [e == "" for e in lists.get("errors") or [""] * len(lists["ttfts"])]
+    ttft = [t for t, ok in zip(lists["ttfts"], done, strict=True) if ok]
+    tpot = [(e - t) / (n - 1) for t, e, n, ok in zip(lists["ttfts"], lists["e2els"],
+                                                      lists["output_lens"], done, strict=True)
+            if ok and n > 1]
+    for p in TAIL_PERCENTILES:
+        for name, xs in (("ttft", ttft), ("tpot", tpot)):
+            out.setdefault(f"p{p}_{name}_ms", float(np.percentile(xs or [0.0], p)) * 1000)
+    return {k: out[k] for k in keys}
+
+
+def _per_request(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        with gzip.open(path, "rt") as f:
+            return json.load(f)
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path}: cannot read the per-request lists ({err})") from None
+
+
+def measured_tails(meas: dict[str, Any]) -> dict[str, float]:
+    """A measured configuration's tail latencies: the mean over its repeats' files (as
+    ``measured_from_dir`` averages the other metrics); NaN where a repeat has none."""
+    per_file = [tail_latencies(Path(f)) for f in meas.get("files") or []]
+    if not per_file:
+        return {}
+    return {k: float(np.mean([t[k] for t in per_file])) for k in per_file[0]}

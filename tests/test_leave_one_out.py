@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -17,6 +18,7 @@ import yaml
 from experiments import host_speed, model_runs
 from experiments import leave_one_out as loo
 from experiments.fit_cpu import fit_overhead
+from experiments.profiles import InputError
 from experiments.validate import load_profile, run_one
 from simulator.op_cost import launch_terms
 from simulator.op_tables import load_tables
@@ -153,8 +155,12 @@ def test_folds_recover_the_factors_and_never_use_the_held_out_rows(fixture_tree,
         assert row.fit_models == ";".join(sorted({*MODELS} - {row.held_out}))
         assert row.op_kernel_factor == pytest.approx(TRUE_FACTORS[0], rel=0.02)
         assert row.op_compute_factor == pytest.approx(TRUE_FACTORS[1], rel=0.05)
-    assert len(df) == 2 * 4 * 3  # 2 models x (3 t=0 + 1 Poisson) x 3 metrics
-    assert df["rel_error"].abs().max() < 0.1  # the fixture's GPU is the op model itself
+    # 2 models x (3 t=0 + 1 Poisson) x (3 medians + 4 tails)
+    assert len(df) == 2 * 4 * (len(loo.TARGET_METRICS) + len(loo.TAIL_METRICS))
+    assert set(df["host_scaling"]) == {loo.NO_SCALING} and (df["host_factor"] == 1.0).all()
+    medians = df[df["metric"].isin(list(loo.TARGET_METRICS))]
+    assert medians["rel_error"].abs().max() < 0.1  # the fixture's GPU is the op model itself
+    assert df["measured"].notna().all() and df["predicted"].notna().all()
     t0 = df[df["request_rate"] == math.inf]
     assert t0["gpu_time_error"].notna().all() and t0["gpu_time_error"].abs().max() < 0.05
     assert df[df["request_rate"] == RATE]["gpu_time_error"].isna().all()
@@ -170,11 +176,25 @@ def test_folds_recover_the_factors_and_never_use_the_held_out_rows(fixture_tree,
     # ... while the other fold, which fits on them, does
     assert held2.loc[MODELS[1], "op_kernel_factor"] > 1.5 * held.loc[MODELS[1],
                                                                       "op_kernel_factor"]
-    # the held-out model's update() timings set its own runs' host factors, never the reference
-    # its fold puts the training runs' CPU costs on
+    # the predicted runs' own update() timings, 3x slower: by default nothing of a predicted
+    # run but its configuration enters its prediction
+    _scale_update(fixture_tree, MODELS[0], 3.0)
+    df3, fits3 = loo.leave_one_out(spec, [MODELS[0]], [1.0], work, old=False)
+    pd.testing.assert_series_equal(held2.loc[MODELS[0]], fits3.set_index("held_out").loc[MODELS[0]])
+    pd.testing.assert_series_equal(mine2["predicted"],
+                                   df3[df3["model"] == MODELS[0]].reset_index(drop=True)["predicted"])
+    # the diagnostic reads them (its factor 3x), never into the reference its fold puts the
+    # training runs' CPU costs on
+    diag, fits4 = loo.leave_one_out(spec, [MODELS[0]], [1.0], work, old=False,
+                                    per_run_host_factor=True)
+    assert set(diag["host_scaling"]) == {loo.PER_RUN}
+    assert diag["host_factor"].to_numpy() == pytest.approx(3.0, rel=0.02)
+    assert not np.allclose(diag["predicted"], df3["predicted"])
     _scale_update(fixture_tree, MODELS[0], "num_seqs")
-    _, fits3 = loo.leave_one_out(spec, [MODELS[0]], [1.0], work, old=False)
-    pd.testing.assert_series_equal(held.loc[MODELS[0]], fits3.set_index("held_out").loc[MODELS[0]])
+    _, fits5 = loo.leave_one_out(spec, [MODELS[0]], [1.0], work, old=False,
+                                 per_run_host_factor=True)
+    pd.testing.assert_series_equal(fits4.set_index("held_out").loc[MODELS[0]],
+                                   fits5.set_index("held_out").loc[MODELS[0]])
 
 
 def test_predict_runs_measured_elsewhere_by_the_fold_that_holds_their_model_out(fixture_tree,
@@ -196,12 +216,20 @@ def test_predict_runs_measured_elsewhere_by_the_fold_that_holds_their_model_out(
     pd.testing.assert_frame_equal(fits.reset_index(drop=True), fits2.reset_index(drop=True))
     pd.testing.assert_frame_equal(df.reset_index(drop=True), df2.reset_index(drop=True))
     assert set(df2["request_rate"]) == {math.inf, RATE}
-    # measured on a host 1.3x slower at the scheduler's work: the same fold, each run's own
-    # factor 1.3x (the spec's runs of the model, same-named directories, play no part)
+    # measured on a host 1.3x slower at the scheduler's work: the same fold and, by default,
+    # the same predictions; the diagnostic reads each run's own factor, 1.3x (the spec's runs
+    # of the model, same-named directories, play no part)
+    diag, _ = loo.leave_one_out(spec, None, [1.0], work, old=False, targets=targets,
+                                per_run_host_factor=True)
     _scale_update(other, MODELS[1], 1.3)
     df3, fits3 = loo.leave_one_out(spec, None, [1.0], work, old=False, targets=targets)
     pd.testing.assert_frame_equal(fits.reset_index(drop=True), fits3.reset_index(drop=True))
-    assert (df3["host_factor"] / df["host_factor"]).to_numpy() == pytest.approx(1.3, rel=1e-3)
+    pd.testing.assert_frame_equal(df.reset_index(drop=True), df3.reset_index(drop=True))
+    diag3, _ = loo.leave_one_out(spec, None, [1.0], work, old=False, targets=targets,
+                                 per_run_host_factor=True)
+    # (the factors are rounded to 4 decimals, and small against the poisoned reference above)
+    assert (diag3["host_factor"] / diag["host_factor"]).to_numpy() == pytest.approx(1.3,
+                                                                                    rel=1e-2)
     # runs measured with other scheduler settings than their neighbours are refused
     cfg = next((other / MODELS[1]).rglob("config.json"))
     c = yaml.safe_load(cfg.read_text())
@@ -258,6 +286,85 @@ def test_cli_errors_are_one_line(tmp_path):
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2 and out.stderr.startswith(f"error: --spec {bad}: ")
     assert len(out.stderr.strip().splitlines()) == 1
+    out = subprocess.run([sys.executable, "-m", "experiments.leave_one_out", "--no-host-speed",
+                          "--out", str(tmp_path / "m"), "--runs", str(tmp_path / "r")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "error: --no-host-speed is gone: no per-run host factor is the default "
+        "(--per-run-host-factor is the diagnostic that reads it)"]
+
+
+def _result(path: Path, ttfts: list[float], e2els: list[float], output_lens: list[int],
+            errors: list[str] | None = None, lists_beside: bool = False, **keys) -> Path:
+    """A result.json with its per-request lists inside it (the simulator's), or beside it in
+    per_request.json.gz (a measured run's), or none."""
+    path.mkdir(parents=True, exist_ok=True)
+    lists = {"ttfts": ttfts, "e2els": e2els, "output_lens": output_lens,
+             "errors": errors or [""] * len(ttfts)}
+    if lists_beside:
+        with gzip.open(path / "per_request.json.gz", "wt") as f:
+            json.dump(lists, f)
+    (path / "result.json").write_text(json.dumps({**keys, **({} if lists_beside or not ttfts
+                                                             else lists)}))
+    return path / "result.json"
+
+
+def test_tail_latencies_from_the_file_or_its_per_request_lists(tmp_path):
+    """p90/p99 TTFT and TPOT as the metrics code computes them: completed requests only, TPOT
+    (e2el - ttft) / (output_len - 1) over requests with more than one token; the file's own
+    keys first; NaN where the lists were stripped."""
+    ttfts = [0.1 * i for i in range(1, 11)] + [99.0]  # the last one failed: left out
+    e2els = [t + 0.01 * 9 for t in ttfts]
+    lens = [10] * 10 + [0]
+    errors = [""] * 10 + ["unfinished"]
+    want = {"p90_ttft_ms": 1000 * float(np.percentile(ttfts[:10], 90)),
+            "p99_ttft_ms": 1000 * float(np.percentile(ttfts[:10], 99)),
+            "p90_tpot_ms": pytest.approx(10.0), "p99_tpot_ms": pytest.approx(10.0)}
+    inside = _result(tmp_path / "sim", ttfts, e2els, lens, errors)
+    assert model_runs.tail_latencies(inside) == want
+    beside = _result(tmp_path / "meas", ttfts, e2els, lens, errors, lists_beside=True,
+                     p99_ttft_ms=5.0)  # the file's own p99 wins
+    assert model_runs.tail_latencies(beside) == {**want, "p99_ttft_ms": 5.0}
+    stripped = _result(tmp_path / "grid", [], [], [], p99_ttft_ms=5.0, p99_tpot_ms=2.0)
+    got = model_runs.tail_latencies(stripped)
+    assert (got["p99_ttft_ms"], got["p99_tpot_ms"]) == (5.0, 2.0)
+    assert math.isnan(got["p90_ttft_ms"]) and math.isnan(got["p90_tpot_ms"])
+    # repeats: the mean of each file's; a repeat without lists leaves the tail unknown
+    tails = model_runs.measured_tails({"files": [str(inside), str(beside)]})
+    assert tails["p99_ttft_ms"] == pytest.approx((want["p99_ttft_ms"] + 5.0) / 2)
+    assert math.isnan(model_runs.measured_tails({"files": [str(inside),
+                                                           str(stripped)]})["p90_ttft_ms"])
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(InputError, match="bad.json: cannot read the result"):
+        model_runs.tail_latencies(tmp_path / "bad.json")
+
+
+def test_markdown_counts_the_cells_and_says_which_table_it_is():
+    """The headline counts medians and p90s apart; a tail that could not be computed is n/a,
+    counted as such and named; a diagnostic table says so in its title and text."""
+    rows = []
+    for model, rate, errs in (("a", math.inf, (0.01, 0.05, 0.2, 0.1, 0.2, 0.5, 0.5)),
+                              ("b", 2.0, (0.05, 0.01, 0.01, math.nan, 0.01, 0.3, 0.3))):
+        for (metric, target), e in zip({**loo.TARGET_METRICS, **loo.TAIL_METRICS}.items(), errs,
+                                       strict=True):
+            rows.append({"model": model, "policy": "cp1", "k": 8, "request_rate": rate,
+                         "metric": metric, "profile": loo.NEW, "predicted": 1 + e,
+                         "measured": math.nan if e != e else 1.0, "rel_error": e,
+                         "target": target, "over_target": target is not None and abs(e) > target,
+                         "host_scaling": loo.NO_SCALING, "host_factor": 1.0})
+    df = pd.DataFrame(rows)
+    fits = pd.DataFrame([{"held_out": "a", "op_kernel_factor": 1.0}])
+    text = loo.markdown(df, fits, "cmd")
+    assert ("h200_ops (held out): 4 of 6 cells within target (request throughput 3%, median "
+            "TTFT and median TPOT 10%); 1 of 1 p90 TTFT cells within 15% (1 not computable); "
+            "1 of 2 p90 TPOT cells within 15%.") in text
+    assert "| a | cp1 | 8 | t=0 | 1 | +10.0% | 1 | **+20.0%** | 1 | +50.0% |" in text
+    assert "| b | cp1 | 8 | 2/s | n/a | n/a |" in text
+    assert "neither the tail nor per-request lists to compute it from: b cp1 k=8 2/s." in text
+    assert "nothing of the run it predicts" in text and "Diagnostic" not in text
+    diag = loo.markdown(df.assign(host_scaling=loo.PER_RUN), fits, "cmd")
+    assert "**Diagnostic, not a prediction** (`--per-run-host-factor`)" in diag
 
 
 # ---------------------------------------------------------------------------- committed table
@@ -270,9 +377,8 @@ def test_committed_cpu_fits_are_rebuilt_from_the_measured_windows():
     spec = model_runs.load_spec(None)
     assert set(fits.index) == {"none", *(r.model for r in spec)}
     windows = pd.concat([model_runs.served_windows(r) for r in spec], ignore_index=True)
-    for model in fits.index:  # "none": no model held out
-        fold = host_speed.with_host_factors(windows, windows["model"] != model)
-        ov, _ = fit_overhead(host_speed.on_reference_host(fold[fold["model"] != model]), "x")
+    for model in fits.index:  # "none": no model held out; the runs' CPU times as measured
+        ov, _ = fit_overhead(windows[windows["model"] != model], "x")
         for key, value in ov.items():
             if key.endswith("_us"):
                 assert fits.loc[model, key] == pytest.approx(value, rel=1e-5, abs=1e-9), key
@@ -300,14 +406,16 @@ def test_committed_table_row_is_rebuilt(tmp_path):
           **{key: float(fits.loc[model, key]) for key in fits.columns if key.endswith("_us")}}
     want = table[(table["model"] == model) & (table["policy"] == policy) & (table["k"] == k)
                  & (table["profile"] == loo.NEW) & (table["request_rate"] == math.inf)]
-    ov = host_speed.scaled_overhead(ov, float(want["host_factor"].iloc[0]))
+    assert set(want["host_scaling"]) == {loo.NO_SCALING}  # the committed table reads no run
     rows = loo.predict_config(runs, policy, k, math.inf, meas, {"hardware": hw, "overhead": ov},
                               loo.time_scales(5, 0.01), tmp_path, loo.NEW)
-    assert len(want) == 3
+    assert len(want) == len(loo.TARGET_METRICS) + len(loo.TAIL_METRICS)
     for row in rows:
         w = want[want["metric"] == row["metric"]].iloc[0]
         assert row["predicted"] == pytest.approx(w["predicted"], rel=1e-5)
         assert row["measured"] == pytest.approx(w["measured"], rel=1e-5)
+    # its p90s: the measured run's result file has none; its per-request lists give them
+    assert {r["metric"] for r in rows if r["measured"] == r["measured"]} == set(want["metric"])
 
 
 def test_host_factor_is_how_slowly_a_run_ran_the_schedulers_python_work():
