@@ -134,8 +134,25 @@ class OverheadSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OverheadSpec:
+        d = dict(d)
+        host = d.pop("host", None)  # a host profile (conf/host/NAME.yaml, ``host=NAME``)
         check_settings("overhead", d, (f.name for f in fields(cls)))
-        return cls(**d)
+        spec = cls(**d)
+        return spec if host is None else on_host(spec, host)
+
+
+def on_host(spec: OverheadSpec, host: Any) -> OverheadSpec:
+    """The profile's CPU costs on a host ``cpu_factor`` times slower than the one it was fitted
+    on (a host profile, measured by benchmarks/scheduler_speed.py); its name says which."""
+    name = host.get("name") if isinstance(host, dict) else None
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"overhead.host must be a host profile (conf/host/NAME.yaml) with a "
+                         f"name, got {host!r}")
+    f = host.get("cpu_factor")
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < float("inf"):
+        raise ValueError(f"overhead.host.cpu_factor must be a number > 0, got {f!r} "
+                         f"(conf/host/{name}.yaml)")
+    return replace(scale_overhead(spec, f), name=f"{spec.name}@{name}")
 
 
 def scale_overhead(spec: OverheadSpec, factor: float) -> OverheadSpec:
