@@ -14,7 +14,7 @@ HUMAN_NAMES: dict[str, dict[str, str]] = {
                "single_step": "single-step", "chunked_prefill": "chunked prefill",
                "cp_promote": "CP-promote", "adaptive": "adaptive", "priority": "priority",
                "sjf": "SJF", "edf": "EDF", "sarathi": "Sarathi-Serve", "mlfq": "MLFQ (FastServe)",
-               "slo_adaptive": "SLO-adaptive k"},
+               "slo_adaptive": "SLO-adaptive k", "lpm": "longest prefix match"},
     "hardware": {"h100_sxm": "H100 SXM", "h200": "H200", "a100_80g": "A100 80GB", "a10g": "A10G",
                  "cpu": "CPU", "h200_calibrated": "H200 (calibrated)",
                  "h200_ops": "H200 (operator tables)", "NVIDIA H200": "H200",
@@ -27,7 +27,8 @@ HUMAN_NAMES: dict[str, dict[str, str]] = {
                  "schedlab_h200": "CPU overheads fitted on the H200 engine",
                  "schedlab_h200_server": "CPU overheads fitted on the H200 engine behind its "
                                          "HTTP server"},
-    "workload": {"sharegpt": "ShareGPT", "synthetic": "synthetic lengths", "trace": "trace"},
+    "workload": {"sharegpt": "ShareGPT", "synthetic": "synthetic lengths", "trace": "trace",
+                 "sharegpt_multiturn": "multi-turn ShareGPT"},
     "backend": {"sim": "simulated", "real": "real engine", "vllm": "vLLM"},
 }
 METRIC_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "end-to-end latency"}

@@ -430,6 +430,9 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
                          else getattr(outcome, "stats", {}).get("device_name",
                                                                 backend.get("device"))),
             "overhead": plain(cfg["overhead"]).get("name") if backend["name"] == "sim" else None,
+            # the host profile (conf/host) the overhead's CPU costs were scaled by, if any
+            "host": ((plain(cfg["overhead"]).get("host") or {}).get("name")
+                     if backend["name"] == "sim" else None),
             "workload": workload,
             "wall_seconds": wall,
             **outcome_stats(outcome),

@@ -43,6 +43,12 @@ class EngineMetrics:
         self.finished = Counter("schedlab_requests_finished", "requests finished", registry=r)
         self.aborted = Counter("schedlab_requests_aborted",
                                "requests aborted (client gone, or shutdown)", registry=r)
+        # vLLM's prefix_cache_queries / prefix_cache_hits: prompt tokens looked up, and found
+        self.prompt_tokens = Counter("schedlab_prefix_cache_queries",
+                                     "prompt tokens of finished requests (prefix cache lookups)",
+                                     registry=r)
+        self.cached_tokens = Counter("schedlab_prefix_cache_hits",
+                                     "of those, tokens found in the prefix cache", registry=r)
         self.engine_cpu = Gauge("schedlab_engine_thread_cpu_seconds",
                                 "CPU seconds used by the engine loop's thread", registry=r)
         self._preemptions_seen = 0
@@ -84,6 +90,8 @@ class EngineMetrics:
     def request_done(self, req: Request) -> None:
         times = req.token_times
         self.finished.inc()
+        self.prompt_tokens.inc(req.prompt_len)
+        self.cached_tokens.inc(req.num_cached_prompt_tokens)
         if times:
             self.ttft.observe(times[0] - req.arrival_time)
         if len(times) > 1:
