@@ -75,13 +75,23 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def blocks_needed(self, num_tokens: int, hits: list[int] | None = None) -> int:
+        """Free blocks a new request holding ``num_tokens`` slots takes, the cached blocks
+        ``hits`` first: a held one is shared, a free one leaves the free pool all the same."""
+        need = self.blocks_for(num_tokens)
+        if hits:
+            need += sum(1 for b in hits if b in self._evictable) - len(hits)
+        return need
+
     def can_allocate(self, num_tokens: int, hits: list[int] | None = None) -> bool:
         """Whether a new request holding ``num_tokens`` slots, of which the cached blocks
         ``hits`` come first, can be admitted (watermark kept)."""
-        need = self.blocks_for(num_tokens)
-        if hits:  # shared blocks take no new block; a free one taken back leaves the free pool
-            need += sum(1 for b in hits if b in self._evictable) - len(hits)
-        return self.num_free_blocks - need >= self.watermark_blocks
+        return self.num_free_blocks - self.blocks_needed(num_tokens, hits) >= self.watermark_blocks
+
+    def blocks_freed_by(self, req: Request) -> int:
+        """Blocks that freeing ``req`` would return: those no other request holds."""
+        refs = self._refs
+        return sum(1 for b in req.block_table if refs[b] == 1)
 
     def _take(self) -> int | None:
         """One free block: an unindexed one, else the least recently freed indexed one."""
@@ -142,6 +152,7 @@ class BlockManager:
         table = req.block_table
         req.block_table = []
         req.num_hashed_blocks = 0
+        req.block_hashes = None  # a finished request's memory; recomputed if it is re-admitted
         if not self._hash_of:  # nothing indexed, so nothing shared: back to the free stack
             for block in table:
                 if refs.pop(block, None) is None:

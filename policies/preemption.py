@@ -20,7 +20,8 @@ def victims_for(sched: Scheduler, key: Callable[[Request, Scheduler], Any]) -> l
         return []
     bm = sched.block_manager
     rank = key(waiting, sched)
-    need = bm.blocks_for(waiting.seq_len + sched.policy.max_steps)
+    hits = bm.match(waiting)  # its cached prefix takes no new block
+    need = bm.blocks_needed(waiting.seq_len + sched.policy.max_steps, hits)
     free = bm.num_free_blocks
     seats = sched.config.max_num_seqs - len(sched.running)
     victims: list[Request] = []
@@ -30,6 +31,6 @@ def victims_for(sched: Scheduler, key: Callable[[Request, Scheduler], Any]) -> l
         if not key(victim, sched) > rank or victim.num_output_placeholders:
             break
         victims.append(victim)
-        free += len(victim.block_table)
+        free += bm.blocks_freed_by(victim)  # a block another request shares stays held
         seats += 1
     return victims

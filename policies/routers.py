@@ -16,6 +16,7 @@ class with ``@register_router``, as a policy does (docs/cluster.md shows one).
 from __future__ import annotations
 
 import random
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -168,11 +169,13 @@ class PrefixAffinity(Router):
     name: ClassVar[str] = "prefix_affinity"
     load_cap_abs: int = 32
     load_cap_rel: float = 1.5
-    _owner: dict[Any, int] = field(default_factory=dict, init=False)
+    max_prefixes: int = 1_000_000  # conversations and block hashes remembered (LRU), ~100 MB
+    _owner: OrderedDict[Any, int] = field(default_factory=OrderedDict, init=False)
 
     def __post_init__(self) -> None:
         check_int("router.load_cap_abs", self.load_cap_abs, 0)
         check_number("router.load_cap_rel", self.load_cap_rel, minimum=1.0)
+        check_int("router.max_prefixes", self.max_prefixes, 1)
 
     def capped(self, target: int, replicas: Sequence[ReplicaLoad]) -> bool:
         """Whether replica ``target`` is past the load cap."""
@@ -203,4 +206,7 @@ class PrefixAffinity(Router):
             target = _least(replicas, lambda r: r.outstanding)
         for key in keys:  # the prefix now lives (also) on target: its newest copy
             owner[key] = target
+            owner.move_to_end(key)
+        while len(owner) > self.max_prefixes:  # the least recently routed go first
+            owner.popitem(last=False)
         return target

@@ -33,7 +33,7 @@ def largest_chunk(sched: Scheduler, req: Request, num_new: int, budget: int,
     """The most of ``req``'s ``num_new`` tokens (at most ``budget``) whose chunk keeps the step
     within ``target_s``; 0 if not even one token does. A step's time grows with its tokens, so
     a bisection finds it."""
-    cached = req.num_computed_tokens if req.num_computed_tokens < req.seq_len else 0
+    cached = req.seq_len - num_new  # computed, or (on admission) found in the prefix cache
     hi = min(num_new, budget)
 
     def fits(q: int) -> bool:

@@ -608,7 +608,9 @@ def _open_window(sim: _Sim, batch: Batch, v: int, gpu_free: float | None = None)
     if sim.shared.cluster:  # fresh requests admitted now leave the router's queued tokens
         load = sim.load
         for s in batch.seqs:
-            if s.is_prefill and s.num_cached_tokens == 0 and not s.request.num_preemptions:
+            req = s.request  # its first chunk starts after its cached prefix
+            if s.is_prefill and s.num_cached_tokens == req.num_cached_prompt_tokens \
+                    and not req.num_preemptions:
                 load.queued_prompt_tokens -= s.request.prompt_len
     chunks = sse_chunks(spec, delivered, sim.stream_per_step)
     out_cost = window_output_times(spec, [s.num_seqs for s in shapes], delivered, chunks)

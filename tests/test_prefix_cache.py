@@ -159,3 +159,62 @@ def test_hits_equal_an_independent_reference(segs, block_size, policy, spread):
                       num_blocks=2000, block_size=block_size)
     want = _reference_hits(admitted, block_size)
     assert {r.request_id: r.num_cached_prompt_tokens for r in reqs} == want
+
+
+# --- the policies that size or preempt by blocks and time see the cached prefix --------------
+
+def _prio(i, segments, max_tokens, priority, arrival=0.0):
+    r = req(i, segments, max_tokens, arrival)
+    r.priority = priority
+    return r
+
+
+def test_priority_preempts_nobody_for_a_request_its_cached_prefix_lets_in():
+    cfg = SchedulerConfig(block_size=4, watermark=0.0)
+    s = make_scheduler("priority", {}, cfg, 20, max_model_len=4096)
+    low = _prio(0, [(7, 44), (100, 4)], 8, 1)
+    s.add_request(low)
+    for t in (0.0, 1.0):
+        s.update(s.schedule(t), [t + 1.0])
+    s.add_request(_prio(1, [(7, 44), (200, 4)], 2, 0, arrival=2.0))  # 11 of 12 blocks cached
+    batch = s.schedule(2.0)
+    assert batch.preempted == [] and low.num_preemptions == 0
+    assert [x.num_cached_tokens for x in batch.seqs] == [44]
+
+
+def test_priority_counts_only_the_blocks_a_victim_frees():
+    """Two running requests share 10 blocks: preempting one frees only its own block, so both
+    go at once for a waiting request of higher priority that needs 20."""
+    cfg = SchedulerConfig(block_size=4, watermark=0.0)
+    s = make_scheduler("priority", {}, cfg, 30, max_model_len=4096)
+    for i, own in enumerate((100, 101)):
+        s.add_request(_prio(i, [(7, 40), (own, 4)], 30, 1 + i))
+    s.update(s.schedule(0.0), [1.0])
+    s.add_request(_prio(2, [(9, 80)], 2, 0, arrival=1.0))
+    batch = s.schedule(1.0)
+    assert sorted(r.request_id for r in batch.preempted) == [0, 1]
+    assert [x.request.request_id for x in batch.seqs if x.is_prefill] == [2]
+
+
+def test_sarathi_prices_a_first_chunk_with_its_cached_context():
+    from policies.step_budget import step_seconds
+
+    def step_time(decodes, decode_kv, longest, chunks):  # attention grows with the context
+        return 1e-5 * (decodes + sum(q for q, _, _ in chunks)) \
+            + 2e-9 * sum(q * c for q, c, _ in chunks)
+
+    cfg = SchedulerConfig(block_size=16, watermark=0.0)
+    s = make_scheduler("sarathi", {"tpot_slo_ms": 20.0}, cfg, 2000, max_model_len=16384,
+                       step_time_fn=step_time)
+    first = req(0, [(1, 7990), (2, 10)], 2)
+    s.add_request(first)
+    while first.num_output_tokens == 0:
+        batch = s.schedule(0.0)
+        s.update(batch, [1.0] * batch.num_steps)
+    s.add_request(req(1, [(1, 7990), (3, 3010)], 2, arrival=1.0))
+    batch = s.schedule(1.0)
+    (chunk,) = [x for x in batch.seqs if x.request.request_id == 1]
+    assert chunk.num_cached_tokens == 7984
+    s.forming = [x for x in batch.seqs if x is not chunk]
+    assert step_seconds(s, (chunk.num_query_tokens, chunk.num_cached_tokens, chunk.samples)) \
+        <= 20e-3 + 1e-12

@@ -51,3 +51,29 @@ def test_the_longest_match_wins_over_a_prefix_every_request_shares():
     for f in range(4):
         assert len({res.replica_of[i] for i in range(f + 4, 40, 4)}) == 1
     assert len(set(res.replica_of)) > 1  # the load cap spread the families
+
+
+def test_a_request_admitted_after_a_cache_hit_leaves_the_router_s_queue():
+    """least_kv reads the prompt tokens routed and not admitted yet: a request that starts
+    after a cached prefix leaves that count when admitted, as any other does."""
+    seen = []
+
+    class Spy:
+        name = "spy"
+        inner = make_router("least_kv")
+
+        def route(self, req, replicas, now):
+            seen[:] = [replicas]
+            return self.inner.route(req, replicas, now)
+
+    reqs = _family_requests(60, 3, shared=64)
+    simulate_cluster(reqs, [_spec() for _ in range(2)], Spy(), progress=False)
+    assert sum(r.num_cached_prompt_tokens for r in reqs) > 0
+    assert [load.queued_prompt_tokens for load in seen[0]] == [0, 0]
+
+
+def test_prefix_affinity_remembers_at_most_max_prefixes():
+    router = make_router("prefix_affinity", max_prefixes=40)
+    reqs = _family_requests(30, 30)
+    simulate_cluster(reqs, [_spec() for _ in range(2)], router, progress=False)
+    assert len(router._owner) == 40

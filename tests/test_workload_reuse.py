@@ -183,6 +183,20 @@ def test_mooncake_hash_ids_become_segments(tmp_path):
     assert not {k for k, _ in a.segments} & {7, 8, 9, BOS_KEY, SYSTEM_PROMPT_KEY}
 
 
+def test_a_trace_s_token_ids_follow_its_block_hashes(tmp_path):
+    """The real engine reuses a cached block's KV for every prompt with its hash: its token
+    ids must be equal there, and differ where the hashes do."""
+    rows = [{"timestamp": 0, "input_length": 1030, "output_length": 2, "hash_ids": [46, 47, 49]},
+            {"timestamp": 1, "input_length": 1030, "output_length": 2, "hash_ids": [46, 47, 48]},
+            {"timestamp": 2, "input_length": 600, "output_length": 2, "hash_ids": [46, 50]}]
+    a, b, c = build_workload(mooncake(tmp_path, rows), vocab_size=1000)
+    assert a.prompt_token_ids[:1024] == b.prompt_token_ids[:1024]
+    assert a.prompt_token_ids[1024:] != b.prompt_token_ids[1024:]
+    assert c.prompt_token_ids[:512] == a.prompt_token_ids[:512]
+    assert c.prompt_token_ids[512:] != a.prompt_token_ids[512:600]
+    assert len(c.prompt_token_ids) == 600 and max(a.prompt_token_ids) < 1000
+
+
 def test_hash_ids_past_or_short_of_the_prompt():
     more = hash_id_segments((1, 2, 3), 600, 512, index=0)
     assert [n for _, n in more] == [512, 88]

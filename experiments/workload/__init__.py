@@ -41,6 +41,7 @@ from experiments.workload.synthetic import (
     SYSTEM_PROMPT_KEY,
     random_token_ids,
     request_prompt_key,
+    segment_token_ids,
     synthetic_lengths,
     system_prompt_ids,
 )
@@ -196,8 +197,12 @@ def build_workload(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
 
     token_ids: list[tuple[int, ...]] | None = None
     if vocab_size is not None:
-        token_ids = sample.prompt_token_ids(vocab_size) if sample is not None \
-            else random_token_ids(prompt_lens, vocab_size, seed)
+        if sample is not None:  # ShareGPT: the tokenizer's ids
+            token_ids = sample.prompt_token_ids(vocab_size)
+        elif segments is not None:  # a trace's block hashes: equal hashes, equal tokens
+            token_ids = segment_token_ids(segments, vocab_size)
+        else:
+            token_ids = random_token_ids(prompt_lens, vocab_size, seed)
     slo = None if classes is None else assign_classes(classes, n, seed, named, where)
 
     out = Workload()

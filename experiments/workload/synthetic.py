@@ -75,6 +75,22 @@ def random_token_ids(lens: Sequence[int], vocab_size: int, seed: int) -> list[tu
     return [tuple(int(t) for t in rng.integers(0, vocab_size, size=n)) for n in lens]
 
 
+def segment_token_ids(segments: Sequence[tuple[tuple[int, int], ...]], vocab_size: int
+                      ) -> list[tuple[int, ...]]:
+    """Prompt token ids that follow each prompt's segments (a trace's block hashes): a content
+    key's tokens are drawn from a stream seeded by the key, so equal keys give equal tokens and
+    the real engine's cached KV is that of the tokens it stands for."""
+    drawn: dict[int, np.ndarray] = {}
+
+    def tokens(key: int, n: int) -> np.ndarray:
+        got = drawn.get(key)
+        if got is None or len(got) < n:
+            got = drawn[key] = np.random.default_rng(key).integers(0, vocab_size, size=n)
+        return got[:n]
+
+    return [tuple(int(t) for key, n in segs for t in tokens(key, n)) for segs in segments]
+
+
 def content_key(kind: str, *which: int) -> int:
     """A prompt segment's content key (RequestSpec.segments): 63 bits of blake2b over ``kind``,
     a tag naming the kind of content (so keys of two kinds never meet), and the ints saying
