@@ -30,6 +30,12 @@ def block_hashes(req: Request, block_size: int, keep: bool = True) -> list[int]:
         filled = 0
         for key, length in segments:
             start = 0
+            if not filled:  # the blocks wholly inside this segment: one piece each
+                whole = min(length // block_size, num_full - len(hashes))
+                for start in range(0, whole * block_size, block_size):
+                    parent = hash((parent, ((key, start, start + block_size),)))
+                    hashes.append(parent)
+                start = whole * block_size
             while start < length and len(hashes) < num_full:
                 take = min(length - start, block_size - filled)
                 pieces.append((key, start, start + take))
