@@ -39,6 +39,8 @@ from common.parallel import kv_heads_per_rank
 from real_backend.build import RunnerShape, build_rank_runner
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
     from real_backend.config import BackendConfig
     from real_backend.runner import ModelRunner
     from real_backend.window_inputs import HostPlan
@@ -192,6 +194,8 @@ NCCL_TIMEOUT = timedelta(minutes=5)
 # After a failed collective, how long rank 0 waits for the rank that closed its connection to
 # be seen dead (its sockets close as its process ends, a moment before it can be reaped).
 DEATH_WAIT_S = 5.0
+# How long rank 0 waits for its workers to start (spawn, imports) before it joins the group.
+WORKER_START_S = 600.0
 RENDEZVOUS_PREFIX = "schedlab-tp-"
 
 
@@ -223,7 +227,8 @@ def exit_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _worker_main(rank: int, size: int, init_method: str, device_type: str, parent: int) -> None:
+def _worker_main(rank: int, size: int, init_method: str, device_type: str, parent: int,
+                 ready: Connection) -> None:
     """A worker rank's process: build a runner for each run rank 0 announces and serve it."""
     exit_with_parent(parent)
     # Ctrl-C reaches the whole terminal's process group: rank 0 alone handles it (and ends
@@ -231,6 +236,8 @@ def _worker_main(rank: int, size: int, init_method: str, device_type: str, paren
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if device_type == "cpu":
         torch.set_num_threads(1)  # the ranks share the host's cores
+    ready.send(True)  # started: rank 0 joins the group only once every worker has
+    ready.close()
     try:
         group = _init_group(rank, size, init_method, device_type)
         while isinstance(job := group.recv(), BuildRunner):
@@ -328,16 +335,45 @@ class Workers:
             (Path(self._dir) / "owner").write_text(_owner_tag())
             init_method = f"file://{self._dir}/rendezvous"
             ctx = mp.get_context("spawn")  # a CUDA context cannot cross a fork
+            started = []
             for r in range(1, size):
+                started_r, ready = ctx.Pipe(duplex=False)
                 p = ctx.Process(target=_worker_main, daemon=True,
-                                args=(r, size, init_method, self.device_type, os.getpid()))
+                                args=(r, size, init_method, self.device_type, os.getpid(), ready))
                 p.start()
+                ready.close()
                 self.procs.append(p)
+                started.append(started_r)
+            self._await_started(started)
             self.group = _init_group(0, size, init_method, self.device_type)
             self.group.on_failure = lambda: self.check_alive(wait=DEATH_WAIT_S)
         except BaseException:  # an interrupt too: no process or directory is left
             self.close(clean=False)
             raise
+
+    def _await_started(self, started: list[Connection]) -> None:
+        """Wait until every worker has started (imports done, about to join the group): the
+        group's rendezvous waits for a rank that died before it came as long as the group's
+        timeout, so a worker that ends first is a one-line ChildProcessError here instead."""
+        pending = dict(zip(started, range(1, self.size), strict=True))
+        deadline = time.monotonic() + WORKER_START_S
+        while pending:
+            ended = mp.connection.wait(
+                [*pending, *(p.sentinel for p in self.procs)],
+                timeout=max(0.0, deadline - time.monotonic()))
+            if not ended:
+                raise TimeoutError(f"tensor-parallel ranks {sorted(pending.values())} did not "
+                                   f"start within {WORKER_START_S:.0f} s")
+            for conn in ended:
+                if conn in pending:
+                    try:
+                        conn.recv()
+                    except EOFError:  # it ended: its sentinel says how, below
+                        continue
+                    del pending[conn]
+            self.check_alive()
+        for conn in started:
+            conn.close()
 
     def __enter__(self) -> Workers:
         return self
