@@ -11,6 +11,10 @@ slo_adaptive price their windows with hardware=h200_calibrated, the profile take
 runs. Each run's directory (result.json with per-request lists, requests.csv, steps.csv,
 config.json) goes under OUT_DIR/<policy>_rate<r>; nothing here enters a fit. A short table last.
 --smoke: the tiny model on the CPU, 16 short synthetic prompts (checks the script).
+--traces DIR: the same ShareGPT requests replayed from DIR/sharegpt_seed1_n<N>_rate<r>.csv
+(their lengths and Poisson arrival times, written from the dataset beforehand), for a machine
+without the dataset; --no-texts: no tokenizer (result.json without per-request lists;
+requests.csv keeps every request's times).
 """
 
 from __future__ import annotations
@@ -32,15 +36,24 @@ CLASSES = ("workload.classes={interactive: {share: 0.2, priority: 0, ttft_ms: 50
            "batch: {share: 0.3, priority: 2, ttft_ms: 8000, tpot_ms: 200}}")
 
 
-def overrides(policy: str, rate: str, prompts: int, smoke: bool) -> list[str]:
+def overrides(policy: str, rate: str, prompts: int, smoke: bool, traces: str | None = None,
+              texts: bool = True) -> list[str]:
     model = ["model=tiny", "backend.device=cpu", "hardware=cpu", "workload=synthetic",
              "workload.lengths.dist=fixed", "workload.lengths.prompt_len=32",
              "workload.lengths.output_len=8"] if smoke else \
         ["model=llama3_8b", "hardware=h200_calibrated", "workload=sharegpt"]
-    return ["backend=real", f"policy={policy}", *model,
-            f"workload.num_prompts={prompts}", "workload.seed=1",
-            f"workload.request_rate={rate}", CLASSES, "progress=false",
+    workload = [f"workload.num_prompts={prompts}", f"workload.request_rate={rate}"]
+    if traces and not smoke:  # the same requests, replayed from their trace
+        model[-1] = "workload=trace"
+        workload = [f"workload.trace_path={Path(traces) / trace_name(prompts, rate)}"]
+    return ["backend=real", f"policy={policy}", *model, *workload, "workload.seed=1", CLASSES,
+            "progress=false", *([] if texts else ["metrics.save_per_request=false"]),
             "backend.keep_runner=true"]  # runs of one shape share weights, cache and graphs
+
+
+def trace_name(prompts: int, rate: str) -> str:
+    """The trace of ShareGPT (seed 1)'s first ``prompts`` requests at ``rate``."""
+    return f"sharegpt_seed1_n{prompts}_rate{rate}.csv"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -50,6 +63,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts", type=int, default=2000)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU, 16 prompts")
+    ap.add_argument("--traces", default=None, help="replay the requests from this directory's "
+                    "traces (a machine without the dataset)")
+    ap.add_argument("--no-texts", action="store_true", help="no tokenizer: no per-request "
+                    "lists in result.json")
     args = ap.parse_args(argv)
     out = Path(args.out)
     prompts = 16 if args.smoke else args.prompts
@@ -60,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
             tag = f"{policy}_rate{rate}"
             t0 = time.perf_counter()
             try:
-                res = run_one(overrides(policy, rate, prompts, args.smoke), out / tag)
+                res = run_one(overrides(policy, rate, prompts, args.smoke, args.traces,
+                                        not args.no_texts), out / tag)
             except SystemExit as err:  # run_one's InputError: one line, the rest go on
                 print(f"{tag}: failed: {getattr(err, 'message', err)}", flush=True)
                 continue
