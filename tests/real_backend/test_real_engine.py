@@ -81,11 +81,13 @@ def test_greedy_tokens_equal_oracle(oracle, policy, params, budget) -> None:
 @pytest.mark.parametrize(("policy", "params", "budget"),
                          [("cp2", {"num_steps": 4}, 16), ("multi_step", {"num_steps": 4}, None)])
 def test_triton_kernels_in_engine(device_oracle, policy, params, budget) -> None:
-    """The Triton path (interpreted on CPU) through prefill chunks, gathers and advance_step."""
-    requests = make_requests()[:6]
+    """The Triton path (interpreted on CPU) through prefill chunks, gathers, advance_step and a
+    preemption: four requests in 16 blocks (each window costs the interpreter ~0.4 s)."""
+    requests = make_requests()[:4]
     res = serve(requests, policy, params, budget, kernels="triton", num_blocks=16, device=DEVICE,
                 dtype="float32", cuda_graphs=False)
-    assert res.stats["kernels"] == "triton"
+    assert res.stats["kernels"] == "triton" and res.stats["num_preemptions"] > 0
+    assert any(row["k"] == 4 for row in res.steps)
     assert res.stats["host_cpu"] == host_cpu()  # the host the CPU costs were measured on
     assert res.token_ids == {r.request_id: device_oracle[r.request_id] for r in requests}
 
