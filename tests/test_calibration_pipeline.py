@@ -13,6 +13,7 @@ import yaml
 pytest.importorskip("torch")
 
 
+@pytest.mark.slow
 def test_calibrate_validate_plot_on_cpu(tmp_path):
     from experiments import calibrate, plot, validate
 

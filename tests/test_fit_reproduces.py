@@ -49,6 +49,7 @@ def assert_same_profile(got: dict, committed: dict) -> None:
             assert got[key] == value, key
 
 
+@pytest.mark.slow
 def test_refitting_the_committed_data_gives_the_committed_profiles(tmp_path):
     """`python -m experiments.calibrate --data conf/calibration/h200_calibrated.csv` into
     another conf dir writes the committed hardware and overhead profiles, to 1e-6."""

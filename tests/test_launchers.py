@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # a tiny simulated sweep: three runs of a few milliseconds each
@@ -29,6 +30,7 @@ def _results(sweep_dir: Path) -> dict[str, tuple[int, int]]:
             for p in sweep_dir.rglob("result.json")}
 
 
+@pytest.mark.slow
 def test_submitit_local_sweep_aggregates_and_a_rerun_skips_every_run(tmp_path):
     sweep_dir = tmp_path / "sweep"
     # timeout_min: a job that hangs is killed within a minute instead of holding CI
@@ -122,6 +124,7 @@ def test_a_joblib_sweep_prints_and_logs_each_run_once(tmp_path):
         assert log.read_text().count("Serving Benchmark Result") == 1
 
 
+@pytest.mark.slow
 def test_every_launcher_prints_one_line_per_run_and_the_aggregate(tmp_path):
     """basic, joblib and submitit_local print the same: each run's line (submitit's jobs print
     into their log files, so the sweep process prints their lines), the aggregate's path, and

@@ -69,6 +69,7 @@ def fixture_tree(tmp_path_factory) -> Path:
     return _build_tree(tmp_path_factory.mktemp("measured"))
 
 
+@pytest.mark.slow
 def test_calibrate_ops_fits_the_operator_profile_on_served_windows(tmp_path, capsys):
     """`experiments.calibrate --ops --data TABLES` on served runs made at known factors writes a
     profile with those factors, the tables it fitted with and the engine's graph settings; a fit
@@ -115,6 +116,7 @@ def test_calibrate_ops_fits_the_operator_profile_on_served_windows(tmp_path, cap
         assert capsys.readouterr().err.strip().splitlines() == [f"error: {message}"]
 
 
+@pytest.mark.slow
 def test_committed_operator_profile_is_its_refit(tmp_path):
     """conf/hardware/h200_ops.yaml is what `python -m experiments.calibrate --ops --data
     conf/calibration/h200_ops` writes from the committed tables and served runs."""
@@ -146,6 +148,7 @@ def _scale_update(root: Path, model: str, by) -> None:
             s.to_csv(out, index=False)
 
 
+@pytest.mark.slow
 def test_folds_recover_the_factors_and_never_use_the_held_out_rows(fixture_tree, tmp_path):
     spec = model_runs.load_spec(str(fixture_tree / "spec.yaml"))
     work = tmp_path / "runs"
@@ -197,6 +200,7 @@ def test_folds_recover_the_factors_and_never_use_the_held_out_rows(fixture_tree,
                                    fits5.set_index("held_out").loc[MODELS[0]])
 
 
+@pytest.mark.slow
 def test_predict_runs_measured_elsewhere_by_the_fold_that_holds_their_model_out(fixture_tree,
                                                                                 tmp_path):
     """--predict: a model's runs copied to another tree (another host's measurement) get the

@@ -151,6 +151,7 @@ def test_llama2_13b_sharegpt_ids_fit_its_vocabulary():
     assert max(ids) > 20000  # folded, not clipped: the ids still spread over the vocabulary
 
 
+@pytest.mark.slow
 def test_suite_models_part_writes_runs_validate_reads(tmp_path):
     from experiments.measured import measured_from_dir
 

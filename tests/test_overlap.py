@@ -463,6 +463,7 @@ def test_sim_overlap_off_is_unchanged_and_overlap_is_refused_with_pipeline_stage
         simulate_policy("single_step", synthetic(4), HAND, overlap=True, hw=pp2)
 
 
+@pytest.mark.slow
 def test_overlap_suite_smoke(tmp_path):
     """benchmarks/overlap_suite.py --smoke: every run of the H200 script on the tiny model,
     each recorded with its overlap setting, then the table and the acceptance checks."""

@@ -266,6 +266,7 @@ def test_metrics_count_windows_and_latencies(server):
     assert m["schedlab_sse_chunks_total"] >= 2  # at least this test's stream
 
 
+@pytest.mark.slow
 def test_guidellm_drives_the_server(server, tmp_path):
     out = tmp_path / "client"
     p = subprocess.run([sys.executable, "-m", "experiments.loadgen", "--url", server.url,
@@ -345,6 +346,7 @@ def test_sigterm_ends_open_streams_and_exits_0(server):
     assert len(rows) > 1 and {"num_seqs", "schedule_s", "launch_s"} <= set(rows[0].split(","))
 
 
+@pytest.mark.slow
 def test_overlap_streams_per_token_and_aborts_in_flight(tmp_path):
     s = start(tmp_path, "policy=single_step", "scheduler.overlap=true")
     try:
@@ -383,6 +385,7 @@ def front_end_pid(pid: int, timeout: float = 30) -> int:
 needs_proc = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Linux /proc")
 
 
+@pytest.mark.slow
 @needs_proc
 def test_ctrl_c_from_a_terminal_reaches_both_processes_and_exits_0(tmp_path):
     s = start(tmp_path, new_session=True)
@@ -410,6 +413,7 @@ def test_a_stop_signal_while_the_front_end_starts_is_a_clean_shutdown(tmp_path):
             proc.kill()
 
 
+@pytest.mark.slow
 @needs_proc
 def test_a_front_end_that_dies_ends_the_server_with_exit_1(tmp_path):
     s = start(tmp_path)
@@ -421,6 +425,7 @@ def test_a_front_end_that_dies_ends_the_server_with_exit_1(tmp_path):
         stop(s)
 
 
+@pytest.mark.slow
 @needs_proc
 def test_a_front_end_that_does_not_stop_is_killed_by_a_second_signal(tmp_path):
     s = start(tmp_path)

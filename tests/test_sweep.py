@@ -17,6 +17,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+@pytest.mark.slow
 def test_steps_sweep_aggregates_skips_and_plots(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", "experiments.run", "-m", "+experiment=steps_sweep", f"hydra.sweep.dir={sweep}",

@@ -78,6 +78,7 @@ def test_greedy_tokens_equal_oracle(oracle, policy, params, budget) -> None:
         assert any(row["k"] == 4 and row["num_prefill_seqs"] for row in res.steps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("policy", "params", "budget"),
                          [("cp2", {"num_steps": 4}, 16), ("multi_step", {"num_steps": 4}, None)])
 def test_triton_kernels_in_engine(device_oracle, policy, params, budget) -> None:

@@ -148,6 +148,7 @@ def test_bad_parallel_settings_are_one_line_errors(tmp_path) -> None:
         serve("single_step", {}, None, tp=2, weights=str(tmp_path))
 
 
+@pytest.mark.slow
 def test_the_run_command_starts_its_ranks(tmp_path) -> None:
     """python -m experiments.run with parallel.tensor_parallel_size=2 runs the ranks itself and
     records the split (docs/parallel.md's command, on the CPU)."""
@@ -206,6 +207,7 @@ def _start_tp_run(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
     return proc, workers
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_sigterm_ends_the_run_as_ctrl_c_does(tmp_path) -> None:
     """kill/timeout/scancel: one line, exit 143, no traceback (from either rank), the worker
@@ -219,6 +221,7 @@ def test_sigterm_ends_the_run_as_ctrl_c_does(tmp_path) -> None:
     assert not (tmp_path / "run" / "result.json").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_a_worker_that_dies_ends_the_run_naming_its_rank(tmp_path) -> None:
     proc, workers = _start_tp_run(tmp_path)
@@ -229,6 +232,7 @@ def test_a_worker_that_dies_ends_the_run_naming_its_rank(tmp_path) -> None:
     assert not list(tmp_path.glob("schedlab-tp-*"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_workers_end_with_a_killed_rank_0(tmp_path) -> None:
     """kill -9 of the run runs no cleanup of its own: its worker still ends at once, quietly,
