@@ -94,18 +94,9 @@ def measure(name: str, params: dict) -> float:
 def probe_window_us(num_seqs: int, k: int, windows: int = PROBE_WINDOWS) -> float:
     """schedule() + update() of a multi_step k Scheduler with ``num_seqs`` decoding requests,
     median over ``windows`` windows, in microseconds (Profiler.cpu_scheduler's measurement)."""
-    from experiments.measure import decoding_scheduler
+    from experiments.measure import scheduler_window_s
 
-    s = decoding_scheduler(num_seqs, k)
-    costs = []
-    now = 0.0
-    for _ in range(windows):
-        t0 = time.perf_counter()
-        b = s.schedule(now)
-        s.update(b, [now + j for j in range(b.num_steps)])
-        costs.append(time.perf_counter() - t0)
-        now += k
-    return statistics.median(costs) * 1e6
+    return scheduler_window_s(num_seqs, k, windows) * 1e6
 
 
 def probe(repeats: int = PROBE_REPEATS, windows: int = PROBE_WINDOWS) -> dict[str, dict[int, float]]:

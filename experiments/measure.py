@@ -324,17 +324,24 @@ class Profiler:
 
     def cpu_scheduler(self, num_seqs: int, k: int, windows: int = 50) -> None:
         """schedule() + update() of the real Scheduler with num_seqs decoding requests."""
-        s = decoding_scheduler(num_seqs, k)
-        costs = []
-        now = 0.0
-        for _ in range(windows):
-            t0 = time.perf_counter()
-            b = s.schedule(now)
-            s.update(b, [now + j for j in range(b.num_steps)])
-            costs.append(time.perf_counter() - t0)
-            now += k
         self.rows.append({"kind": "scheduler", "k": k, "step": 0, "num_seqs": num_seqs,
-                          "num_tokens": num_seqs, "sched_s": statistics.median(costs)})
+                          "num_tokens": num_seqs,
+                          "sched_s": scheduler_window_s(num_seqs, k, windows)})
+
+
+def scheduler_window_s(num_seqs: int, k: int, windows: int) -> float:
+    """Median seconds of schedule() + update() of a multi_step k Scheduler with ``num_seqs``
+    decoding requests, over ``windows`` windows (the calibration's and a host profile's probe)."""
+    s = decoding_scheduler(num_seqs, k)
+    costs = []
+    now = 0.0
+    for _ in range(windows):
+        t0 = time.perf_counter()
+        b = s.schedule(now)
+        s.update(b, [now + j for j in range(b.num_steps)])
+        costs.append(time.perf_counter() - t0)
+        now += k
+    return statistics.median(costs)
 
 
 def decoding_scheduler(num_seqs: int, k: int) -> Scheduler:
