@@ -135,6 +135,7 @@ def factor_rows(runs: ModelRuns, measured: dict[tuple, dict], hw: dict, overhead
             continue
         base = sim_overrides(runs, policy, k, rate, meas)
         cache = [f"backend.num_blocks={meas['cache_sizes'][0]}"] if meas["cache_sizes"] else []
+        cache.append("metrics.save_per_request=false")  # the fit reads steps.csv only
         gpu = {}
         for name, kf, cf in (("unit", 1.0, 1.0), ("kernel2", 2.0, 1.0), ("compute2", 1.0, 2.0)):
             prof = {**hw, "op_kernel_factor": kf, "op_compute_factor": cf}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import io
 import json
 import math
@@ -77,8 +78,17 @@ def compose_config(overrides: list[str], sources: dict[str, str] | None = None) 
 
 
 def _compose(overrides: list[str]) -> dict[str, Any]:
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        return OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
+    key = tuple(overrides)
+    if key not in _COMPOSED:  # a validation composes the same configuration many times
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            cfg = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
+        if len(_COMPOSED) >= 256:
+            _COMPOSED.pop(next(iter(_COMPOSED)))
+        _COMPOSED[key] = cfg
+    return copy.deepcopy(_COMPOSED[key])
+
+
+_COMPOSED: dict[tuple[str, ...], dict[str, Any]] = {}  # overrides -> the composed config
 
 
 def run_one(overrides: list[str], run_dir: Path,
@@ -91,6 +101,11 @@ def run_one(overrides: list[str], run_dir: Path,
     """
     cfg = compose_config(overrides, sources)
     cfg.update(replace or {})  # profiles given as files rather than names in conf/
+    return run_config(cfg, run_dir, quiet)
+
+
+def run_config(cfg: dict[str, Any], run_dir: Path, quiet: bool = False) -> dict[str, Any]:
+    """``run_one`` of a composed configuration."""
     result, stamp = run_dir / "result.json", run_dir / "config.json"
     key = json.dumps(cfg, sort_keys=True, default=str)
     try:
@@ -256,13 +271,14 @@ def predict(overrides: list[str], run_dir: Path, profiles: dict, cache_sizes: li
     preds = []
     for blocks in cache_sizes or [None]:
         cache = [] if blocks is None else [f"backend.num_blocks={blocks}"]
+        cfg = compose_config(overrides + cache, sources)
+        cfg.update(profiles or {})
         runs = []
         for scale, sub in zip(scales, sim_run_dirs(run_dir, cache_sizes, blocks, scales)):
-            # one run at scale 1 keeps a --override backend.time_scale
-            scaled = [f"backend.time_scale={scale}"] if scales != [1.0] else []
-            runs.append(row_of(run_one(overrides + cache + scaled, sub, profiles, sources,
-                                       quiet=True),
-                               sub / "result.json"))
+            scaled = copy.deepcopy(cfg)
+            if scales != [1.0]:  # one run at scale 1 keeps a --override backend.time_scale
+                scaled["backend"]["time_scale"] = float(scale)
+            runs.append(row_of(run_config(scaled, sub, quiet=True), sub / "result.json"))
         preds.append(average_repeats(runs))
     for p in preds[1:]:
         if any(known(p.get(m)) != known(preds[0].get(m)) for m in METRICS):
