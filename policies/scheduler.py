@@ -201,9 +201,9 @@ class Scheduler:
                 self._preempt(victim)
                 preempted.append(victim)
         if policy.mixed_batches:
-            seqs, k = self._schedule_mixed(preempted)
+            seqs, k, has_prefill = self._schedule_mixed(preempted)
         else:
-            seqs, k = self._schedule_separate(preempted)
+            seqs, k, has_prefill = self._schedule_separate(preempted)
         # As vLLM does, victims rejoin the queue head only now, so none is re-admitted (and
         # recomputed) in the very window that preempted it; the earliest admitted goes first.
         self.waiting.extendleft(preempted)
@@ -211,17 +211,10 @@ class Scheduler:
             self._last_window = None  # the engine idles: the next gap is not a step time
             return None
         if not self.overlap:
-            self._last_window = (now, k, any(s.is_prefill for s in seqs))
+            self._last_window = (now, k, has_prefill)
         else:  # the time to the next schedule() is the GPU time of the window now in flight
             older = self._in_flight[0] if self._in_flight else None
             self._last_window = (now, older.num_steps, older.has_prefill) if older else None
-        for s in seqs:
-            req = s.request
-            if req.first_scheduled_time is None:
-                req.first_scheduled_time = now
-            if req.waiting_since is not None:  # admitted from the queue now
-                req.max_wait = max(req.max_wait, now - req.waiting_since)
-                req.waiting_since = None
         self._window_id += 1
         st = self.stats
         st.num_invocations += 1
@@ -287,17 +280,18 @@ class Scheduler:
             return 0.0
         return (n - 1) / max(last - first, self.now - first)
 
-    def _schedule_separate(self, preempted: list[Request]) -> tuple[list[ScheduledSeq], int]:
-        """vLLM V0 default: a prefill-only batch (one step) when prompts fit, else a decode window."""
+    def _schedule_separate(self, preempted: list[Request]) -> tuple[list[ScheduledSeq], int, bool]:
+        """vLLM V0 default: a prefill-only batch (one step) when prompts fit, else a decode window
+        (the window, k, whether it has prefills)."""
         tokens, seqs = self.policy.window_budget(self)
         if self.waiting:
             prefills = self._admit(tokens, seqs, steps=1)
             if prefills:
-                return prefills, 1
+                return prefills, 1, True
         k = self.policy.window_steps(self, False)
-        return self._reserve_decodes(k, tokens, preempted), k
+        return self._reserve_decodes(k, tokens, preempted), k, False
 
-    def _schedule_mixed(self, preempted: list[Request]) -> tuple[list[ScheduledSeq], int]:
+    def _schedule_mixed(self, preempted: list[Request]) -> tuple[list[ScheduledSeq], int, bool]:
         """Chunked-prefill family: decodes first, then prefill chunks up to the token budget."""
         policy = self.policy
         budget, max_seqs = policy.window_budget(self)
@@ -332,11 +326,12 @@ class Scheduler:
                     s.num_steps = steps
             if not seqs:  # nobody decodes after step 1 (cp2 with prefills only): no empty steps
                 k = max(s.num_steps for s in prefills)
-        return seqs + prefills, k
+        return seqs + prefills, k, bool(prefills)
 
     def _admit(self, budget: int, max_seqs: int, *, steps: int) -> list[ScheduledSeq]:
         """Admit waiting requests in queue order while tokens, seats and blocks allow; the
         first that does not fit stops admission (no request overtakes it)."""
+        now = self.now
         out: list[ScheduledSeq] = []
         bm = self.block_manager
         policy = self.policy
@@ -371,6 +366,11 @@ class Scheduler:
             else:
                 del waiting[i]
             req.state = _RUNNING
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+            if req.waiting_since is not None:  # its wait in the queue ends
+                req.max_wait = max(req.max_wait, now - req.waiting_since)
+                req.waiting_since = None
             req.num_computed_tokens = cached
             if req.num_preemptions == 0:
                 req.num_cached_prompt_tokens = cached
@@ -390,6 +390,19 @@ class Scheduler:
         ensure, bs = bm.ensure_slots, bm.block_size
         running = self.running
         i = 0
+        if budget >= len(running):  # the common case, in one pass until a block runs short
+            append, reach = out.append, k + bs - 1
+            for i, req in enumerate(running):  # noqa: B007 (i: where a shortage stopped it)
+                cached = req.num_computed_tokens
+                outputs = req.num_output_tokens + req.num_output_placeholders
+                if outputs == 0 or cached < req.prompt_len + outputs - 1:
+                    continue  # still prefilling
+                if (cached + reach) // bs > len(req.block_table) and not ensure(req, cached + k):
+                    break  # preemption: the loop below, from this request on
+                append(ScheduledSeq(req, 1, cached, k, False))
+            else:
+                self.forming = out
+                return out
         while i < len(running) and len(out) < budget:
             req = running[i]
             i += 1
@@ -441,21 +454,26 @@ class Scheduler:
             return self._settle_placeholders(batch, step_times, sampled)
         finished: list[Request] = []
         wasted = 0
+        k = len(step_times)
         for i, s in enumerate(batch.seqs):
             req = s.request
             n = s.num_steps
             computed = s.num_cached_tokens + s.num_query_tokens + n - 1
             req.num_computed_tokens = computed
-            owed = req.max_tokens - req.num_output_tokens
-            if computed < req.prompt_len + req.num_output_tokens:
+            generated = req.num_output_tokens
+            owed = req.max_tokens - generated
+            if computed < req.prompt_len + generated:
                 continue  # a prefill chunk that samples nothing
-            useful = n if n < owed else owed
             if sampled is None:  # no token ids (the simulator): _credit's work, inline
-                req.token_times.extend(step_times if useful == len(step_times)
-                                       else step_times[:useful])
-                req.num_output_tokens += useful
-                done = useful == owed
+                if n < owed:
+                    req.token_times.extend(step_times if n == k else step_times[:n])
+                    req.num_output_tokens = generated + n
+                    continue
+                useful, done = owed, True
+                req.token_times.extend(step_times if owed == k else step_times[:owed])
+                req.num_output_tokens = generated + owed
             else:
+                useful = n if n < owed else owed
                 useful, done = _credit(req, n, useful, useful == owed, sampled[i], step_times)
             wasted += n - useful
             if done:

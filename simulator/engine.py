@@ -639,7 +639,7 @@ def _window_row(sim: _Sim, win: _Window, v: int) -> tuple:
     its replica and that replica's load as the window closes (the per-replica load figure)."""
     batch = win.batch
     row = (v, batch.window_id, win.t_start, batch.num_steps, len(batch.seqs),
-           len(batch.seqs) - batch.num_decode_seqs, win.first.num_tokens, win.first.kv_tokens,
+           win.first.num_prefill_seqs, win.first.num_tokens, win.first.kv_tokens,
            len(batch.preempted), batch.num_wasted_steps, win.schedule_cost,
            tuple(win.stage_times))
     if sim.shared.cluster:

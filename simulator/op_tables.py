@@ -159,6 +159,9 @@ class OpTables:
     # splits were chosen for (attention_decode.meta.json). Empty / None: tables without them.
     decode_longest: dict[tuple[int, int, int], Curve] = dataclasses.field(default_factory=dict)
     num_sms: int | None = None
+    # the lookups of gemm_us, small_us and sampler_us already made: a run prices the same
+    # few hundred padded sizes millions of times
+    memo: dict[tuple, float] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
 
 def resolve(path: str) -> Path:
@@ -247,11 +250,17 @@ def gemm_us(t: OpTables, op: str, m: int, n: int, k: int) -> float:
     table scaled by the roofline's ratio."""
     if m <= 0:
         return 0.0
-    curve = t.gemm.get((op, n, k))
-    if curve is not None:
-        return curve(m)
-    key = nearest_gemm(t, op, n, k)
-    return t.gemm[key](m) * _roofline_us(m, n, k) / _roofline_us(m, key[1], key[2])
+    memo = ("gemm", op, m, n, k)
+    us = t.memo.get(memo)
+    if us is None:
+        curve = t.gemm.get((op, n, k))
+        if curve is not None:
+            us = curve(m)
+        else:
+            key = nearest_gemm(t, op, n, k)
+            us = t.gemm[key](m) * _roofline_us(m, n, k) / _roofline_us(m, key[1], key[2])
+        t.memo[memo] = us
+    return us
 
 
 def nearest_gemm(t: OpTables, op: str, n: int, k: int) -> tuple[str, int, int]:
@@ -316,6 +325,14 @@ def small_us(t: OpTables, op: str, tokens: int, sizes: tuple[int, ...]) -> float
     op scaled by the bytes per token (the product of its nonzero sizes but the vocab)."""
     if tokens <= 0:
         return 0.0
+    memo = ("small", op, tokens, sizes)
+    us = t.memo.get(memo)
+    if us is None:
+        us = t.memo[memo] = _small_us(t, op, tokens, sizes)
+    return us
+
+
+def _small_us(t: OpTables, op: str, tokens: int, sizes: tuple[int, ...]) -> float:
     curve = t.small.get((op, *sizes))
     if curve is not None:
         return curve(tokens)
@@ -342,6 +359,14 @@ def sampler_us(t: OpTables, op: str, rows: int, vocab: int) -> float:
     table lacks: the nearest scaled by the vocabulary's ratio."""
     if rows <= 0:
         return 0.0
+    memo = ("sampler", op, rows, vocab)
+    us = t.memo.get(memo)
+    if us is None:
+        us = t.memo[memo] = _sampler_us(t, op, rows, vocab)
+    return us
+
+
+def _sampler_us(t: OpTables, op: str, rows: int, vocab: int) -> float:
     if op == "advance_step":
         vocab = 0
     curve = t.sampler.get((op, vocab))
