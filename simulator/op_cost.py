@@ -98,14 +98,22 @@ def kernel_times(t: OpTables, model: ModelSpec, shape: StepShape, tokens: int, t
     nh, kvh = model.num_heads // tp, kv_heads_per_rank(model, tp)
     inter = model.intermediate_size // tp
     q_size, kv_size = nh * d, kvh * d
-    per_layer = 0.0
-    compute = 0.0
-    for op, n, k in (("layer", q_size + 2 * kv_size, h), ("layer", h, q_size),
-                     ("layer", 2 * inter, h), ("layer", h, inter)):
-        g = gemm_us(t, op, tokens, n, k)
-        c = min(2.0 * tokens * n * k / (g * 1e-6 * 989e12), 1.0) * g  # compute-bound share
-        per_layer += g + c * (slow - 1.0)
-        compute += c * slow
+    # the same few sizes step after step (at full clock: a slowed clock varies by the step)
+    memo = ("layer_gemms", model, tokens, tp) if slow == 1.0 else None
+    gemms = t.memo.get(memo) if memo else None
+    if gemms is None:
+        per_layer = 0.0
+        compute = 0.0
+        for op, n, k in (("layer", q_size + 2 * kv_size, h), ("layer", h, q_size),
+                         ("layer", 2 * inter, h), ("layer", h, inter)):
+            g = gemm_us(t, op, tokens, n, k)
+            c = min(2.0 * tokens * n * k / (g * 1e-6 * 989e12), 1.0) * g  # compute-bound share
+            per_layer += g + c * (slow - 1.0)
+            compute += c * slow
+        gemms = (per_layer, compute)
+        if memo:
+            t.memo[memo] = gemms
+    per_layer, compute = gemms
     heads = (nh, kvh, d)
     attn = prefill_attention_us(t, heads, shape.num_prefill_tokens, shape.attn_pairs) * slow
     compute += attn

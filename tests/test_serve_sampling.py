@@ -50,14 +50,18 @@ def test_two_seeded_streams_in_one_batch_are_each_reproducible(server):
         return server.metrics()["schedlab_windows_total"]
 
     w0 = windows()
-    both = together(server, A, B)
-    w1 = windows()
     a_alone = text_of(stream(server, A))
-    w2 = windows()
     b_alone = text_of(stream(server, B))
-    w3 = windows()
-    assert w1 - w0 < (w2 - w1) + (w3 - w2)  # they ran in the same windows
-    assert both == [a_alone, b_alone]
+    alone = windows() - w0
+    # sent at once they share windows, unless a loaded machine's threads send them a window
+    # apart: then again (each time each text is its own)
+    for _ in range(3):
+        w0 = windows()
+        assert together(server, A, B) == [a_alone, b_alone]
+        if windows() - w0 < alone:
+            break
+    else:
+        pytest.fail(f"A and B never shared a window in 3 tries ({alone} windows alone)")
     assert together(server, HOT, B, GREEDY, A)[3::-2] == [a_alone, b_alone]
     assert a_alone != b_alone and a_alone != text_of(stream(server, {**A, "seed": 2}))
     assert a_alone != text_of(stream(server, {**A, "temperature": 0.0}))

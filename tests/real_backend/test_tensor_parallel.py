@@ -43,7 +43,8 @@ POLICIES = [
 ]
 
 
-def make_requests(n: int = 16, seed: int = 1) -> list[Request]:
+def make_requests(n: int = 8, seed: int = 1) -> list[Request]:
+    """Eight requests: every policy preempts at least once, with overlap and without."""
     r = random.Random(seed)
     return [Request(i, 0.0, 0, r.randint(4, 24),
                     prompt_token_ids=[r.randrange(SPEC.vocab_size) for _ in range(r.randint(1, 40))])
