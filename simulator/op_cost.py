@@ -99,7 +99,7 @@ def kernel_times(t: OpTables, model: ModelSpec, shape: StepShape, tokens: int, t
     inter = model.intermediate_size // tp
     q_size, kv_size = nh * d, kvh * d
     # the same few sizes step after step (at full clock: a slowed clock varies by the step)
-    memo = ("layer_gemms", model, tokens, tp) if slow == 1.0 else None
+    memo = ("layer_gemms", tokens, h, q_size, kv_size, inter) if slow == 1.0 else None
     gemms = t.memo.get(memo) if memo else None
     if gemms is None:
         per_layer = 0.0
