@@ -12,6 +12,7 @@ exactly these; the simulator prices exactly these. No torch here: the simulator 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 
 DECODE_GRAPH_SIZES = (1, 2, 4, 8, *range(16, 257, 8))
 PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 192, 256, 384, 512)
@@ -29,21 +30,28 @@ def decode_graph_sizes(max_num_seqs: int) -> list[int]:
 
 def decode_graph_size(num_seqs: int) -> int | None:
     """The captured batch size a decode step of num_seqs is padded to; None: it runs eagerly."""
-    return next((s for s in DECODE_GRAPH_SIZES if s >= num_seqs), None)
+    i = bisect_left(DECODE_GRAPH_SIZES, num_seqs)  # the sizes ascend: the first that holds it
+    return DECODE_GRAPH_SIZES[i] if i < len(DECODE_GRAPH_SIZES) else None
 
 
 def prefill_graph_key(num_tokens: int, num_seqs: int, max_tokens: int) -> tuple[int, int] | None:
     """The (padded tokens, padded prompts) graph a prefill-only step replays, or None when it
     runs eagerly (no captured token count <= ``max_tokens`` holds it, or more than 8 prompts)."""
-    t = next((b for b in PREFILL_GRAPH_TOKENS if num_tokens <= b <= max_tokens), None)
-    p = next((b for b in PREFILL_GRAPH_SEQS if b >= num_seqs), None)
-    return None if t is None or p is None else (t, p)
+    t = _first_holding(PREFILL_GRAPH_TOKENS, num_tokens, max_tokens)
+    i = bisect_left(PREFILL_GRAPH_SEQS, num_seqs)
+    return None if t is None or i == len(PREFILL_GRAPH_SEQS) else (t, PREFILL_GRAPH_SEQS[i])
 
 
 def piecewise_graph_size(num_tokens: int, max_tokens: int) -> int | None:
     """The padded token count of the piecewise graphs a step of num_tokens replays, or None
     when it runs eagerly (no captured size <= ``max_tokens`` holds it)."""
-    return next((b for b in PIECEWISE_GRAPH_TOKENS if num_tokens <= b <= max_tokens), None)
+    return _first_holding(PIECEWISE_GRAPH_TOKENS, num_tokens, max_tokens)
+
+
+def _first_holding(sizes: tuple[int, ...], n: int, most: int) -> int | None:
+    """The smallest of the ascending ``sizes`` that is >= n, if it is <= most."""
+    i = bisect_left(sizes, n)
+    return sizes[i] if i < len(sizes) and sizes[i] <= most else None
 
 
 def piecewise_graph_sizes(max_tokens: int) -> list[int]:

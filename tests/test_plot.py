@@ -206,8 +206,10 @@ def test_validation_scatter_is_readable():
 
 
 def test_validation_scatter_without_spread_says_so(tmp_path):
+    """(plot_table draws a validation table's scatter)"""
     df = validation_table().drop(columns=["measured_spread", "predicted_spread", "repeats"])
-    made = plot.plot_validation(df, tmp_path, model="llama3_8b", hardware="h200")
+    df.to_csv(tmp_path / "validation.csv", index=False)
+    made = plot.plot_table(tmp_path / "validation.csv", tmp_path)
     assert sorted(p.name for p in made) == ["validation_scatter.png", "validation_scatter.svg"]
     fig = plot.validation_figure(df)
     assert "one run per side, so no bars" in legend_texts(fig)
