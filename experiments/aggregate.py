@@ -10,14 +10,16 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from hydra.experimental.callback import Callback
 
 from experiments.files import atomic_path
 from experiments.run_dir import AGGREGATE_FILES, record
 from experiments.scheduling_metrics import class_columns
+
+if TYPE_CHECKING:  # pandas is imported where a table is made: every run loads this callback
+    import pandas as pd
 
 SUMMARY_KEYS = ["completed", "duration", "total_input_tokens", "total_output_tokens",
                 "request_throughput", "request_goodput", "output_throughput",
@@ -154,6 +156,8 @@ def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def collect(root: str | os.PathLike) -> pd.DataFrame:
+    import pandas as pd
+
     paths = sorted(Path(root).rglob("result.json"))
     rows = []
     for p in paths:
