@@ -44,3 +44,16 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+NOTES_MARK = "<!-- notes: kept when the table is rebuilt -->"
+
+
+def write_table_markdown(path: str | os.PathLike[str], generated: str) -> None:
+    """Write a generated table's markdown to ``path``, keeping what the file it replaces holds
+    below NOTES_MARK (hand-written notes: how the runs were made, what the table shows)."""
+    path = Path(path)
+    notes = ""
+    if path.exists() and NOTES_MARK in (old := path.read_text()):
+        notes = "\n" + NOTES_MARK + old.split(NOTES_MARK, 1)[1]
+    write_text_atomic(path, generated + notes)

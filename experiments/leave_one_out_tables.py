@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.files import write_text_atomic
+from experiments.files import write_table_markdown, write_text_atomic
 
 TARGET_METRICS = {"request_throughput": 0.03, "median_ttft_ms": 0.10, "median_tpot_ms": 0.10}
 # the tails beside the medians: p90 with a target, p99 reported without one (None)
@@ -142,18 +142,11 @@ def markdown(df: pd.DataFrame, fits: pd.DataFrame, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-NOTES_MARK = "<!-- notes: kept when the table is rebuilt -->"
-
-
 def write(df: pd.DataFrame, fits: pd.DataFrame, out: str, command: str) -> None:
     """``out``.csv, ``out``_fit.csv and ``out``.md, each written whole; the .md keeps the
-    hand-written notes below NOTES_MARK of the file it replaces."""
-    md = Path(f"{out}.md")
-    notes = ""
-    if md.exists() and NOTES_MARK in (old := md.read_text()):
-        notes = "\n" + NOTES_MARK + old.split(NOTES_MARK, 1)[1]
+    hand-written notes of the file it replaces (experiments.files.write_table_markdown)."""
     title = "# Leave-one-model-out validation (H200)" + (
         ", diagnostic: per-run host factor" if is_diagnostic(df) else "")
     write_text_atomic(Path(f"{out}.csv"), df.to_csv(index=False, float_format="%.6g"))
     write_text_atomic(Path(f"{out}_fit.csv"), fits.to_csv(index=False, float_format="%.6g"))
-    write_text_atomic(md, title + "\n\n" + markdown(df, fits, command) + notes)
+    write_table_markdown(f"{out}.md", title + "\n\n" + markdown(df, fits, command))

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.files import write_text_atomic
+from experiments.files import write_table_markdown, write_text_atomic
 from experiments.profiles import InputError, load_conf, one_line
 from experiments.run import run
 from experiments.validate import time_scales
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             out.mkdir(parents=True, exist_ok=True)
             command = "python -m experiments.validate_policies " + " ".join(argv or sys.argv[1:])
             write_text_atomic(out / f"{args.table}.csv", df.to_csv(index=False))
-            write_text_atomic(out / f"{args.table}.md", markdown(df, command, args.table))
+            write_table_markdown(out / f"{args.table}.md", markdown(df, command, args.table))
     except InputError as err:
         print(f"error: {err.message}", file=sys.stderr)
         sys.exit(2)
