@@ -78,8 +78,10 @@ def compose_config(overrides: list[str], sources: dict[str, str] | None = None) 
 
 
 def _compose(overrides: list[str]) -> dict[str, Any]:
-    key = tuple(overrides)
-    if key not in _COMPOSED:  # a validation composes the same configuration many times
+    # a validation composes the same configuration many times; a config file edited since
+    # (a profile rewritten by a calibration in the same process) is read again
+    key = (tuple(overrides), _conf_stamp())
+    if key not in _COMPOSED:
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
             cfg = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
         if len(_COMPOSED) >= 256:
@@ -88,7 +90,13 @@ def _compose(overrides: list[str]) -> dict[str, Any]:
     return copy.deepcopy(_COMPOSED[key])
 
 
-_COMPOSED: dict[tuple[str, ...], dict[str, Any]] = {}  # overrides -> the composed config
+_COMPOSED: dict[tuple, dict[str, Any]] = {}  # (overrides, conf stamp) -> the composed config
+
+
+def _conf_stamp() -> tuple[int, int]:
+    """The config files' count and newest modification time (a walk of ~50 files)."""
+    times = [f.stat().st_mtime_ns for f in Path(CONF_DIR).rglob("*.yaml")]
+    return len(times), max(times, default=0)
 
 
 def run_one(overrides: list[str], run_dir: Path,

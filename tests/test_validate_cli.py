@@ -280,3 +280,21 @@ def test_cli_override_typo_and_bad_argument_are_one_line_and_exit_2(tmp_path):
         assert p.returncode == 2 and "Traceback" not in p.stderr
         err = p.stderr.strip().splitlines()
         assert len(err) == 1 and needle in err[0], p.stderr
+
+
+def test_a_config_file_edited_after_a_compose_is_read_again(tmp_path, monkeypatch):
+    """validate composes a configuration once, but not across an edit of a config file."""
+    import shutil
+
+    from experiments import validate
+
+    conf = tmp_path / "conf"
+    shutil.copytree(validate.CONF_DIR, conf, ignore=shutil.ignore_patterns("calibration"))
+    monkeypatch.setattr(validate, "CONF_DIR", str(conf))
+    first = validate.compose_config(["model=tiny"])
+    assert validate.compose_config(["model=tiny"]) == first  # (from the cache)
+    spec = conf / "model" / "tiny.yaml"
+    spec.write_text(spec.read_text().replace(f"num_layers: {first['model']['num_layers']}",
+                                             f"num_layers: {first['model']['num_layers'] + 1}"))
+    again = validate.compose_config(["model=tiny"])
+    assert again["model"]["num_layers"] == first["model"]["num_layers"] + 1
