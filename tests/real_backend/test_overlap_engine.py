@@ -103,7 +103,6 @@ def test_overlap_needs_async_output() -> None:
 
 def test_a_window_formed_with_overlap_needs_the_overlap_launch() -> None:
     """Without the token map a placeholder token cannot be built on the host: a clear error."""
-    cfg = SchedulerConfig(block_size=BLOCK_SIZE)
     sched = make_scheduler("single_step", {}, SchedulerConfig(block_size=BLOCK_SIZE, overlap=True),
                            NUM_BLOCKS, SPEC.max_model_len)
     runner = build_runner(SPEC, BackendConfig(device="cpu", num_blocks=NUM_BLOCKS), sched)
