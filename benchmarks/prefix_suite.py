@@ -25,6 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from policy_suite import trace_name  # noqa: E402  (this script's directory is on sys.path)
+
 import real_backend  # noqa: E402,F401  (sets CUDA_MODULE_LOADING before CUDA starts)
 from experiments.validate import run_one  # noqa: E402
 
@@ -42,7 +44,7 @@ def workloads(conversations: int, prompts: int, smoke: bool, traces: str | None 
     sysprompt = ["workload=sharegpt", f"workload.num_prompts={prompts}"]
     if traces:  # the rate is the trace's: {rate} is filled in per run
         sysprompt = ["workload=trace",
-                     f"workload.trace_path={Path(traces)}/sharegpt_seed1_n{prompts}_rate{{rate}}.csv"]
+                     f"workload.trace_path={Path(traces) / trace_name(prompts, '{rate}')}"]
     return {"multiturn": ["workload=sharegpt_multiturn",
                           f"workload.num_conversations={conversations}"],
             "sysprompt": [*sysprompt, "workload.shared_prefix_len=1024"]}

@@ -134,14 +134,14 @@ def factor_rows(runs: ModelRuns, measured: dict[tuple, dict], hw: dict, overhead
         if not math.isinf(rate) or tag not in runs.steps:
             continue
         base = sim_overrides(runs, policy, k, rate, meas)
-        cache = [f"backend.num_blocks={meas['cache_sizes'][0]}"] if meas["cache_sizes"] else []
-        cache.append("metrics.save_per_request=false")  # the fit reads steps.csv only
+        extra = [f"backend.num_blocks={meas['cache_sizes'][0]}"] if meas["cache_sizes"] else []
+        extra.append("metrics.save_per_request=false")  # the fit reads steps.csv only
         gpu = {}
         for name, kf, cf in (("unit", 1.0, 1.0), ("kernel2", 2.0, 1.0), ("compute2", 1.0, 2.0)):
             prof = {**hw, "op_kernel_factor": kf, "op_compute_factor": cf}
             run_dir = work / runs.model / f"{tag}_{name}"
             with contextlib.redirect_stdout(io.StringIO()):  # each run prints its summary
-                run_one(base + cache, run_dir, {"hardware": prof, "overhead": overhead})
+                run_one(base + extra, run_dir, {"hardware": prof, "overhead": overhead})
             gpu[name] = pd.read_csv(run_dir / "steps.csv")
         meas_steps = read_steps(Path(runs.steps[tag]))
         cols = ["k", "num_seqs", "num_tokens", "kv_tokens"]

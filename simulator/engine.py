@@ -611,7 +611,7 @@ def _open_window(sim: _Sim, batch: Batch, v: int, gpu_free: float | None = None)
             req = s.request  # its first chunk starts after its cached prefix
             if s.is_prefill and s.num_cached_tokens == req.num_cached_prompt_tokens \
                     and not req.num_preemptions:
-                load.queued_prompt_tokens -= s.request.prompt_len
+                load.queued_prompt_tokens -= req.prompt_len
     chunks = sse_chunks(spec, delivered, sim.stream_per_step)
     out_cost = window_output_times(spec, [s.num_seqs for s in shapes], delivered, chunks)
     cost = schedule_time(spec, len(batch.seqs), shapes[0].num_tokens, shapes[0].kv_tokens,

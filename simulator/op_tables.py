@@ -250,16 +250,22 @@ def gemm_us(t: OpTables, op: str, m: int, n: int, k: int) -> float:
     table scaled by the roofline's ratio."""
     if m <= 0:
         return 0.0
-    memo = ("gemm", op, m, n, k)
-    us = t.memo.get(memo)
+    return _memoised(t, ("gemm", op, m, n, k), _gemm_us, t, op, m, n, k)
+
+
+def _gemm_us(t: OpTables, op: str, m: int, n: int, k: int) -> float:
+    curve = t.gemm.get((op, n, k))
+    if curve is not None:
+        return curve(m)
+    key = nearest_gemm(t, op, n, k)
+    return t.gemm[key](m) * _roofline_us(m, n, k) / _roofline_us(m, key[1], key[2])
+
+
+def _memoised(t: OpTables, key: tuple, price, *args) -> float:
+    """``price(*args)``, looked up in the tables' memo first (``OpTables.memo``)."""
+    us = t.memo.get(key)
     if us is None:
-        curve = t.gemm.get((op, n, k))
-        if curve is not None:
-            us = curve(m)
-        else:
-            key = nearest_gemm(t, op, n, k)
-            us = t.gemm[key](m) * _roofline_us(m, n, k) / _roofline_us(m, key[1], key[2])
-        t.memo[memo] = us
+        us = t.memo[key] = price(*args)
     return us
 
 
@@ -325,11 +331,7 @@ def small_us(t: OpTables, op: str, tokens: int, sizes: tuple[int, ...]) -> float
     op scaled by the bytes per token (the product of its nonzero sizes but the vocab)."""
     if tokens <= 0:
         return 0.0
-    memo = ("small", op, tokens, sizes)
-    us = t.memo.get(memo)
-    if us is None:
-        us = t.memo[memo] = _small_us(t, op, tokens, sizes)
-    return us
+    return _memoised(t, ("small", op, tokens, sizes), _small_us, t, op, tokens, sizes)
 
 
 def _small_us(t: OpTables, op: str, tokens: int, sizes: tuple[int, ...]) -> float:
@@ -359,11 +361,7 @@ def sampler_us(t: OpTables, op: str, rows: int, vocab: int) -> float:
     table lacks: the nearest scaled by the vocabulary's ratio."""
     if rows <= 0:
         return 0.0
-    memo = ("sampler", op, rows, vocab)
-    us = t.memo.get(memo)
-    if us is None:
-        us = t.memo[memo] = _sampler_us(t, op, rows, vocab)
-    return us
+    return _memoised(t, ("sampler", op, rows, vocab), _sampler_us, t, op, rows, vocab)
 
 
 def _sampler_us(t: OpTables, op: str, rows: int, vocab: int) -> float:
