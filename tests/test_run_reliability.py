@@ -32,7 +32,9 @@ from experiments.run_dir import (
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["backend=sim", "workload=synthetic", "workload.num_prompts=8", "model=tiny", "hardware=cpu",
          "overhead=none", "progress=false"]
-LONG = ["workload=synthetic", "workload.num_prompts=40000", "hardware=h200", "progress=false"]
+# long enough that a signal sent a second after it starts always finds it running (killed early,
+# so its length costs nothing); 40k requests finished first on a loaded box
+LONG = ["workload=synthetic", "workload.num_prompts=200000", "hardware=h200", "progress=false"]
 RESULTS = ("result.json", "requests.csv", "steps.csv")
 
 
@@ -292,7 +294,7 @@ def test_ctrl_c_is_one_line_and_leaves_no_result(tmp_path):
     deadline = time.monotonic() + 60
     # until the run has started (its overrides written, the old results gone), however loaded
     # the machine
-    while "num_prompts=40000" not in _text(out / ".hydra" / "overrides.yaml") \
+    while "num_prompts=200000" not in _text(out / ".hydra" / "overrides.yaml") \
             or any((out / name).exists() for name in RESULTS):
         assert time.monotonic() < deadline and p.poll() is None
         time.sleep(0.05)
