@@ -31,7 +31,8 @@ from omegaconf import OmegaConf
 
 from experiments.files import write_text_atomic
 from experiments.measured import checked_rate
-from experiments.metrics import RequestTimes, peak_output_and_concurrency, save_result_metadata
+from experiments.metrics import peak_output_and_concurrency, save_result_metadata
+from experiments.request_times import RequestTimes, TimesTable
 from experiments.run import CONF_DIR
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
@@ -206,7 +207,7 @@ def summarize_report(report: dict[str, Any], num_prompts: int) -> dict[str, Any]
     out.update(input_lens=input_lens, output_lens=output_lens, ttfts=ttft, latencies=e2el,
                e2els=e2el, start_times=[t - first for t in sent])
     out["max_output_tokens_per_s"], out["max_concurrent_requests"] = \
-        peak_output_and_concurrency(sent, chunked)
+        peak_output_and_concurrency(sent, TimesTable.of(chunked))
     if len(done) + len(failed) != num_prompts:
         raise InputError(f"guidellm sent {len(done) + len(failed)} requests, not {num_prompts}")
     return out

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import re
-from array import array
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from experiments.files import atomic_path, write_text_atomic
+from experiments.request_times import TimesTable
 from policies.base import check_settings
 from policies.request import Request
 
@@ -125,97 +125,10 @@ def result_settings(metrics: Mapping[str, Any] | None,
     return ResultSettings(tuple(chosen), tuple(percentiles), save, slos)
 
 
-@dataclasses.dataclass(slots=True)
-class RequestTimes:
-    """What a streaming client saw of one request (times in seconds)."""
-
-    completed: bool
-    output_len: int
-    ttft: float = 0.0
-    e2el: float = 0.0
-    tpot: float | None = None  # None with fewer than two output tokens
-    itls: list[float] = dataclasses.field(default_factory=list)
-    num_chunks: int = 0
-
-
-def request_times(req: Request) -> RequestTimes:
-    """TTFT, ITLs, TPOT and E2EL of one request from its token delivery times.
-
-    A chunk is the set of tokens delivered at one instant (equal token_times: a backend stamps
-    a burst with one clock reading), so with multi-step a chunk may carry up to k tokens and
-    the ITLs are the gaps between successive chunks, as benchmark_serving measures them.
-    A request counts as completed once it has a finish_time; unfinished ones look like
-    benchmark_serving's failed requests (output_len 0, no latencies).
-    """
-    if req.finish_time is None:
-        return RequestTimes(completed=False, output_len=0)
-    if _REUSE:  # computed already for this run's metrics (reusing_request_times)
-        hit = _reused(req)
-        if hit is not None:
-            return hit
-    times = req.token_times
-    if not times:
-        raise ValueError(f"request {req.request_id} finished but has no token_times")
-    n = len(times)
-    if n != req.num_output_tokens:
-        raise ValueError(f"request {req.request_id} has {n} token_times but "
-                         f"num_output_tokens = {req.num_output_tokens}")
-    if times[0] < req.arrival_time:
-        raise ValueError(f"request {req.request_id}: first token at {times[0]} is before its "
-                         f"arrival at {req.arrival_time}")
-    # sorted (a C pass over sorted input): the chunks are the distinct times, in order
-    if list(times) != sorted(times):
-        for a, b in zip(times, times[1:]):
-            if b < a:
-                raise ValueError(f"request {req.request_id}: token_times go backwards ({a} "
-                                 f"then {b})")
-    chunks = list(dict.fromkeys(times))
-    ttft = chunks[0] - req.arrival_time
-    e2el = chunks[-1] - req.arrival_time
-    return RequestTimes(completed=True, output_len=n, ttft=ttft, e2el=e2el,
-                        tpot=(e2el - ttft) / (n - 1) if n > 1 else None,
-                        itls=[b - a for a, b in zip(chunks, chunks[1:])],
-                        num_chunks=len(chunks))
-
-
-# (requests, their times) while reusing_request_times is open
-_REUSE: list[tuple[Sequence[Request], Sequence[RequestTimes]]] = []
-
-
-def _reused(req: Request) -> RequestTimes | None:
-    requests, times = _REUSE[-1]
-    i = req.request_id  # a run's requests are numbered by position (no index kept)
-    if isinstance(i, int) and 0 <= i < len(requests) and requests[i] is req:
-        return times[i]
-    return None
-
-
-@contextlib.contextmanager
-def reusing_request_times(requests: Sequence[Request], times: Sequence[RequestTimes]):
-    """Within the block, ``request_times`` of these requests returns the times given (computed
-    once for every metric of a run) instead of computing them again (a request whose
-    request_id is not its position is computed again)."""
-    if len(requests) != len(times):
-        raise ValueError(f"{len(times)} request times for {len(requests)} requests")
-    _REUSE.append((requests, times))
-    try:
-        yield
-    finally:
-        _REUSE.pop()
-
-
-def _pooled(lists: Any) -> array:
-    """Every request's values in one array of doubles, in request order (8 bytes a value: a
-    million requests' ITLs are tens of millions)."""
-    out = array("d")
-    for values in lists:
-        out.extend(values)
-    return out
-
-
-def _stats_ms(values: Sequence[float], percentiles: Sequence[float]) -> dict[str, float]:
+def _stats_ms(values: Sequence[float] | np.ndarray,
+              percentiles: Sequence[float]) -> dict[str, float]:
     # benchmark_serving computes np.mean(xs or 0): an empty list reports 0, not NaN.
-    xs = values or [0.0]
+    xs = values if len(values) else [0.0]
     out = {"mean": float(np.mean(xs)) * 1000, "median": float(np.median(xs)) * 1000,
            "std": float(np.std(xs)) * 1000}
     for p in percentiles:
@@ -232,7 +145,7 @@ def summarize(requests: Sequence[Request], duration: float, *,
               goodput: Mapping[str, float] | None = None,
               generated_texts: Sequence[str] | None = None,
               per_request: bool = True,
-              times: Sequence[RequestTimes] | None = None) -> dict[str, Any]:
+              times: TimesTable | None = None) -> dict[str, Any]:
     """The benchmark_serving ``--save-result`` fields of a finished run.
 
     ``duration`` is the benchmark's wall time, first send to last finish, in seconds. Per-request
@@ -242,7 +155,7 @@ def summarize(requests: Sequence[Request], duration: float, *,
     per request (e2el - ttft) / (output_len - 1), over requests with more than one output
     token; ITLs are pooled over requests. ``percentiles``: for every metric, or per metric.
     ``generated_texts`` default to empty strings, as benchmark_serving's are without text.
-    ``times``: each request's ``request_times``, when the caller computed them already.
+    ``times``: the requests' TimesTable, when the caller has it already.
 
     ``goodput`` (SLOs in ms by metric: ttft, tpot, e2el) gives ``request_goodput``: completed
     requests that meet every SLO given, per second, with benchmark_serving's rule that a request
@@ -259,69 +172,74 @@ def summarize(requests: Sequence[Request], duration: float, *,
             raise ValueError(f"percentiles must lie in [0, 100], got {p}")
     if generated_texts is not None and len(generated_texts) != len(requests):
         raise ValueError(f"{len(generated_texts)} generated texts for {len(requests)} requests")
-    per = [request_times(r) for r in requests] if times is None else list(times)
-    done = [t for t in per if t.completed]
-    total_input = sum(r.prompt_len for r, t in zip(requests, per, strict=True) if t.completed)
-    total_output = sum(t.output_len for t in done)
-    pooled = {"ttft": [t.ttft for t in done],
-              "tpot": [t.tpot for t in done if t.tpot is not None],
-              "itl": _pooled(t.itls for t in done),
-              "e2el": [t.e2el for t in done]}
+    t = TimesTable.of_requests(requests) if times is None else times
+    if len(t) != len(requests):
+        raise ValueError(f"{len(t)} request times for {len(requests)} requests")
+    done = t.completed
+    num_done = int(done.sum())
+    prompt_lens = np.fromiter((r.prompt_len for r in requests), np.int64, len(requests))
+    total_input = int(prompt_lens[done].sum())
+    total_output = int(t.output_len[done].sum())
+    tpot = t.tpot[done]
+    pooled = {"ttft": t.ttft[done], "tpot": tpot[~np.isnan(tpot)], "itl": t.itls,
+              "e2el": t.e2el[done]}
     summary: dict[str, Any] = {
         "duration": float(duration),
-        "completed": len(done),
-        "failed": len(per) - len(done),
+        "completed": num_done,
+        "failed": len(t) - num_done,
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
-        "request_throughput": len(done) / duration,
-        "request_goodput": _num_good(done, goodput) / duration if goodput else None,
+        "request_throughput": num_done / duration,
+        "request_goodput": _num_good(t, goodput) / duration if goodput else None,
     }
     summary.update({
         "output_throughput": total_output / duration,
         "total_token_throughput": (total_input + total_output) / duration,
     })
+    arrivals = np.fromiter((r.arrival_time for r in requests), float, len(requests))
     if per_request:
+        e2els = t.e2el.tolist()
         summary.update({
-            "input_lens": [r.prompt_len for r in requests],
-            "output_lens": [t.output_len for t in per],
-            "ttfts": [t.ttft for t in per],
-            "itls": [t.itls for t in per],
-            "e2els": [t.e2el for t in per],
-            "latencies": [t.e2el for t in per],
-            "start_times": [r.arrival_time for r in requests],
+            "input_lens": prompt_lens.tolist(),
+            "output_lens": t.output_len.tolist(),
+            "ttfts": t.ttft.tolist(),
+            "itls": t.itl_lists(),
+            "e2els": e2els,
+            "latencies": list(e2els),
+            "start_times": arrivals.tolist(),
             "generated_texts": list(generated_texts) if generated_texts is not None
             else [""] * len(requests),
-            "errors": ["" if t.completed else UNFINISHED for t in per],
+            "errors": ["" if ok else UNFINISHED for ok in done.tolist()],
         })
     summary["max_output_tokens_per_s"], summary["max_concurrent_requests"] = \
-        peak_output_and_concurrency(
-            [r.arrival_time for r, t in zip(requests, per, strict=True) if t.completed], done)
+        peak_output_and_concurrency(arrivals[done], t, done)
     for key in METRIC_KEYS:
         for stat, value in _stats_ms(pooled[key], by_metric[key]).items():
             summary[f"{stat}_{key}_ms"] = value
     return summary
 
 
-def peak_output_and_concurrency(starts: Sequence[float], done: Sequence[RequestTimes]
-                                ) -> tuple[float, int]:
+def peak_output_and_concurrency(starts: Sequence[float] | np.ndarray, times: TimesTable,
+                                done: np.ndarray | None = None) -> tuple[float, int]:
     """vllm bench serve's ``max_output_tokens_per_s`` and ``max_concurrent_requests``: the time
     from the first send in whole-second buckets; a request's tokens counted in the bucket each
     arrived in (vLLM's rule: one token at the first token, one at each ITL after it, i.e. one
     per streamed chunk), and a request counted in every bucket from its send to its end; the
-    fullest bucket of tokens, and the fullest of requests."""
-    if not done:
+    fullest bucket of tokens, and the fullest of requests. ``starts``: the send times of the
+    requests ``done`` picks of ``times`` (default: all of them)."""
+    done = np.ones(len(times), bool) if done is None else done
+    if not done.any():
         return 0.0, 0
     start = np.asarray(starts, dtype=float)
     t0 = float(start.min())
-    first = start + np.fromiter((t.ttft for t in done), float, len(done))
-    end = start + np.fromiter((t.e2el for t in done), float, len(done))
+    first = start + times.ttft[done]
+    end = start + times.e2el[done]
     buckets = int(np.ceil(float(end.max()) - t0)) + 1
-    gaps = _pooled(t.itls for t in done)
-    counts = np.fromiter((len(t.itls) for t in done), np.int64, len(done))
+    counts = np.diff(times.itl_start)[done]
     # each later chunk's time: its request's first token plus the ITLs up to it (in place, one
-    # chunk-long array at a time: a 1M-request run has tens of millions of chunks)
-    after = np.cumsum(np.frombuffer(gaps, dtype=float)) if len(gaps) else np.zeros(0)
-    del gaps
+    # chunk-long array at a time: a 1M-request run has tens of millions of chunks); the
+    # requests left out have no ITLs
+    after = np.cumsum(times.itls) if len(times.itls) else np.zeros(0)
     offset = np.cumsum(counts) - counts  # each request's first ITL in ``after``
     before = np.where(offset > 0, after[np.maximum(offset - 1, 0)] if len(after) else 0.0, 0.0)
     after += np.repeat(first, counts)
@@ -343,17 +261,16 @@ def _bucket_counts(index: np.ndarray, buckets: int) -> np.ndarray:
     return np.bincount(index, minlength=buckets)
 
 
-def _num_good(done: Sequence[RequestTimes], slos_ms: Mapping[str, float]) -> int:
+def _num_good(times: TimesTable, slos_ms: Mapping[str, float]) -> int:
     """Completed requests meeting every SLO given (benchmark_serving's calculate_metrics)."""
     unknown = set(slos_ms) - set(GOODPUT_METRICS)
     if unknown:
         raise ValueError(f"goodput has no metric {sorted(unknown)[0]!r}")
-    limits = {m: ms / 1000 for m, ms in slos_ms.items()}  # vLLM compares seconds to SLO/1000
-    good = 0
-    for t in done:
-        value = {"ttft": t.ttft, "tpot": t.tpot or 0.0, "e2el": t.e2el}
-        good += all(value[m] <= limit for m, limit in limits.items())
-    return good
+    good = times.completed.copy()
+    value = {"ttft": times.ttft, "tpot": np.nan_to_num(times.tpot, nan=0.0), "e2el": times.e2el}
+    for m, ms in slos_ms.items():
+        good &= value[m] <= ms / 1000  # vLLM compares seconds to SLO/1000
+    return int(good.sum())
 
 
 def save_result_metadata(*, backend: str, model_id: str, tokenizer_id: str | None,
@@ -434,33 +351,38 @@ def prefix_cache_hit_rate(requests: Sequence[Request]) -> float:
     return sum(r.num_cached_prompt_tokens for r in requests) / total if total else 0.0
 
 
-def requests_csv(requests: Sequence[Request], replicas: Sequence[int] | None = None) -> str:
+def requests_csv(requests: Sequence[Request], replicas: Sequence[int] | None = None,
+                 times: TimesTable | None = None) -> str:
     """One row per request; empty cells where a value does not exist (unfinished, 1 token).
     ``replicas``: the replica each request was served by (a cluster); 0 for every one without."""
     buf = io.StringIO()
-    _write_requests_csv(buf, requests, replicas)
+    _write_requests_csv(buf, requests, replicas, times)
     return buf.getvalue()
 
 
 CSV_CHUNK_ROWS = 20_000  # requests.csv is rendered and written this many rows at a time
 
 
-def _write_requests_csv(f: Any, requests: Sequence[Request],
-                        replicas: Sequence[int] | None) -> None:
+def _write_requests_csv(f: Any, requests: Sequence[Request], replicas: Sequence[int] | None,
+                        times: TimesTable | None) -> None:
+    t = TimesTable.of_requests(requests) if times is None else times
+    if len(t) != len(requests):
+        raise ValueError(f"{len(t)} request times for {len(requests)} requests")
+    done = t.completed.tolist()
+    ttft = [x if ok else "" for x, ok in zip(t.ttft.tolist(), done)]
+    e2el = [x if ok else "" for x, ok in zip(t.e2el.tolist(), done)]
+    tpot = [_cell(x) for x in t.tpots()]
+    chunks = t.num_chunks.tolist()
+    replica = replicas if replicas is not None else [0] * len(requests)
     w = csv.writer(f, lineterminator="\n")
     w.writerow(REQUEST_CSV_COLUMNS)
     for start in range(0, len(requests), CSV_CHUNK_ROWS):
-        rows = []
-        for i in range(start, min(start + CSV_CHUNK_ROWS, len(requests))):
-            r = requests[i]
-            t = request_times(r)
-            rows.append([r.request_id, r.arrival_time, r.prompt_len, r.num_output_tokens,
-                         _cell(r.first_scheduled_time), t.ttft if t.completed else "",
-                         t.e2el if t.completed else "", _cell(t.tpot), t.num_chunks,
-                         r.num_preemptions, _cell(r.finish_time),
-                         replicas[i] if replicas is not None else 0,
-                         r.num_cached_prompt_tokens])
-        w.writerows(rows)
+        end = min(start + CSV_CHUNK_ROWS, len(requests))
+        w.writerows([r.request_id, r.arrival_time, r.prompt_len, r.num_output_tokens,
+                     _cell(r.first_scheduled_time), ttft[i], e2el[i], tpot[i], chunks[i],
+                     r.num_preemptions, _cell(r.finish_time), replica[i],
+                     r.num_cached_prompt_tokens]
+                    for i, r in zip(range(start, end), requests[start:end]))
 
 
 def steps_csv(steps: Any) -> str:
@@ -497,11 +419,13 @@ def clear_results(run_dir: str | os.PathLike[str]) -> None:
 def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
                   requests: Sequence[Request], extra: Mapping[str, Any], *,
                   steps: Any = None, summary_text: str | None = None,
-                  replicas: Sequence[int] | None = None) -> Path:
+                  replicas: Sequence[int] | None = None, times: TimesTable | None = None
+                  ) -> Path:
     """Write run_dir/result.json (summary + {"schedlab": extra}), requests.csv and, given
     per-step records, steps.csv, given the printout, summary.txt, as one unit: a previous run's
     files are removed first, each file is written atomically, result.json last, and if any write
-    fails (or is interrupted) none of them is left. Returns result.json's path."""
+    fails (or is interrupted) none of them is left. Returns result.json's path. ``times``: the
+    requests' TimesTable, when the caller has it already."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     # Everything else is rendered before anything is written: a bad value leaves no new file
@@ -519,7 +443,7 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
         # memory as one text
         with atomic_path(run_dir / "requests.csv") as tmp, \
                 open(tmp, "w", encoding="utf-8", newline="") as f:
-            _write_requests_csv(f, requests, replicas)
+            _write_requests_csv(f, requests, replicas, times)
             f.flush()
             os.fsync(f.fileno())
         for name, text in texts:

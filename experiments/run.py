@@ -9,7 +9,6 @@ import os
 import sys
 import time
 import warnings
-from array import array
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -288,13 +287,12 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         RESULT_FILES,
         format_summary,
         prefix_cache_hit_rate,
-        request_times,
         result_settings,
-        reusing_request_times,
         save_result_metadata,
         summarize,
         write_results,
     )
+    from experiments.request_times import TimesRecorder, TimesTable
     from experiments.scheduling_metrics import scheduling_metrics
     from experiments.workload import build_workload, load_tokenizer, max_concurrency, to_request
     from experiments.workload.settings import get_float
@@ -363,13 +361,11 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
 
             # Each request's times are taken as it finishes, and its per-token list let go: a
             # 1M-request run keeps a few numbers a request, not every token's time.
-            finished_times: list[Any] = [None] * len(requests)
+            recorder = TimesRecorder(len(requests))
 
             def keep_times(req: Request, replica: int) -> None:
                 if req.request_id < len(requests) and requests[req.request_id] is req:
-                    t = request_times(req)
-                    t.itls = array("d", t.itls)
-                    finished_times[req.request_id] = t
+                    recorder.record(req.request_id, req)
                     req.token_times = []
 
             if replica_specs is None:
@@ -397,15 +393,11 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             say(f"writing results to {run_dir} ...", console=sweep_label is None)
         texts = generated_texts(requests, tokenizer) if tokenizer is not None else None
         # once, for every metric and file below (the simulator's: taken as each request finished)
-        kept = finished_times if backend["name"] == "sim" else [None] * len(requests)
-        times = [t if t is not None else request_times(r)
-                 for t, r in zip(kept, requests, strict=True)]
-        del kept
+        times = recorder.table() if backend["name"] == "sim" else TimesTable.of_requests(requests)
         summary = summarize(requests, outcome.duration, percentiles=results.percentiles,
                             goodput=results.goodput, generated_texts=texts,
                             per_request=results.save_per_request, times=times)
-        with reusing_request_times(requests, times):
-            scheduling = scheduling_metrics(requests, outcome.duration, choice.service_time_fn)
+        scheduling = scheduling_metrics(requests, outcome.duration, choice.service_time_fn, times)
         classes = scheduling.pop("classes", None)
         summary.update(scheduling)
         trace = workload.get("kind") == "trace"
@@ -449,7 +441,9 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             extra.update(router=cluster.router_name, num_replicas=cluster.size)
             replica_of = cluster_outcome.replica_of
             result["replicas"] = replica_summaries(
-                cluster_outcome, [t.ttft if t.completed else None for t in times], cluster.labels)
+                cluster_outcome, [x if ok else None for x, ok in
+                                  zip(times.ttft.tolist(), times.completed.tolist())],
+                cluster.labels)
         if classes:
             extra["classes"] = classes
         if backend["name"] == "sim":
@@ -461,9 +455,8 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         hidden = {STAMP_KEY, *(CUDA_ONLY_FIELDS if extra.get("device") == "cpu" else ())}
         text = format_summary(result, {k: v for k, v in extra.items() if k not in hidden},
                               shown=results.shown)
-        with reusing_request_times(requests, times):
-            write_results(run_dir, result, requests, extra, steps=getattr(outcome, "steps", None),
-                          summary_text=text, replicas=replica_of)
+        write_results(run_dir, result, requests, extra, steps=getattr(outcome, "steps", None),
+                      summary_text=text, replicas=replica_of, times=times)
         record(run_dir, [name for name in RESULT_FILES if (run_dir / name).is_file()])
         if sweep_label is None:
             say(text)

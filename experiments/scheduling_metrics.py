@@ -10,27 +10,30 @@ from typing import Any
 
 import numpy as np
 
-from experiments.metrics import RequestTimes, request_times
+from experiments.request_times import TimesTable
 from policies.request import Request
 
 # GPU seconds of a request served alone on an idle engine: its prefill then its decode steps
 ServiceTimeFn = Callable[[Request], float]
 
 
-def _tails(values: Sequence[float], name: str) -> dict[str, float]:
-    if not values:
+def _tails(values: Sequence[float] | np.ndarray, name: str) -> dict[str, float]:
+    if not len(values):
         return {}
     a = np.asarray(values, dtype=float) * 1e3
     return {f"median_{name}_ms": float(np.median(a)), f"p90_{name}_ms": float(np.percentile(a, 90)),
             f"p99_{name}_ms": float(np.percentile(a, 99))}
 
 
-def meets(req: Request, t: RequestTimes, ttft_ms: float | None, tpot_ms: float | None) -> bool:
-    """Whether a completed request met its targets (a one-token request has TPOT 0, as
-    benchmark_serving's goodput counts it)."""
-    if ttft_ms is not None and t.ttft * 1e3 > ttft_ms:
-        return False
-    return tpot_ms is None or (t.tpot or 0.0) * 1e3 <= tpot_ms
+def _meets(t: TimesTable, ttft_ms: float | None, tpot_ms: float | None) -> np.ndarray:
+    """Which requests met the targets (a one-token request has TPOT 0, as benchmark_serving's
+    goodput counts it); only completed requests' answers mean anything."""
+    ok = np.ones(len(t), bool)
+    if ttft_ms is not None:
+        ok &= ~(t.ttft * 1e3 > ttft_ms)
+    if tpot_ms is not None:
+        ok &= np.nan_to_num(t.tpot, nan=0.0) * 1e3 <= tpot_ms
+    return ok
 
 
 def jain_index(values: Sequence[float]) -> float:
@@ -40,35 +43,42 @@ def jain_index(values: Sequence[float]) -> float:
 
 
 def scheduling_metrics(requests: Sequence[Request], duration: float,
-                       service_time: ServiceTimeFn | None = None) -> dict[str, Any]:
+                       service_time: ServiceTimeFn | None = None,
+                       times: TimesTable | None = None) -> dict[str, Any]:
     """Flat metrics of the whole run (result.json's top level), and ``classes``: per SLO class,
-    its requests, goodput against the class's own targets, attainment and latency tails."""
-    per = [(r, request_times(r)) for r in requests]
-    done = [(r, t) for r, t in per if t.completed]
+    its requests, goodput against the class's own targets, attainment and latency tails.
+    ``times``: the requests' TimesTable, when the caller has it already."""
+    t = TimesTable.of_requests(requests) if times is None else times
+    done = t.completed
+    tpot = t.tpot[done]
     out: dict[str, Any] = {
         "max_queueing_delay_ms": max((r.max_wait for r in requests), default=0.0) * 1e3}
-    for name, get in (("ttft", lambda t: t.ttft), ("e2el", lambda t: t.e2el)):
-        out.update({k: v for k, v in _tails([get(t) for _, t in done], name).items()
-                    if not k.startswith("median")})
-    out.update({k: v for k, v in _tails([t.tpot for _, t in done if t.tpot is not None],
-                                         "tpot").items() if not k.startswith("median")})
-    if service_time is not None and done:
-        slow = np.array([t.e2el / service_time(r) for r, t in done])
+    for name, values in (("ttft", t.ttft[done]), ("e2el", t.e2el[done]),
+                         ("tpot", tpot[~np.isnan(tpot)])):
+        out.update({k: v for k, v in _tails(values, name).items() if not k.startswith("median")})
+    if service_time is not None and done.any():
+        alone = np.fromiter((service_time(r) for r, ok in zip(requests, done.tolist()) if ok),
+                            float)
+        slow = t.e2el[done] / alone
         out.update(mean_slowdown=float(slow.mean()), p99_slowdown=float(np.percentile(slow, 99)),
                    jain_fairness_slowdown=jain_index(slow))
     classes: dict[str, dict[str, Any]] = {}
+    labels = np.array([r.slo_class or "" for r in requests], dtype=object)
     for name in sorted({r.slo_class for r in requests if r.slo_class is not None}):
-        mine = [(r, t) for r, t in per if r.slo_class == name]
-        ok = [(r, t) for r, t in mine if t.completed]
-        good = sum(meets(r, t, r.ttft_slo_ms, r.tpot_slo_ms) for r, t in ok)
+        mine = labels == name
+        ok = mine & done
+        first = requests[int(np.argmax(mine))]
+        good = int((ok & _meets(t, first.ttft_slo_ms, first.tpot_slo_ms)).sum())
+        n_mine = int(mine.sum())
         row: dict[str, Any] = {
-            "num_requests": len(mine), "completed": len(ok),
-            "priority": mine[0][0].priority, "ttft_slo_ms": mine[0][0].ttft_slo_ms,
-            "tpot_slo_ms": mine[0][0].tpot_slo_ms,
-            "request_goodput": good / duration, "slo_attainment": good / len(mine)}
-        row.update(_tails([t.ttft for _, t in ok], "ttft"))
-        row.update(_tails([t.tpot for _, t in ok if t.tpot is not None], "tpot"))
-        row.update(_tails([t.e2el for _, t in ok], "e2el"))
+            "num_requests": n_mine, "completed": int(ok.sum()),
+            "priority": first.priority, "ttft_slo_ms": first.ttft_slo_ms,
+            "tpot_slo_ms": first.tpot_slo_ms,
+            "request_goodput": good / duration, "slo_attainment": good / n_mine}
+        mine_tpot = t.tpot[ok]
+        row.update(_tails(t.ttft[ok], "ttft"))
+        row.update(_tails(mine_tpot[~np.isnan(mine_tpot)], "tpot"))
+        row.update(_tails(t.e2el[ok], "e2el"))
         classes[name] = row
     if classes:
         out["classes"] = classes

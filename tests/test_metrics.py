@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import pytest
 
 from experiments import metrics
-from experiments.metrics import format_summary, request_times, summarize, write_results
+from experiments.metrics import format_summary, summarize, write_results
+from experiments.request_times import request_times
 from policies.request import Request
 
 

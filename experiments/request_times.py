@@ -1,0 +1,159 @@
+"""What a streaming client saw of each request (TTFT, ITLs, TPOT, E2EL): of one request
+(``request_times``), or of every request of a run as columns (``TimesTable``), the form the
+metrics and result files read. ``TimesRecorder`` fills a table as requests finish, so that a
+long simulated run keeps a few numbers a request rather than every token's time."""
+
+from __future__ import annotations
+
+import dataclasses
+from array import array
+from collections.abc import Sequence
+
+import numpy as np
+
+from policies.request import Request
+
+
+@dataclasses.dataclass(slots=True)
+class RequestTimes:
+    """What a streaming client saw of one request (times in seconds)."""
+
+    completed: bool
+    output_len: int
+    ttft: float = 0.0
+    e2el: float = 0.0
+    tpot: float | None = None  # None with fewer than two output tokens
+    itls: Sequence[float] = dataclasses.field(default_factory=list)
+    num_chunks: int = 0
+
+
+def request_times(req: Request) -> RequestTimes:
+    """TTFT, ITLs, TPOT and E2EL of one request from its token delivery times.
+
+    A chunk is the set of tokens delivered at one instant (equal token_times: a backend stamps
+    a burst with one clock reading), so with multi-step a chunk may carry up to k tokens and
+    the ITLs are the gaps between successive chunks, as benchmark_serving measures them.
+    A request counts as completed once it has a finish_time; unfinished ones look like
+    benchmark_serving's failed requests (output_len 0, no latencies).
+    """
+    if req.finish_time is None:
+        return RequestTimes(completed=False, output_len=0)
+    times = req.token_times
+    if not times:
+        raise ValueError(f"request {req.request_id} finished but has no token_times")
+    n = len(times)
+    if n != req.num_output_tokens:
+        raise ValueError(f"request {req.request_id} has {n} token_times but "
+                         f"num_output_tokens = {req.num_output_tokens}")
+    if times[0] < req.arrival_time:
+        raise ValueError(f"request {req.request_id}: first token at {times[0]} is before its "
+                         f"arrival at {req.arrival_time}")
+    # sorted (a C pass over sorted input): the chunks are the distinct times, in order
+    if list(times) != sorted(times):
+        for a, b in zip(times, times[1:]):
+            if b < a:
+                raise ValueError(f"request {req.request_id}: token_times go backwards ({a} "
+                                 f"then {b})")
+    chunks = list(dict.fromkeys(times))
+    ttft = chunks[0] - req.arrival_time
+    e2el = chunks[-1] - req.arrival_time
+    return RequestTimes(completed=True, output_len=n, ttft=ttft, e2el=e2el,
+                        tpot=(e2el - ttft) / (n - 1) if n > 1 else None,
+                        itls=[b - a for a, b in zip(chunks, chunks[1:])],
+                        num_chunks=len(chunks))
+
+
+class TimesTable:
+    """Every request's RequestTimes as columns, in request order: ``completed``, ``output_len``,
+    ``ttft``, ``e2el`` (0 where unfinished), ``tpot`` (NaN where there is none),
+    ``num_chunks``, and every request's ITLs in one array (``itls``), request i's being
+    ``itls[itl_start[i]:itl_start[i + 1]]``."""
+
+    __slots__ = ("completed", "output_len", "ttft", "e2el", "tpot", "num_chunks", "itls",
+                 "itl_start")
+
+    def __init__(self, completed: np.ndarray, output_len: np.ndarray, ttft: np.ndarray,
+                 e2el: np.ndarray, tpot: np.ndarray, num_chunks: np.ndarray, itls: np.ndarray,
+                 itl_start: np.ndarray) -> None:
+        self.completed, self.output_len, self.ttft, self.e2el = completed, output_len, ttft, e2el
+        self.tpot, self.num_chunks, self.itls, self.itl_start = tpot, num_chunks, itls, itl_start
+
+    def __len__(self) -> int:
+        return len(self.completed)
+
+    @classmethod
+    def of(cls, times: Sequence[RequestTimes]) -> TimesTable:
+        n = len(times)
+        itls = array("d")
+        counts = np.empty(n, np.int64)
+        for i, t in enumerate(times):
+            counts[i] = len(t.itls)
+            itls.extend(t.itls)
+        return cls(np.fromiter((t.completed for t in times), bool, n),
+                   np.fromiter((t.output_len for t in times), np.int64, n),
+                   np.fromiter((t.ttft for t in times), float, n),
+                   np.fromiter((t.e2el for t in times), float, n),
+                   np.fromiter((np.nan if t.tpot is None else t.tpot for t in times), float, n),
+                   np.fromiter((t.num_chunks for t in times), np.int64, n),
+                   np.frombuffer(itls, dtype=float) if len(itls) else np.zeros(0),
+                   _starts(counts))
+
+    @classmethod
+    def of_requests(cls, requests: Sequence[Request]) -> TimesTable:
+        return cls.of([request_times(r) for r in requests])
+
+    def itl_lists(self) -> list[list[float]]:
+        """Each request's ITLs as a list (result.json's ``itls``)."""
+        flat, start = self.itls.tolist(), self.itl_start.tolist()
+        return [flat[a:b] for a, b in zip(start, start[1:])]
+
+    def tpots(self) -> list[float | None]:
+        """Each request's TPOT, None where it has none."""
+        return [None if x != x else x for x in self.tpot.tolist()]
+
+
+def _starts(counts: np.ndarray) -> np.ndarray:
+    start = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=start[1:])
+    return start
+
+
+class TimesRecorder:
+    """Fills a TimesTable as requests finish (``record``), for requests numbered 0..n-1 by
+    position; ``table`` adds the requests that never finished. ITLs are kept as they come
+    (finish order) and put in request order once, at the end."""
+
+    def __init__(self, n: int) -> None:
+        self._done = np.zeros(n, bool)
+        self._output_len = np.zeros(n, np.int64)
+        self._ttft = np.zeros(n)
+        self._e2el = np.zeros(n)
+        self._tpot = np.full(n, np.nan)
+        self._chunks = np.zeros(n, np.int64)
+        self._first_itl = np.zeros(n, np.int64)  # where its ITLs start in _itls
+        self._itls = array("d")
+
+    def record(self, i: int, req: Request) -> None:
+        t = request_times(req)
+        self._done[i] = t.completed
+        self._output_len[i] = t.output_len
+        self._ttft[i], self._e2el[i] = t.ttft, t.e2el
+        if t.tpot is not None:
+            self._tpot[i] = t.tpot
+        self._chunks[i] = t.num_chunks
+        self._first_itl[i] = len(self._itls)
+        self._itls.extend(t.itls)
+
+    def table(self) -> TimesTable:
+        """The table of every request (those never recorded: unfinished); the recorder's ITLs
+        are handed over, so it records nothing more."""
+        done = self._done
+        counts = np.where(done, np.maximum(self._chunks - 1, 0), 0)
+        start = _starts(counts)
+        flat = np.frombuffer(self._itls, dtype=float) if len(self._itls) else np.zeros(0)
+        # position j of the request-order array takes its request's (j - start) th ITL
+        order = np.repeat(self._first_itl - start[:-1], counts) + np.arange(start[-1])
+        itls = flat[order] if len(order) else np.zeros(0)
+        self._itls = array("d")
+        return TimesTable(done, np.where(done, self._output_len, 0), self._ttft, self._e2el,
+                          self._tpot, np.where(done, self._chunks, 0), itls, start)
