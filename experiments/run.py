@@ -313,20 +313,24 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     cluster = ClusterChoice(cfg, backend, model, parallel)  # cluster.*, router.*
     with_ids = backend["name"] == "real"  # the simulator needs lengths only
     workload = plain(cfg["workload"])
-    specs = build_workload(workload, vocab_size=model.vocab_size if with_ids else None,
-                           max_model_len=model.max_model_len)
-    num_dropped = specs.num_dropped  # workload.drop_too_long: requests over max_model_len
+    # The workload's objects live to the run's end: the cyclic collector, which would rescan
+    # them again and again as they are made (half the time of making 1M), waits until they
+    # are, and then leaves them out (frozen; unfrozen when the run ends).
+    gc.disable()
+    try:
+        specs = build_workload(workload, vocab_size=model.vocab_size if with_ids else None,
+                               max_model_len=model.max_model_len)
+        num_dropped = specs.num_dropped  # workload.drop_too_long: requests over max_model_len
+        requests = [to_request(spec, i, with_token_ids=with_ids) for i, spec in enumerate(specs)]
+        del specs  # the requests hold what the run needs
+    finally:
+        gc.enable()
     limit = max_concurrency(workload)
     tokenizer_id = text_tokenizer_id(workload, model)
     # the real backend's outputs become text: its tokenizer is loaded before the run, not after
     tokenizer = load_tokenizer(tokenizer_id) if with_ids and results.save_per_request else None
-    requests = [to_request(spec, i, with_token_ids=with_ids) for i, spec in enumerate(specs)]
-    del specs  # the requests hold what the run needs
-    # They live to the run's end: the cyclic collector need not rescan them (a 1M-request
-    # run's metrics would spend much of their time in it); unfrozen when the run ends.
     gc.freeze()
     try:
-
         time_scale = float(backend.get("time_scale", 1.0))  # the simulator's
         progress = bool(cfg.get("progress", True))
         settings = {k: v for k, v in backend.items() if k != "name"}
