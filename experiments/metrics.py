@@ -3,24 +3,17 @@ result files (result.json in the ``--save-result`` format, requests.csv, steps.c
 
 from __future__ import annotations
 
-import contextlib
-import csv
 import dataclasses
-import enum
-import io
-import json
 import math
-import os
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from experiments.files import atomic_path, write_text_atomic
 from experiments.request_times import TimesTable
+from experiments.result_files import PerRequest
 from policies.base import check_settings
 from policies.request import Request
 
@@ -28,9 +21,6 @@ METRICS = (("ttft", "TTFT", "Time to First Token"),
            ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
            ("itl", "ITL", "Inter-token Latency"),
            ("e2el", "E2EL", "End-to-end Latency"))
-REQUEST_CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len",
-                       "first_scheduled_time", "ttft", "e2el", "tpot", "num_chunks",
-                       "num_preemptions", "finish_time", "replica", "num_cached_tokens")
 UNFINISHED = "unfinished"
 METRIC_KEYS = tuple(key for key, _, _ in METRICS)
 # vllm bench serve's per-request lists (its --save-detailed ones: latencies are the E2ELs, kept
@@ -145,7 +135,7 @@ def summarize(requests: Sequence[Request], duration: float, *,
               goodput: Mapping[str, float] | None = None,
               generated_texts: Sequence[str] | None = None,
               per_request: bool = True,
-              times: TimesTable | None = None) -> dict[str, Any]:
+              times: TimesTable | None = None, streamed: bool = False) -> dict[str, Any]:
     """The benchmark_serving ``--save-result`` fields of a finished run.
 
     ``duration`` is the benchmark's wall time, first send to last finish, in seconds. Per-request
@@ -155,7 +145,9 @@ def summarize(requests: Sequence[Request], duration: float, *,
     per request (e2el - ttft) / (output_len - 1), over requests with more than one output
     token; ITLs are pooled over requests. ``percentiles``: for every metric, or per metric.
     ``generated_texts`` default to empty strings, as benchmark_serving's are without text.
-    ``times``: the requests' TimesTable, when the caller has it already.
+    ``times``: the requests' TimesTable, when the caller has it already. ``streamed``: the
+    per-request lists of numbers as PerRequest sequences, made a chunk at a time when
+    result.json is written (a 1M-request run's lists never exist whole).
 
     ``goodput`` (SLOs in ms by metric: ttft, tpot, e2el) gives ``request_goodput``: completed
     requests that meet every SLO given, per second, with benchmark_serving's rule that a request
@@ -198,15 +190,18 @@ def summarize(requests: Sequence[Request], duration: float, *,
     })
     arrivals = np.fromiter((r.arrival_time for r in requests), float, len(requests))
     if per_request:
-        e2els = t.e2el.tolist()
+        def column(values: np.ndarray) -> Sequence[Any]:
+            return PerRequest.of(values) if streamed else values.tolist()
+
+        itls = PerRequest(len(t), t.itl_lists) if streamed else t.itl_lists()
         summary.update({
-            "input_lens": prompt_lens.tolist(),
-            "output_lens": t.output_len.tolist(),
-            "ttfts": t.ttft.tolist(),
-            "itls": t.itl_lists(),
-            "e2els": e2els,
-            "latencies": list(e2els),
-            "start_times": arrivals.tolist(),
+            "input_lens": column(prompt_lens),
+            "output_lens": column(t.output_len),
+            "ttfts": column(t.ttft),
+            "itls": itls,
+            "e2els": column(t.e2el),
+            "latencies": column(t.e2el),
+            "start_times": column(arrivals),
             "generated_texts": list(generated_texts) if generated_texts is not None
             else [""] * len(requests),
             "errors": ["" if ok else UNFINISHED for ok in done.tolist()],
@@ -273,6 +268,13 @@ def _num_good(times: TimesTable, slos_ms: Mapping[str, float]) -> int:
     return int(good.sum())
 
 
+def prefix_cache_hit_rate(requests: Sequence[Request]) -> float:
+    """Prompt tokens found in the prefix cache at each request's first admission, over all
+    prompt tokens (vLLM's prefix cache hit rate, by tokens)."""
+    total = sum(r.prompt_len for r in requests)
+    return sum(r.num_cached_prompt_tokens for r in requests) / total if total else 0.0
+
+
 def save_result_metadata(*, backend: str, model_id: str, tokenizer_id: str | None,
                          num_prompts: int, request_rate: float | None,
                          burstiness: float | None, max_concurrency: int | None,
@@ -286,174 +288,6 @@ def save_result_metadata(*, backend: str, model_id: str, tokenizer_id: str | Non
             "model_id": model_id, "tokenizer_id": tokenizer_id, "num_prompts": num_prompts,
             "request_rate": request_rate, "burstiness": burstiness,
             "max_concurrency": max_concurrency}
-
-
-# ---------------------------------------------------------------------------------------------
-# Result files
-# ---------------------------------------------------------------------------------------------
-
-def _jsonable(x: Any) -> Any:
-    """A JSON-safe copy: numpy scalars to Python, paths to str, inf/nan to "inf"/"nan"
-    (benchmark_serving writes request_rate inf as "inf"; bare Infinity is not JSON)."""
-    if isinstance(x, float | np.floating):
-        x = float(x)
-        return x if math.isfinite(x) else ("nan" if math.isnan(x) else ("inf" if x > 0 else "-inf"))
-    if isinstance(x, bool | np.bool_):
-        return bool(x)
-    if isinstance(x, int | np.integer):
-        return int(x)
-    if x is None or isinstance(x, str):
-        return x
-    if isinstance(x, enum.Enum):
-        return _jsonable(x.value)
-    if isinstance(x, os.PathLike):
-        return os.fspath(x)
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return _jsonable(dataclasses.asdict(x))
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    if isinstance(x, Sequence | set | frozenset):
-        return [_jsonable(v) for v in x]
-    raise ValueError(f"result value {x!r} of type {type(x).__name__} cannot be written as JSON")
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # not supported everywhere; the renames are already atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _csv_text(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(header)
-    w.writerows(rows)
-    return buf.getvalue()
-
-
-def _cell(x: Any) -> Any:
-    return "" if x is None else x
-
-
-def prefix_cache_hit_rate(requests: Sequence[Request]) -> float:
-    """Prompt tokens found in the prefix cache at each request's first admission, over all
-    prompt tokens (vLLM's prefix cache hit rate, by tokens)."""
-    total = sum(r.prompt_len for r in requests)
-    return sum(r.num_cached_prompt_tokens for r in requests) / total if total else 0.0
-
-
-def requests_csv(requests: Sequence[Request], replicas: Sequence[int] | None = None,
-                 times: TimesTable | None = None) -> str:
-    """One row per request; empty cells where a value does not exist (unfinished, 1 token).
-    ``replicas``: the replica each request was served by (a cluster); 0 for every one without."""
-    buf = io.StringIO()
-    _write_requests_csv(buf, requests, replicas, times)
-    return buf.getvalue()
-
-
-CSV_CHUNK_ROWS = 20_000  # requests.csv is rendered and written this many rows at a time
-
-
-def _write_requests_csv(f: Any, requests: Sequence[Request], replicas: Sequence[int] | None,
-                        times: TimesTable | None) -> None:
-    t = TimesTable.of_requests(requests) if times is None else times
-    if len(t) != len(requests):
-        raise ValueError(f"{len(t)} request times for {len(requests)} requests")
-    done = t.completed.tolist()
-    ttft = [x if ok else "" for x, ok in zip(t.ttft.tolist(), done)]
-    e2el = [x if ok else "" for x, ok in zip(t.e2el.tolist(), done)]
-    tpot = [_cell(x) for x in t.tpots()]
-    chunks = t.num_chunks.tolist()
-    replica = replicas if replicas is not None else [0] * len(requests)
-    w = csv.writer(f, lineterminator="\n")
-    w.writerow(REQUEST_CSV_COLUMNS)
-    for start in range(0, len(requests), CSV_CHUNK_ROWS):
-        end = min(start + CSV_CHUNK_ROWS, len(requests))
-        w.writerows([r.request_id, r.arrival_time, r.prompt_len, r.num_output_tokens,
-                     _cell(r.first_scheduled_time), ttft[i], e2el[i], tpot[i], chunks[i],
-                     r.num_preemptions, _cell(r.finish_time), replica[i],
-                     r.num_cached_prompt_tokens]
-                    for i, r in zip(range(start, end), requests[start:end]))
-
-
-def steps_csv(steps: Any) -> str:
-    """Per-step records (mappings, dataclasses or a DataFrame) as CSV."""
-    if hasattr(steps, "to_csv"):
-        return steps.to_csv(index=False, lineterminator="\n")
-    rows = []
-    for s in steps:
-        if dataclasses.is_dataclass(s) and not isinstance(s, type):
-            rows.append(dataclasses.asdict(s))
-        elif isinstance(s, Mapping):
-            rows.append(dict(s))
-        else:
-            raise ValueError(f"steps rows must be mappings or dataclasses, got {type(s).__name__}")
-    header: list[str] = []
-    for row in rows:  # union of keys, first-seen order
-        header += [k for k in row if k not in header]
-    return _csv_text(header, [[_cell(row.get(k)) for k in header] for row in rows])
-
-
-# A run's result files, result.json first: it is removed first and written last, so its presence
-# means every other file beside it comes from the same run (resumable sweeps skip on it).
-RESULT_FILES = ("result.json", "requests.csv", "steps.csv", "summary.txt")
-
-
-def clear_results(run_dir: str | os.PathLike[str]) -> None:
-    """Remove a previous run's result files from run_dir (result.json first)."""
-    run_dir = Path(run_dir)
-    for name in RESULT_FILES:
-        (run_dir / name).unlink(missing_ok=True)
-    _fsync_dir(run_dir)
-
-
-def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
-                  requests: Sequence[Request], extra: Mapping[str, Any], *,
-                  steps: Any = None, summary_text: str | None = None,
-                  replicas: Sequence[int] | None = None, times: TimesTable | None = None
-                  ) -> Path:
-    """Write run_dir/result.json (summary + {"schedlab": extra}), requests.csv and, given
-    per-step records, steps.csv, given the printout, summary.txt, as one unit: a previous run's
-    files are removed first, each file is written atomically, result.json last, and if any write
-    fails (or is interrupted) none of them is left. Returns result.json's path. ``times``: the
-    requests' TimesTable, when the caller has it already."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    # Everything else is rendered before anything is written: a bad value leaves no new file
-    # (requests.csv is written first, and removed with the rest if a row fails).
-    result = json.dumps(_jsonable({**summary, "schedlab": dict(extra)}), allow_nan=False)
-    texts = []
-    if steps is not None:
-        texts.append(("steps.csv", steps_csv(steps)))
-    if summary_text is not None:
-        texts.append(("summary.txt", summary_text + "\n"))
-    texts.append(("result.json", result))
-    clear_results(run_dir)
-    try:
-        # requests.csv in chunks, straight to its file: a 1M-request run's rows never sit in
-        # memory as one text
-        with atomic_path(run_dir / "requests.csv") as tmp, \
-                open(tmp, "w", encoding="utf-8", newline="") as f:
-            _write_requests_csv(f, requests, replicas, times)
-            f.flush()
-            os.fsync(f.fileno())
-        for name, text in texts:
-            write_text_atomic(run_dir / name, text)
-    except BaseException:
-        with contextlib.suppress(OSError):  # the write's own error is the one to report
-            clear_results(run_dir)
-        raise
-    _fsync_dir(run_dir)
-    return run_dir / "result.json"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -102,10 +102,13 @@ class TimesTable:
     def of_requests(cls, requests: Sequence[Request]) -> TimesTable:
         return cls.of([request_times(r) for r in requests])
 
-    def itl_lists(self) -> list[list[float]]:
-        """Each request's ITLs as a list (result.json's ``itls``)."""
-        flat, start = self.itls.tolist(), self.itl_start.tolist()
-        return [flat[a:b] for a, b in zip(start, start[1:])]
+    def itl_lists(self, first: int = 0, end: int | None = None) -> list[list[float]]:
+        """Each request's ITLs as a list (result.json's ``itls``), of requests first..end-1."""
+        end = len(self) if end is None else end
+        bounds = self.itl_start[first:end + 1].tolist()
+        flat = self.itls[bounds[0]:bounds[-1]].tolist() if bounds else []
+        base = bounds[0] if bounds else 0
+        return [flat[a - base:b - base] for a, b in zip(bounds, bounds[1:])]
 
     def tpots(self) -> list[float | None]:
         """Each request's TPOT, None where it has none."""

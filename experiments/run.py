@@ -284,15 +284,14 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     run's result files go, if schedlab wrote them there (run_dir's manifest lists them): a file
     of that name it did not write, or an input the run would overwrite, is refused."""
     from experiments.metrics import (
-        RESULT_FILES,
         format_summary,
         prefix_cache_hit_rate,
         result_settings,
         save_result_metadata,
         summarize,
-        write_results,
     )
     from experiments.request_times import TimesRecorder, TimesTable
+    from experiments.result_files import RESULT_FILES, write_results
     from experiments.scheduling_metrics import scheduling_metrics
     from experiments.workload import build_workload, load_tokenizer, max_concurrency, to_request
     from experiments.workload.settings import get_float
@@ -400,7 +399,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         times = recorder.table() if backend["name"] == "sim" else TimesTable.of_requests(requests)
         summary = summarize(requests, outcome.duration, percentiles=results.percentiles,
                             goodput=results.goodput, generated_texts=texts,
-                            per_request=results.save_per_request, times=times)
+                            per_request=results.save_per_request, times=times, streamed=True)
         scheduling = scheduling_metrics(requests, outcome.duration, choice.service_time_fn, times)
         classes = scheduling.pop("classes", None)
         summary.update(scheduling)
@@ -474,7 +473,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
 
 
 def _written(run_dir: Path) -> list[str]:
-    from experiments.metrics import RESULT_FILES
+    from experiments.result_files import RESULT_FILES
 
     names = [name for name in RESULT_FILES if (run_dir / name).is_file()]
     return names + [p.name for p in run_dir.glob("*.log")]

@@ -261,7 +261,7 @@ def _app(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from experiments.files import write_text_atomic
-    from experiments.metrics import steps_csv
+    from experiments.result_files import steps_csv
 
     steps = Path(HydraConfig.get().runtime.output_dir) / "steps.csv"
     if len(server.steps) == STEP_ROWS_KEPT:

@@ -137,7 +137,7 @@ class StepRows(Sequence[dict[str, Any]]):
         return (*row[:11], sum(times), ";".join(f"{g:.6f}" for g in times), *row[12:])
 
     def to_csv(self, index: bool = False, lineterminator: str = "\n") -> str:
-        """The rows as CSV text (the call experiments.metrics.steps_csv makes of a table)."""
+        """The rows as CSV text (the call experiments.result_files.steps_csv makes of a table)."""
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator=lineterminator)
         w.writerow(self.columns)

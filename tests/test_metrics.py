@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from experiments import metrics
-from experiments.metrics import format_summary, summarize, write_results
+from experiments import result_files
+from experiments.metrics import format_summary, summarize
 from experiments.request_times import request_times
+from experiments.result_files import REQUEST_CSV_COLUMNS, write_results
 from policies.request import Request
 
 
@@ -253,7 +254,7 @@ def test_write_results(tmp_path):
     assert {k: result[k] for k in s} == s
     with open(tmp_path / "run" / "requests.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert tuple(rows[0]) == metrics.REQUEST_CSV_COLUMNS
+    assert tuple(rows[0]) == REQUEST_CSV_COLUMNS
     assert rows[0]["num_chunks"] == "3" and rows[0]["num_preemptions"] == "1"
     assert float(rows[0]["tpot"]) == pytest.approx(1 / 3)
     assert float(rows[0]["first_scheduled_time"]) == 0.25
@@ -280,7 +281,7 @@ def test_failed_write_leaves_old_files_and_no_temp_files(tmp_path, monkeypatch):
             raise OSError("disk full")
         real_replace(src, dst)
 
-    monkeypatch.setattr(metrics.os, "replace", crash_on_result)
+    monkeypatch.setattr(result_files.os, "replace", crash_on_result)
     with pytest.raises(OSError, match="disk full"):
         write_results(tmp_path, s, reqs, {"k": 3})
     # neither the old run's files nor part of the new run's (no mix of two runs); no *.tmp

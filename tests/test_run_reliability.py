@@ -162,25 +162,25 @@ def test_finished_needs_a_result_stamped_with_this_config(tmp_path):
 
 
 def test_result_files_are_written_as_one_unit(tmp_path, monkeypatch):
-    from experiments import metrics
+    from experiments import result_files
 
     cfg = composed(*SMALL)
     run(cfg, tmp_path)
-    real = metrics.write_text_atomic
+    real = result_files.atomic_path
 
-    def interrupted(path, text):
-        if Path(path).name == "result.json":
+    def interrupted(path):
+        if Path(path).name == "result.json":  # the last file, written after the others
             raise KeyboardInterrupt
-        real(path, text)
+        return real(path)
 
-    monkeypatch.setattr(metrics, "write_text_atomic", interrupted)
+    monkeypatch.setattr(result_files, "atomic_path", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run(cfg, tmp_path)
     assert not any((tmp_path / name).exists() for name in RESULTS)  # neither old nor half new
     assert not list(tmp_path.glob(".*.tmp"))
-    monkeypatch.setattr(metrics, "write_text_atomic", real)
+    monkeypatch.setattr(result_files, "atomic_path", real)
     (tmp_path / "steps.csv").write_text("stale\n")
-    metrics.write_results(tmp_path, {"request_throughput": 1.0}, [], {})  # a run without steps
+    result_files.write_results(tmp_path, {"request_throughput": 1.0}, [], {})  # no steps
     assert not (tmp_path / "steps.csv").exists()
 
 
