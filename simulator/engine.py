@@ -587,19 +587,17 @@ def _open_window(sim: _Sim, batch: Batch, v: int, gpu_free: float | None = None)
     (``gpu_free``: when the window before leaves the GPU) its steps' times are known now."""
     spec, k = sim.overhead, batch.num_steps
     overlap = gpu_free is not None
-    shapes = window_shapes(batch)
+    # the scheduler discards samples past max_tokens: how many sequences end at each step
+    ending = [0] * (k + 1) if k > 1 and not overlap else None
+    shapes = window_shapes(batch, ending)
     if k == 1:  # every sampling sequence still owes at least one token
         delivered = [shapes[0].num_sampled]
-    else:  # the scheduler discards samples past max_tokens
-        ending = [0] * (k + 1)
-        for s in batch.seqs:
-            req = s.request
-            if overlap:  # the outputs of the window in flight are still placeholders
+    else:
+        if ending is None:  # the outputs of the window in flight are still placeholders
+            ending = [0] * (k + 1)
+            for s in batch.seqs:
                 if s.num_placeholders:
                     ending[min(s.num_steps, s.num_placeholders, k)] += 1
-            elif s.num_cached_tokens + s.num_query_tokens >= req.prompt_len + req.num_output_tokens:
-                owed = req.max_tokens - req.num_output_tokens
-                ending[min(s.num_steps, owed, k)] += 1
         delivered = [0] * k
         alive = sum(ending) - ending[0]
         for j in range(k):

@@ -36,8 +36,11 @@ class StepShape:
         return 0 < self.num_prefill_tokens < self.num_tokens
 
 
-def window_shapes(batch: Batch) -> list[StepShape]:
-    """The shape of every step of ``batch``: one pass over the sequences, then O(k)."""
+def window_shapes(batch: Batch, ending: list[int] | None = None) -> list[StepShape]:
+    """The shape of every step of ``batch``: one pass over the sequences, then O(k).
+    ``ending`` (k + 1 zeros), in the same pass: how many sampling sequences take their last
+    token at each step, ``ending[m]`` those that take m (their steps capped by the tokens they
+    still owe; the simulator's tokens delivered per step)."""
     k = batch.num_steps
     seqs = batch.seqs
     leaving = [0] * (k + 1)  # leaving[m]: sequences taking part in exactly m steps
@@ -60,6 +63,10 @@ def window_shapes(batch: Batch) -> list[StepShape]:
         req = s.request
         if cq >= req.prompt_len + req.num_output_tokens:  # the chunk completes the sequence
             sampled += 1
+            if ending is not None:
+                m = s.num_steps if s.num_steps <= k else k
+                owed = req.max_tokens - req.num_output_tokens
+                ending[m if m <= owed else owed] += 1
         if k > 1:
             m = s.num_steps if s.num_steps <= k else k
             leaving[m] += 1
