@@ -110,15 +110,14 @@ class TimesTable:
         base = bounds[0] if bounds else 0
         return [flat[a - base:b - base] for a, b in zip(bounds, bounds[1:])]
 
-    def tpots(self) -> list[float | None]:
-        """Each request's TPOT, None where it has none."""
-        return [None if x != x else x for x in self.tpot.tolist()]
-
 
 def _starts(counts: np.ndarray) -> np.ndarray:
     start = np.zeros(len(counts) + 1, np.int64)
     np.cumsum(counts, out=start[1:])
     return start
+
+
+_REORDER_CHUNK = 65_536  # requests
 
 
 class TimesRecorder:
@@ -154,9 +153,15 @@ class TimesRecorder:
         counts = np.where(done, np.maximum(self._chunks - 1, 0), 0)
         start = _starts(counts)
         flat = np.frombuffer(self._itls, dtype=float) if len(self._itls) else np.zeros(0)
-        # position j of the request-order array takes its request's (j - start) th ITL
-        order = np.repeat(self._first_itl - start[:-1], counts) + np.arange(start[-1])
-        itls = flat[order] if len(order) else np.zeros(0)
+        itls = np.empty(start[-1])
+        # position j of the request-order array takes its request's (j - start) th ITL; a
+        # chunk of requests at a time (an index of every ITL would be as large as they are)
+        for a in range(0, len(done), _REORDER_CHUNK):
+            b = min(a + _REORDER_CHUNK, len(done))
+            order = np.repeat(self._first_itl[a:b] - start[a:b], counts[a:b])
+            order += np.arange(start[a], start[b])
+            itls[start[a]:start[b]] = flat[order]
+        del flat
         self._itls = array("d")
         return TimesTable(done, np.where(done, self._output_len, 0), self._ttft, self._e2el,
                           self._tpot, np.where(done, self._chunks, 0), itls, start)

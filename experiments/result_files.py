@@ -155,21 +155,21 @@ def _write_requests_csv(f: Any, requests: Sequence[Request], replicas: Sequence[
     t = TimesTable.of_requests(requests) if times is None else times
     if len(t) != len(requests):
         raise ValueError(f"{len(t)} request times for {len(requests)} requests")
-    done = t.completed.tolist()
-    ttft = [x if ok else "" for x, ok in zip(t.ttft.tolist(), done)]
-    e2el = [x if ok else "" for x, ok in zip(t.e2el.tolist(), done)]
-    tpot = [_cell(x) for x in t.tpots()]
-    chunks = t.num_chunks.tolist()
     replica = replicas if replicas is not None else [0] * len(requests)
     w = csv.writer(f, lineterminator="\n")
     w.writerow(REQUEST_CSV_COLUMNS)
     for start in range(0, len(requests), CSV_CHUNK_ROWS):
         end = min(start + CSV_CHUNK_ROWS, len(requests))
+        done = t.completed[start:end].tolist()
+        ttft = [x if ok else "" for x, ok in zip(t.ttft[start:end].tolist(), done)]
+        e2el = [x if ok else "" for x, ok in zip(t.e2el[start:end].tolist(), done)]
+        tpot = ["" if x != x else x for x in t.tpot[start:end].tolist()]  # NaN: none
+        chunks = t.num_chunks[start:end].tolist()
         w.writerows([r.request_id, r.arrival_time, r.prompt_len, r.num_output_tokens,
-                     _cell(r.first_scheduled_time), ttft[i], e2el[i], tpot[i], chunks[i],
-                     r.num_preemptions, _cell(r.finish_time), replica[i],
+                     _cell(r.first_scheduled_time), ttft[j], e2el[j], tpot[j], chunks[j],
+                     r.num_preemptions, _cell(r.finish_time), replica[start + j],
                      r.num_cached_prompt_tokens]
-                    for i, r in zip(range(start, end), requests[start:end]))
+                    for j, r in enumerate(requests[start:end]))
 
 
 def steps_csv(steps: Any) -> str:

@@ -11,11 +11,13 @@ import random
 import statistics
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
+from experiments import request_times as request_times_module
 from experiments import result_files
 from experiments.metrics import format_summary, summarize
-from experiments.request_times import request_times
+from experiments.request_times import TimesRecorder, TimesTable, request_times
 from experiments.result_files import REQUEST_CSV_COLUMNS, write_results
 from policies.request import Request
 
@@ -318,3 +320,41 @@ def test_atomic_writes_get_ordinary_permissions(tmp_path):
     finally:
         os.umask(umask)
     assert stat.S_IMODE((tmp_path / "x.txt").stat().st_mode) == 0o644
+
+
+def _same_table(a, b) -> None:
+    for name in ("completed", "output_len", "ttft", "e2el", "num_chunks", "itl_start"):
+        assert getattr(a, name).tolist() == getattr(b, name).tolist(), name
+    assert np.array_equal(a.tpot, b.tpot, equal_nan=True)
+    assert a.itls.tolist() == b.itls.tolist()
+
+
+def test_times_recorded_in_any_finish_order_equal_the_times_of_the_whole_run(monkeypatch):
+    """The simulator's TimesRecorder, fed requests as they finish (any order, the unfinished
+    never), gives the table computed from every request at the end, ITLs in request order,
+    also when it reorders them a few requests at a time."""
+    monkeypatch.setattr(request_times_module, "_REORDER_CHUNK", 7)
+    reqs = random_requests(3, n=50)
+    recorder = TimesRecorder(len(reqs))
+    for i in random.Random(4).sample(range(len(reqs)), len(reqs)):
+        if reqs[i].finish_time is not None:
+            recorder.record(i, reqs[i])
+    _same_table(recorder.table(), TimesTable.of_requests(reqs))
+
+
+def test_streamed_result_json_is_the_json_of_the_whole_lists(tmp_path, monkeypatch):
+    """result.json written with its per-request lists streamed a few requests at a time holds
+    the bytes json.dumps gives for the whole lists (chunks joined, empty ITL lists and all)."""
+    monkeypatch.setattr(result_files, "CSV_CHUNK_ROWS", 4)
+    reqs = random_requests(5, n=23)
+    times = TimesTable.of_requests(reqs)
+    whole = summarize(reqs, duration=12.0, times=times)
+    streamed = summarize(reqs, duration=12.0, times=times, streamed=True)
+    assert streamed["itls"] == whole["itls"] and streamed["ttfts"][-1] == whole["ttfts"][-1]
+    write_results(tmp_path / "a", whole, reqs, {"k": 1}, times=times)
+    write_results(tmp_path / "b", streamed, reqs, {"k": 1}, times=times)
+    text = (tmp_path / "b" / "result.json").read_text()
+    assert text == (tmp_path / "a" / "result.json").read_text()
+    assert text == json.dumps({**whole, "schedlab": {"k": 1}})
+    assert (tmp_path / "a" / "requests.csv").read_text() == \
+        (tmp_path / "b" / "requests.csv").read_text()
