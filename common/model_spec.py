@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from common.checks import check_int, check_number, check_settings
@@ -27,6 +27,9 @@ class ModelSpec:
     tie_word_embeddings: bool = False
     tokenizer: str | None = None  # name quicktok knows; None: the workload must give lengths
     dtype_bytes: int = 2  # bf16 weights and KV cache on the GPU
+    # Derived, not a setting: the parameters of one decoder layer (attention, MLP, two RMSNorm
+    # weights), computed once (the cost model reads it for every step it prices)
+    params_per_layer: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
@@ -48,10 +51,14 @@ class ModelSpec:
             raise ValueError(
                 f"model.num_heads ({self.num_heads}) must be a multiple of "
                 f"model.num_kv_heads ({self.num_kv_heads})")
+        h = self.hidden_size
+        attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        object.__setattr__(self, "params_per_layer",
+                           attn + 3 * h * self.intermediate_size + 2 * h)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
-        check_settings("model", d, (f.name for f in fields(cls)))
+        check_settings("model", d, (f.name for f in fields(cls) if f.init))
         if not isinstance(d.get("name"), str) or not d["name"]:
             raise ValueError(f"model.name must be a non-empty name, got {d.get('name')!r}")
         return cls(**d)
@@ -63,12 +70,6 @@ class ModelSpec:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
-
-    @property
-    def params_per_layer(self) -> int:
-        attn = self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
-        mlp = 3 * self.hidden_size * self.intermediate_size
-        return attn + mlp + 2 * self.hidden_size  # two RMSNorm weights
 
     @property
     def num_params(self) -> int:
