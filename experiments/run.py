@@ -315,6 +315,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     # The workload's objects live to the run's end: the cyclic collector, which would rescan
     # them again and again as they are made (half the time of making 1M), waits until they
     # are, and then leaves them out (frozen; unfrozen when the run ends).
+    collecting = gc.isenabled()
     gc.disable()
     try:
         specs = build_workload(workload, vocab_size=model.vocab_size if with_ids else None,
@@ -323,7 +324,8 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         requests = [to_request(spec, i, with_token_ids=with_ids) for i, spec in enumerate(specs)]
         del specs  # the requests hold what the run needs
     finally:
-        gc.enable()
+        if collecting:
+            gc.enable()
     limit = max_concurrency(workload)
     tokenizer_id = text_tokenizer_id(workload, model)
     # the real backend's outputs become text: its tokenizer is loaded before the run, not after
