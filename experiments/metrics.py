@@ -1,5 +1,5 @@
-"""Serving metrics (TTFT, TPOT, ITL, E2EL, goodput) in vLLM benchmark_serving form, and the run's
-result files (result.json in the ``--save-result`` format, requests.csv, steps.csv, summary.txt)."""
+"""Serving metrics (TTFT, TPOT, ITL, E2EL, goodput, vLLM's peaks) in vLLM benchmark_serving form,
+from a run's TimesTable, and the run's printout (its files: experiments/result_files.py)."""
 
 from __future__ import annotations
 
@@ -193,7 +193,7 @@ def summarize(requests: Sequence[Request], duration: float, *,
         def column(values: np.ndarray) -> Sequence[Any]:
             return PerRequest.of(values) if streamed else values.tolist()
 
-        itls = PerRequest(len(t), t.itl_lists) if streamed else t.itl_lists()
+        itls = PerRequest.itls(t) if streamed else t.itl_lists()
         summary.update({
             "input_lens": column(prompt_lens),
             "output_lens": column(t.output_len),

@@ -83,6 +83,7 @@ class TimesTable:
 
     @classmethod
     def of(cls, times: Sequence[RequestTimes]) -> TimesTable:
+        """The table of these RequestTimes, in their order."""
         n = len(times)
         itls = array("d")
         counts = np.empty(n, np.int64)
@@ -100,6 +101,7 @@ class TimesTable:
 
     @classmethod
     def of_requests(cls, requests: Sequence[Request]) -> TimesTable:
+        """The table of these requests' request_times."""
         return cls.of([request_times(r) for r in requests])
 
     def itl_lists(self, first: int = 0, end: int | None = None) -> list[list[float]]:
@@ -112,6 +114,7 @@ class TimesTable:
 
 
 def _starts(counts: np.ndarray) -> np.ndarray:
+    """Where each of ``counts``' runs starts in their concatenation, and the total, last."""
     start = np.zeros(len(counts) + 1, np.int64)
     np.cumsum(counts, out=start[1:])
     return start
@@ -133,9 +136,12 @@ class TimesRecorder:
         self._tpot = np.full(n, np.nan)
         self._chunks = np.zeros(n, np.int64)
         self._first_itl = np.zeros(n, np.int64)  # where its ITLs start in _itls
-        self._itls = array("d")
+        self._itls: array | None = array("d")  # None once table() has taken them
 
     def record(self, i: int, req: Request) -> None:
+        """Request i's times, now that it has finished."""
+        if self._itls is None:
+            raise RuntimeError("TimesRecorder.record after table(): the table is made once")
         t = request_times(req)
         self._done[i] = t.completed
         self._output_len[i] = t.output_len
@@ -147,8 +153,8 @@ class TimesRecorder:
         self._itls.extend(t.itls)
 
     def table(self) -> TimesTable:
-        """The table of every request (those never recorded: unfinished); the recorder's ITLs
-        are handed over, so it records nothing more."""
+        """The table of every request (those never recorded: unfinished), made once: the
+        recorder's arrays are handed over, so it records nothing more."""
         done = self._done
         counts = np.where(done, np.maximum(self._chunks - 1, 0), 0)
         start = _starts(counts)
@@ -162,6 +168,6 @@ class TimesRecorder:
             order += np.arange(start[a], start[b])
             itls[start[a]:start[b]] = flat[order]
         del flat
-        self._itls = array("d")
+        self._itls = None
         return TimesTable(done, np.where(done, self._output_len, 0), self._ttft, self._e2el,
                           self._tpot, np.where(done, self._chunks, 0), itls, start)

@@ -8,6 +8,7 @@ import contextlib
 import csv
 import dataclasses
 import enum
+import functools
 import io
 import json
 import math
@@ -25,6 +26,7 @@ from policies.request import Request
 REQUEST_CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len",
                        "first_scheduled_time", "ttft", "e2el", "tpot", "num_chunks",
                        "num_preemptions", "finish_time", "replica", "num_cached_tokens")
+
 
 def _jsonable(x: Any) -> Any:
     """A JSON-safe copy: numpy scalars to Python, paths to str, inf/nan to "inf"/"nan"
@@ -78,17 +80,8 @@ def _cell(x: Any) -> Any:
     return "" if x is None else x
 
 
-def requests_csv(requests: Sequence[Request], replicas: Sequence[int] | None = None,
-                 times: TimesTable | None = None) -> str:
-    """One row per request; empty cells where a value does not exist (unfinished, 1 token).
-    ``replicas``: the replica each request was served by (a cluster); 0 for every one without."""
-    buf = io.StringIO()
-    _write_requests_csv(buf, requests, replicas, times)
-    return buf.getvalue()
-
-
 # requests.csv and result.json's per-request lists are rendered this many requests at a time
-CSV_CHUNK_ROWS = 20_000
+CHUNK_REQUESTS = 20_000
 
 
 class PerRequest(Sequence):
@@ -97,11 +90,17 @@ class PerRequest(Sequence):
     1M-request run's lists never exist whole: result.json gets them streamed."""
 
     def __init__(self, n: int, chunk: Callable[[int, int], list[Any]]) -> None:
-        self._n, self._chunk = n, chunk
+        self._n, self._chunk = n, chunk  # chunk: picklable (a run's result may be pickled)
 
     @classmethod
     def of(cls, column: np.ndarray) -> PerRequest:
-        return cls(len(column), lambda a, b: column[a:b].tolist())
+        """The list of one column's values."""
+        return cls(len(column), functools.partial(_column_values, column))
+
+    @classmethod
+    def itls(cls, times: TimesTable) -> PerRequest:
+        """Each request's ITLs, a list a request."""
+        return cls(len(times), functools.partial(_itl_values, times))
 
     def __len__(self) -> int:
         return self._n
@@ -119,11 +118,14 @@ class PerRequest(Sequence):
             yield from values
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and list(self) == list(other)
+        if not isinstance(other, list | PerRequest):
+            return NotImplemented
+        return list(self) == list(other)
 
     def chunks(self) -> Iterator[list[Any]]:
-        for start in range(0, self._n, CSV_CHUNK_ROWS):
-            yield self._chunk(start, min(start + CSV_CHUNK_ROWS, self._n))
+        """The values, CHUNK_REQUESTS requests at a time."""
+        for start in range(0, self._n, CHUNK_REQUESTS):
+            yield self._chunk(start, min(start + CHUNK_REQUESTS, self._n))
 
     def write_json(self, f: IO[str]) -> None:
         """``json.dumps(list(self))``, a chunk at a time."""
@@ -134,6 +136,20 @@ class PerRequest(Sequence):
                 f.write(sep + json.dumps(values, allow_nan=False)[1:-1])
                 sep = ", "
         f.write("]")
+
+
+def _column_values(column: np.ndarray, start: int, end: int) -> list[Any]:
+    """column[start:end] as JSON-ready values (a non-finite one as _jsonable writes it)."""
+    part = column[start:end]
+    values = part.tolist()
+    return _jsonable(values) if part.dtype.kind == "f" and not np.isfinite(part).all() else values
+
+
+def _itl_values(times: TimesTable, start: int, end: int) -> list[Any]:
+    """Requests start..end-1's ITL lists, JSON-ready."""
+    lists = times.itl_lists(start, end)
+    bounds = times.itl_start[[start, end]] if end > start else (0, 0)
+    return _jsonable(lists) if not np.isfinite(times.itls[bounds[0]:bounds[1]]).all() else lists
 
 
 def _json_pieces(obj: Mapping[str, Any]) -> list[str | PerRequest]:
@@ -158,8 +174,8 @@ def _write_requests_csv(f: Any, requests: Sequence[Request], replicas: Sequence[
     replica = replicas if replicas is not None else [0] * len(requests)
     w = csv.writer(f, lineterminator="\n")
     w.writerow(REQUEST_CSV_COLUMNS)
-    for start in range(0, len(requests), CSV_CHUNK_ROWS):
-        end = min(start + CSV_CHUNK_ROWS, len(requests))
+    for start in range(0, len(requests), CHUNK_REQUESTS):
+        end = min(start + CHUNK_REQUESTS, len(requests))
         done = t.completed[start:end].tolist()
         ttft = [x if ok else "" for x, ok in zip(t.ttft[start:end].tolist(), done)]
         e2el = [x if ok else "" for x, ok in zip(t.e2el[start:end].tolist(), done)]

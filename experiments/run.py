@@ -314,7 +314,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     workload = plain(cfg["workload"])
     # The workload's objects live to the run's end: the cyclic collector, which would rescan
     # them again and again as they are made (half the time of making 1M), waits until they
-    # are, and then leaves them out (frozen; unfrozen when the run ends).
+    # are, and then leaves them out (frozen before it is back on; unfrozen when the run ends).
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -323,14 +323,15 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         num_dropped = specs.num_dropped  # workload.drop_too_long: requests over max_model_len
         requests = [to_request(spec, i, with_token_ids=with_ids) for i, spec in enumerate(specs)]
         del specs  # the requests hold what the run needs
+        limit = max_concurrency(workload)
+        tokenizer_id = text_tokenizer_id(workload, model)
+        # the real backend's outputs become text: its tokenizer is loaded before the run
+        tokenizer = load_tokenizer(tokenizer_id) if with_ids and results.save_per_request \
+            else None
+        gc.freeze()
     finally:
         if collecting:
             gc.enable()
-    limit = max_concurrency(workload)
-    tokenizer_id = text_tokenizer_id(workload, model)
-    # the real backend's outputs become text: its tokenizer is loaded before the run, not after
-    tokenizer = load_tokenizer(tokenizer_id) if with_ids and results.save_per_request else None
-    gc.freeze()
     try:
         time_scale = float(backend.get("time_scale", 1.0))  # the simulator's
         progress = bool(cfg.get("progress", True))

@@ -25,15 +25,18 @@ def _tails(values: Sequence[float] | np.ndarray, name: str) -> dict[str, float]:
             f"p99_{name}_ms": float(np.percentile(a, 99))}
 
 
-def _meets(t: TimesTable, ttft_ms: float | None, tpot_ms: float | None) -> np.ndarray:
-    """Which requests met the targets (a one-token request has TPOT 0, as benchmark_serving's
-    goodput counts it); only completed requests' answers mean anything."""
-    ok = np.ones(len(t), bool)
-    if ttft_ms is not None:
-        ok &= ~(t.ttft * 1e3 > ttft_ms)
-    if tpot_ms is not None:
-        ok &= np.nan_to_num(t.tpot, nan=0.0) * 1e3 <= tpot_ms
+def _meets(t: TimesTable, ttft_ms: np.ndarray, tpot_ms: np.ndarray) -> np.ndarray:
+    """Which requests met their own targets (NaN: none; a one-token request has TPOT 0, as
+    benchmark_serving's goodput counts it); only completed requests' answers mean anything."""
+    ok = ~(t.ttft * 1e3 > ttft_ms)
+    ok &= ~(np.nan_to_num(t.tpot, nan=0.0) * 1e3 > tpot_ms)
     return ok
+
+
+def _targets(requests: Sequence[Request], name: str) -> np.ndarray:
+    """Each request's ``name`` target in ms, NaN where it has none (always met)."""
+    return np.array([np.nan if getattr(r, name) is None else getattr(r, name) for r in requests],
+                    dtype=float)
 
 
 def jain_index(values: Sequence[float]) -> float:
@@ -63,12 +66,15 @@ def scheduling_metrics(requests: Sequence[Request], duration: float,
         out.update(mean_slowdown=float(slow.mean()), p99_slowdown=float(np.percentile(slow, 99)),
                    jain_fairness_slowdown=jain_index(slow))
     classes: dict[str, dict[str, Any]] = {}
-    labels = np.array([r.slo_class or "" for r in requests], dtype=object)
-    for name in sorted({r.slo_class for r in requests if r.slo_class is not None}):
+    names = sorted({r.slo_class for r in requests if r.slo_class is not None})
+    if names:
+        labels = np.array([r.slo_class for r in requests], dtype=object)
+        met = done & _meets(t, _targets(requests, "ttft_slo_ms"), _targets(requests, "tpot_slo_ms"))
+    for name in names:
         mine = labels == name
         ok = mine & done
         first = requests[int(np.argmax(mine))]
-        good = int((ok & _meets(t, first.ttft_slo_ms, first.tpot_slo_ms)).sum())
+        good = int((mine & met).sum())
         n_mine = int(mine.sum())
         row: dict[str, Any] = {
             "num_requests": n_mine, "completed": int(ok.sum()),

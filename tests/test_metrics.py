@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import os
+import pickle
 import random
 import statistics
 from dataclasses import dataclass
@@ -345,7 +346,7 @@ def test_times_recorded_in_any_finish_order_equal_the_times_of_the_whole_run(mon
 def test_streamed_result_json_is_the_json_of_the_whole_lists(tmp_path, monkeypatch):
     """result.json written with its per-request lists streamed a few requests at a time holds
     the bytes json.dumps gives for the whole lists (chunks joined, empty ITL lists and all)."""
-    monkeypatch.setattr(result_files, "CSV_CHUNK_ROWS", 4)
+    monkeypatch.setattr(result_files, "CHUNK_REQUESTS", 4)
     reqs = random_requests(5, n=23)
     times = TimesTable.of_requests(reqs)
     whole = summarize(reqs, duration=12.0, times=times)
@@ -358,3 +359,11 @@ def test_streamed_result_json_is_the_json_of_the_whole_lists(tmp_path, monkeypat
     assert text == json.dumps({**whole, "schedlab": {"k": 1}})
     assert (tmp_path / "a" / "requests.csv").read_text() == \
         (tmp_path / "b" / "requests.csv").read_text()
+    # a run's result, lists and all, can be pickled (a launcher may send it between processes)
+    assert pickle.loads(pickle.dumps(streamed))["itls"] == whole["itls"]
+
+
+def test_a_streamed_list_writes_non_finite_numbers_as_the_whole_list_does():
+    column = np.array([1.5, np.inf, np.nan, -np.inf])
+    assert list(result_files.PerRequest.of(column)) == [1.5, "inf", "nan", "-inf"]
+    assert result_files.PerRequest.of(column) == result_files._jsonable(column.tolist())

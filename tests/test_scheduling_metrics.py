@@ -12,8 +12,9 @@ from hydra import compose, initialize_config_dir
 
 from experiments.aggregate import aggregate
 from experiments.run import CONF_DIR, run
-from experiments.scheduling_metrics import jain_index
+from experiments.scheduling_metrics import jain_index, scheduling_metrics
 from experiments.workload import build_workload
+from policies.request import Request
 
 CLASSES = {"hi": {"share": 0.25, "priority": 0, "ttft_ms": 300.0, "tpot_ms": 60.0},
            "lo": {"share": 0.75, "priority": 2}}
@@ -133,3 +134,28 @@ def test_the_policy_sweep_composes_every_policy_and_rate():
     assert [float(r) for r in params["workload.request_rate"].split(",")] == [28, 42, 56, 70, 84]
     assert set(cfg.workload.classes) == {"interactive", "standard", "batch"}
     assert cfg.hardware.name == "h200_calibrated"
+
+
+def _finished(rid: int, arrival: float, times: list[float], cls: str | None,
+              ttft_ms: float | None = None, tpot_ms: float | None = None) -> Request:
+    r = Request(rid, arrival, 10, len(times))
+    r.token_times, r.num_output_tokens, r.finish_time = list(times), len(times), times[-1]
+    r.slo_class, r.ttft_slo_ms, r.tpot_slo_ms = cls, ttft_ms, tpot_ms
+    return r
+
+
+def test_each_request_is_judged_against_its_own_targets():
+    """A class's goodput and attainment count each completed request against the targets it
+    carries (a class need not give all its requests the same ones); requests of no class are
+    in none, and a class's first request need not be the run's first."""
+    reqs = [_finished(0, 0.0, [0.5, 0.6], None),
+            _finished(1, 0.0, [0.2, 0.3], "a", ttft_ms=300),  # TTFT 200 ms: met
+            _finished(2, 0.0, [0.2, 0.3], "a", ttft_ms=100),  # the same times: missed
+            _finished(3, 0.0, [0.1, 0.2, 0.3], "a", tpot_ms=50),  # TPOT 100 ms: missed
+            _finished(4, 0.0, [0.1], "a", tpot_ms=50),  # one token: TPOT 0, met
+            _finished(5, 0.0, [0.4, 0.5], "b")]  # no targets: met
+    classes = scheduling_metrics(reqs, duration=2.0)["classes"]
+    assert set(classes) == {"a", "b"}
+    assert classes["a"]["num_requests"] == 4 and classes["a"]["slo_attainment"] == 0.5
+    assert classes["a"]["request_goodput"] == 1.0 and classes["a"]["ttft_slo_ms"] == 300
+    assert classes["b"]["num_requests"] == 1 and classes["b"]["slo_attainment"] == 1.0
