@@ -231,22 +231,39 @@ def peak_output_and_concurrency(starts: Sequence[float] | np.ndarray, times: Tim
     end = start + times.e2el[done]
     buckets = int(np.ceil(float(end.max()) - t0)) + 1
     counts = np.diff(times.itl_start)[done]
-    # each later chunk's time: its request's first token plus the ITLs up to it (in place, one
-    # chunk-long array at a time: a 1M-request run has tens of millions of chunks); the
-    # requests left out have no ITLs
-    after = np.cumsum(times.itls) if len(times.itls) else np.zeros(0)
-    offset = np.cumsum(counts) - counts  # each request's first ITL in ``after``
-    before = np.where(offset > 0, after[np.maximum(offset - 1, 0)] if len(after) else 0.0, 0.0)
-    after += np.repeat(first, counts)
-    after -= np.repeat(before, counts)
-    after -= t0
-    tokens = _bucket_counts(after.astype(np.int64), buckets)
-    del after
-    tokens += _bucket_counts((first - t0).astype(np.int64), buckets)
+    offset = np.cumsum(counts) - counts  # each request's first ITL in times.itls
+    tokens = _bucket_counts((first - t0).astype(np.int64), buckets)
+    # Each later chunk's time: its request's first token plus the ITLs up to it, from the
+    # running sum of every ITL (the requests left out have none); a chunk of requests at a
+    # time, the sum carried over as one np.cumsum would add it (a 1M-request run has tens of
+    # millions of chunks)
+    carry = 0.0  # the running sum before the chunk
+    for a in range(0, len(counts), _PEAK_CHUNK):
+        b = min(a + _PEAK_CHUNK, len(counts))
+        lo, hi = int(offset[a]), int(offset[b - 1] + counts[b - 1])
+        if hi == lo:
+            continue
+        run = np.cumsum(times.itls[lo:hi] if lo == 0 else
+                        np.concatenate(([carry], times.itls[lo:hi])))
+        if lo:
+            before = run[offset[a:b] - lo]  # the running sum before each request's first ITL
+            after = run[1:]
+        else:
+            before = np.concatenate(([0.0], run))[offset[a:b]]
+            after = run
+        before = np.where(offset[a:b] > 0, before, 0.0)
+        carry = float(after[-1])
+        after += np.repeat(first[a:b], counts[a:b])
+        after -= np.repeat(before, counts[a:b])
+        after -= t0
+        tokens += _bucket_counts(after.astype(np.int64), buckets)
     steps = np.zeros(buckets + 1, np.int64)
     np.add.at(steps, (start - t0).astype(np.int64), 1)
     np.add.at(steps, (end - t0).astype(np.int64) + 1, -1)
     return float(tokens.max()), int(np.cumsum(steps[:-1]).max())
+
+
+_PEAK_CHUNK = 65_536  # requests
 
 
 def _bucket_counts(index: np.ndarray, buckets: int) -> np.ndarray:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from experiments import metrics, result_files
 from experiments import request_times as request_times_module
-from experiments import result_files
 from experiments.metrics import format_summary, summarize
 from experiments.request_times import TimesRecorder, TimesTable, request_times
 from experiments.result_files import REQUEST_CSV_COLUMNS, write_results
@@ -367,3 +367,16 @@ def test_a_streamed_list_writes_non_finite_numbers_as_the_whole_list_does():
     column = np.array([1.5, np.inf, np.nan, -np.inf])
     assert list(result_files.PerRequest.of(column)) == [1.5, "inf", "nan", "-inf"]
     assert result_files.PerRequest.of(column) == result_files._jsonable(column.tolist())
+
+
+def test_the_peaks_computed_a_few_requests_at_a_time_are_the_peaks_of_the_whole_run(
+        monkeypatch):
+    """vLLM's peaks, computed 3 requests at a time (the running sum of ITLs carried over), are
+    those of the whole run at once."""
+    reqs = random_requests(8, n=90)
+    whole = summarize(reqs, duration=12.0)
+    monkeypatch.setattr(metrics, "_PEAK_CHUNK", 3)
+    chunked = summarize(reqs, duration=12.0)
+    assert whole["max_output_tokens_per_s"] > 1
+    for key in ("max_output_tokens_per_s", "max_concurrent_requests"):
+        assert chunked[key] == whole[key]
