@@ -155,8 +155,10 @@ class TimesRecorder:
     def table(self) -> TimesTable:
         """The table of every request (those never recorded: unfinished), made once: the
         recorder's arrays are handed over, so it records nothing more."""
-        done = self._done
-        counts = np.where(done, np.maximum(self._chunks - 1, 0), 0)
+        if self._itls is None:
+            raise RuntimeError("TimesRecorder.table called twice: the table is made once")
+        done = self._done  # a request never recorded has zeros (and a NaN TPOT) throughout
+        counts = np.maximum(self._chunks - 1, 0)
         start = _starts(counts)
         flat = np.frombuffer(self._itls, dtype=float) if len(self._itls) else np.zeros(0)
         itls = np.empty(start[-1])
@@ -168,6 +170,6 @@ class TimesRecorder:
             order += np.arange(start[a], start[b])
             itls[start[a]:start[b]] = flat[order]
         del flat
-        self._itls = None
-        return TimesTable(done, np.where(done, self._output_len, 0), self._ttft, self._e2el,
-                          self._tpot, np.where(done, self._chunks, 0), itls, start)
+        self._itls = self._first_itl = None
+        return TimesTable(done, self._output_len, self._ttft, self._e2el, self._tpot,
+                          self._chunks, itls, start)

@@ -365,14 +365,16 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         if backend["name"] == "sim":
             from simulator.engine import simulate, simulate_cluster
 
-            # Each request's times are taken as it finishes, and its per-token list let go: a
-            # 1M-request run keeps a few numbers a request, not every token's time.
+            # Each request's times are taken as it finishes, and its lists let go (its token
+            # times, its freed block table, the output ids a simulated request never has: empty
+            # tuples, as nothing grows a finished request's lists again): a 1M-request run keeps
+            # a few numbers a request, not every token's time or three empty lists.
             recorder = TimesRecorder(len(requests))
 
             def keep_times(req: Request, replica: int) -> None:
                 if req.request_id < len(requests) and requests[req.request_id] is req:
                     recorder.record(req.request_id, req)
-                    req.token_times = []
+                    req.token_times = req.block_table = req.output_token_ids = ()
 
             if replica_specs is None:
                 outcome = simulate(requests, choice.new_scheduler, model, hardware, overhead,
