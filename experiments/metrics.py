@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.request_times import TimesTable
+from experiments.request_times import TimesTable, chunk_bounds, times_for
 from experiments.result_files import PerRequest
 from policies.base import check_settings
 from policies.request import Request
@@ -164,16 +164,13 @@ def summarize(requests: Sequence[Request], duration: float, *,
             raise ValueError(f"percentiles must lie in [0, 100], got {p}")
     if generated_texts is not None and len(generated_texts) != len(requests):
         raise ValueError(f"{len(generated_texts)} generated texts for {len(requests)} requests")
-    t = TimesTable.of_requests(requests) if times is None else times
-    if len(t) != len(requests):
-        raise ValueError(f"{len(t)} request times for {len(requests)} requests")
+    t = times_for(requests, times)
     done = t.completed
     num_done = int(done.sum())
     prompt_lens = np.fromiter((r.prompt_len for r in requests), np.int64, len(requests))
     total_input = int(prompt_lens[done].sum())
     total_output = int(t.output_len[done].sum())
-    tpot = t.tpot[done]
-    pooled = {"ttft": t.ttft[done], "tpot": tpot[~np.isnan(tpot)], "itl": t.itls,
+    pooled = {"ttft": t.ttft[done], "tpot": t.tpots(done), "itl": t.itls,
               "e2el": t.e2el[done]}
     summary: dict[str, Any] = {
         "duration": float(duration),
@@ -238,8 +235,7 @@ def peak_output_and_concurrency(starts: Sequence[float] | np.ndarray, times: Tim
     # time, the sum carried over as one np.cumsum would add it (a 1M-request run has tens of
     # millions of chunks)
     carry = 0.0  # the running sum before the chunk
-    for a in range(0, len(counts), _PEAK_CHUNK):
-        b = min(a + _PEAK_CHUNK, len(counts))
+    for a, b in chunk_bounds(len(counts)):
         lo, hi = int(offset[a]), int(offset[b - 1] + counts[b - 1])
         if hi == lo:
             continue
@@ -261,9 +257,6 @@ def peak_output_and_concurrency(starts: Sequence[float] | np.ndarray, times: Tim
     np.add.at(steps, (start - t0).astype(np.int64), 1)
     np.add.at(steps, (end - t0).astype(np.int64) + 1, -1)
     return float(tokens.max()), int(np.cumsum(steps[:-1]).max())
-
-
-_PEAK_CHUNK = 65_536  # requests
 
 
 def _bucket_counts(index: np.ndarray, buckets: int) -> np.ndarray:

@@ -7,11 +7,22 @@ from __future__ import annotations
 
 import dataclasses
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from policies.request import Request
+
+# A long run's per-request work (reordering, the peaks, the result files) is done this many
+# requests at a time: its temporaries are a chunk's, not the whole run's.
+CHUNK_REQUESTS = 20_000
+
+
+def chunk_bounds(n: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of each chunk of CHUNK_REQUESTS of n requests, in order."""
+    size = CHUNK_REQUESTS
+    for start in range(0, n, size):
+        yield start, min(start + size, n)
 
 
 @dataclasses.dataclass(slots=True)
@@ -104,6 +115,11 @@ class TimesTable:
         """The table of these requests' request_times."""
         return cls.of([request_times(r) for r in requests])
 
+    def tpots(self, picked: np.ndarray) -> np.ndarray:
+        """The TPOTs of the requests ``picked`` (a mask) that have one."""
+        tpot = self.tpot[picked]
+        return tpot[~np.isnan(tpot)]
+
     def itl_lists(self, first: int = 0, end: int | None = None) -> list[list[float]]:
         """Each request's ITLs as a list (result.json's ``itls``), of requests first..end-1."""
         end = len(self) if end is None else end
@@ -113,14 +129,21 @@ class TimesTable:
         return [flat[a - base:b - base] for a, b in zip(bounds, bounds[1:])]
 
 
+def times_for(requests: Sequence[Request], times: TimesTable | None) -> TimesTable:
+    """The requests' table: ``times`` where the caller has it (one row a request, checked),
+    else made from the requests."""
+    if times is None:
+        return TimesTable.of_requests(requests)
+    if len(times) != len(requests):
+        raise ValueError(f"{len(times)} request times for {len(requests)} requests")
+    return times
+
+
 def _starts(counts: np.ndarray) -> np.ndarray:
     """Where each of ``counts``' runs starts in their concatenation, and the total, last."""
     start = np.zeros(len(counts) + 1, np.int64)
     np.cumsum(counts, out=start[1:])
     return start
-
-
-_REORDER_CHUNK = 65_536  # requests
 
 
 class TimesRecorder:
@@ -164,8 +187,7 @@ class TimesRecorder:
         itls = np.empty(start[-1])
         # position j of the request-order array takes its request's (j - start) th ITL; a
         # chunk of requests at a time (an index of every ITL would be as large as they are)
-        for a in range(0, len(done), _REORDER_CHUNK):
-            b = min(a + _REORDER_CHUNK, len(done))
+        for a, b in chunk_bounds(len(done)):
             order = np.repeat(self._first_itl[a:b] - start[a:b], counts[a:b])
             order += np.arange(start[a], start[b])
             itls[start[a]:start[b]] = flat[order]

@@ -20,7 +20,7 @@ from typing import IO, Any
 import numpy as np
 
 from experiments.files import atomic_path, write_text_atomic
-from experiments.request_times import TimesTable
+from experiments.request_times import TimesTable, chunk_bounds, times_for
 from policies.request import Request
 
 REQUEST_CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len",
@@ -80,10 +80,6 @@ def _cell(x: Any) -> Any:
     return "" if x is None else x
 
 
-# requests.csv and result.json's per-request lists are rendered this many requests at a time
-CHUNK_REQUESTS = 20_000
-
-
 class PerRequest(Sequence):
     """One of result.json's per-request lists, made a chunk of requests at a time from the run's
     columns (``chunk(start, end)``: the JSON-ready values of requests start..end-1), so that a
@@ -123,9 +119,9 @@ class PerRequest(Sequence):
         return list(self) == list(other)
 
     def chunks(self) -> Iterator[list[Any]]:
-        """The values, CHUNK_REQUESTS requests at a time."""
-        for start in range(0, self._n, CHUNK_REQUESTS):
-            yield self._chunk(start, min(start + CHUNK_REQUESTS, self._n))
+        """The values, a chunk of requests at a time (request_times.chunk_bounds)."""
+        for start, end in chunk_bounds(self._n):
+            yield self._chunk(start, end)
 
     def write_json(self, f: IO[str]) -> None:
         """``json.dumps(list(self))``, a chunk at a time."""
@@ -168,14 +164,11 @@ def _json_pieces(obj: Mapping[str, Any]) -> list[str | PerRequest]:
 
 def _write_requests_csv(f: Any, requests: Sequence[Request], replicas: Sequence[int] | None,
                         times: TimesTable | None) -> None:
-    t = TimesTable.of_requests(requests) if times is None else times
-    if len(t) != len(requests):
-        raise ValueError(f"{len(t)} request times for {len(requests)} requests")
+    t = times_for(requests, times)
     replica = replicas if replicas is not None else [0] * len(requests)
     w = csv.writer(f, lineterminator="\n")
     w.writerow(REQUEST_CSV_COLUMNS)
-    for start in range(0, len(requests), CHUNK_REQUESTS):
-        end = min(start + CHUNK_REQUESTS, len(requests))
+    for start, end in chunk_bounds(len(requests)):
         done = t.completed[start:end].tolist()
         ttft = [x if ok else "" for x, ok in zip(t.ttft[start:end].tolist(), done)]
         e2el = [x if ok else "" for x, ok in zip(t.e2el[start:end].tolist(), done)]

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.request_times import TimesTable
+from experiments.request_times import TimesTable, times_for
 from policies.request import Request
 
 # GPU seconds of a request served alone on an idle engine: its prefill then its decode steps
@@ -51,13 +51,12 @@ def scheduling_metrics(requests: Sequence[Request], duration: float,
     """Flat metrics of the whole run (result.json's top level), and ``classes``: per SLO class,
     its requests, goodput against the class's own targets, attainment and latency tails.
     ``times``: the requests' TimesTable, when the caller has it already."""
-    t = TimesTable.of_requests(requests) if times is None else times
+    t = times_for(requests, times)
     done = t.completed
-    tpot = t.tpot[done]
     out: dict[str, Any] = {
         "max_queueing_delay_ms": max((r.max_wait for r in requests), default=0.0) * 1e3}
     for name, values in (("ttft", t.ttft[done]), ("e2el", t.e2el[done]),
-                         ("tpot", tpot[~np.isnan(tpot)])):
+                         ("tpot", t.tpots(done))):
         out.update({k: v for k, v in _tails(values, name).items() if not k.startswith("median")})
     if service_time is not None and done.any():
         alone = np.fromiter((service_time(r) for r, ok in zip(requests, done.tolist()) if ok),
@@ -81,9 +80,8 @@ def scheduling_metrics(requests: Sequence[Request], duration: float,
             "priority": first.priority, "ttft_slo_ms": first.ttft_slo_ms,
             "tpot_slo_ms": first.tpot_slo_ms,
             "request_goodput": good / duration, "slo_attainment": good / n_mine}
-        mine_tpot = t.tpot[ok]
         row.update(_tails(t.ttft[ok], "ttft"))
-        row.update(_tails(mine_tpot[~np.isnan(mine_tpot)], "tpot"))
+        row.update(_tails(t.tpots(ok), "tpot"))
         row.update(_tails(t.e2el[ok], "e2el"))
         classes[name] = row
     if classes:

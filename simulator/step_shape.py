@@ -38,7 +38,7 @@ class StepShape:
 
 def window_shapes(batch: Batch, ending: list[int] | None = None) -> list[StepShape]:
     """The shape of every step of ``batch``: one pass over the sequences, then O(k).
-    ``ending`` (k + 1 zeros), in the same pass: how many sampling sequences take their last
+    ``ending`` (k + 1 zeros, for a window of k > 1 steps), in the same pass: how many sampling sequences take their last
     token at each step, ``ending[m]`` those that take m (their steps capped by the tokens they
     still owe; the simulator's tokens delivered per step)."""
     k = batch.num_steps
@@ -60,19 +60,18 @@ def window_shapes(batch: Batch, ending: list[int] | None = None) -> list[StepSha
             pairs += q * (q + 1) // 2 + q * c
         elif cq > longest:
             longest = cq
-        req = s.request
-        if cq >= req.prompt_len + req.num_output_tokens:  # the chunk completes the sequence
-            sampled += 1
-            if ending is not None:
-                m = s.num_steps if s.num_steps <= k else k
-                owed = req.max_tokens - req.num_output_tokens
-                ending[m if m <= owed else owed] += 1
         if k > 1:
             m = s.num_steps if s.num_steps <= k else k
             leaving[m] += 1
             leaving_ctx[m] += cq
             if cq > leaving_max[m]:
                 leaving_max[m] = cq
+        req = s.request
+        if cq >= req.prompt_len + req.num_output_tokens:  # the chunk completes the sequence
+            sampled += 1
+            if ending is not None:
+                owed = req.max_tokens - req.num_output_tokens
+                ending[m if m <= owed else owed] += 1
     shapes = [StepShape(tokens, len(seqs), prefill_tokens, sampled, float(pairs), kv, True,
                         longest, prefill_seqs, prefill_kv)]
     if k == 1:

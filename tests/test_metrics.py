@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from experiments import metrics, result_files
 from experiments import request_times as request_times_module
+from experiments import result_files
 from experiments.metrics import format_summary, summarize
 from experiments.request_times import TimesRecorder, TimesTable, request_times
 from experiments.result_files import REQUEST_CSV_COLUMNS, write_results
@@ -334,7 +334,7 @@ def test_times_recorded_in_any_finish_order_equal_the_times_of_the_whole_run(mon
     """The simulator's TimesRecorder, fed requests as they finish (any order, the unfinished
     never), gives the table computed from every request at the end, ITLs in request order,
     also when it reorders them a few requests at a time."""
-    monkeypatch.setattr(request_times_module, "_REORDER_CHUNK", 7)
+    monkeypatch.setattr(request_times_module, "CHUNK_REQUESTS", 7)
     reqs = random_requests(3, n=50)
     recorder = TimesRecorder(len(reqs))
     for i in random.Random(4).sample(range(len(reqs)), len(reqs)):
@@ -346,7 +346,7 @@ def test_times_recorded_in_any_finish_order_equal_the_times_of_the_whole_run(mon
 def test_streamed_result_json_is_the_json_of_the_whole_lists(tmp_path, monkeypatch):
     """result.json written with its per-request lists streamed a few requests at a time holds
     the bytes json.dumps gives for the whole lists (chunks joined, empty ITL lists and all)."""
-    monkeypatch.setattr(result_files, "CHUNK_REQUESTS", 4)
+    monkeypatch.setattr(request_times_module, "CHUNK_REQUESTS", 4)
     reqs = random_requests(5, n=23)
     times = TimesTable.of_requests(reqs)
     whole = summarize(reqs, duration=12.0, times=times)
@@ -375,7 +375,7 @@ def test_the_peaks_computed_a_few_requests_at_a_time_are_the_peaks_of_the_whole_
     those of the whole run at once."""
     reqs = random_requests(8, n=90)
     whole = summarize(reqs, duration=12.0)
-    monkeypatch.setattr(metrics, "_PEAK_CHUNK", 3)
+    monkeypatch.setattr(request_times_module, "CHUNK_REQUESTS", 3)
     chunked = summarize(reqs, duration=12.0)
     assert whole["max_output_tokens_per_s"] > 1
     for key in ("max_output_tokens_per_s", "max_concurrent_requests"):
