@@ -49,29 +49,63 @@ def request_times(req: Request) -> RequestTimes:
     """
     if req.finish_time is None:
         return RequestTimes(completed=False, output_len=0)
-    times = req.token_times
-    if not times:
-        raise ValueError(f"request {req.request_id} finished but has no token_times")
-    n = len(times)
-    if n != req.num_output_tokens:
-        raise ValueError(f"request {req.request_id} has {n} token_times but "
-                         f"num_output_tokens = {req.num_output_tokens}")
-    if times[0] < req.arrival_time:
-        raise ValueError(f"request {req.request_id}: first token at {times[0]} is before its "
-                         f"arrival at {req.arrival_time}")
-    # sorted (a C pass over sorted input): the chunks are the distinct times, in order
-    if list(times) != sorted(times):
-        for a, b in zip(times, times[1:]):
-            if b < a:
-                raise ValueError(f"request {req.request_id}: token_times go backwards ({a} "
-                                 f"then {b})")
-    chunks = list(dict.fromkeys(times))
-    ttft = chunks[0] - req.arrival_time
-    e2el = chunks[-1] - req.arrival_time
-    return RequestTimes(completed=True, output_len=n, ttft=ttft, e2el=e2el,
-                        tpot=(e2el - ttft) / (n - 1) if n > 1 else None,
-                        itls=[b - a for a, b in zip(chunks, chunks[1:])],
-                        num_chunks=len(chunks))
+    c = _finished_columns([req])
+    return RequestTimes(completed=True, output_len=int(c.output_len[0]), ttft=float(c.ttft[0]),
+                        e2el=float(c.e2el[0]),
+                        tpot=None if c.output_len[0] < 2 else float(c.tpot[0]),
+                        itls=c.itls.tolist(), num_chunks=int(c.num_chunks[0]))
+
+
+@dataclasses.dataclass(slots=True)
+class _Columns:
+    """request_times of finished requests, as arrays (ITLs pooled in their order)."""
+
+    output_len: np.ndarray
+    ttft: np.ndarray
+    e2el: np.ndarray
+    tpot: np.ndarray  # NaN with fewer than two tokens
+    num_chunks: np.ndarray
+    itls: np.ndarray
+
+
+def _finished_columns(reqs: Sequence[Request]) -> _Columns:
+    """request_times of finished requests in one pass over all their token times (request i's
+    ITLs are the nonzero gaps between its successive times, a chunk being the tokens of one
+    instant), with request_times' checks."""
+    n = len(reqs)
+    lens = np.fromiter((len(r.token_times) for r in reqs), np.int64, n)
+    outputs = np.fromiter((r.num_output_tokens for r in reqs), np.int64, n)
+    for i in np.flatnonzero((lens != outputs) | (lens == 0))[:1]:
+        r = reqs[i]
+        if not lens[i]:
+            raise ValueError(f"request {r.request_id} finished but has no token_times")
+        raise ValueError(f"request {r.request_id} has {lens[i]} token_times but "
+                         f"num_output_tokens = {r.num_output_tokens}")
+    times = np.concatenate([r.token_times for r in reqs]) if n else np.zeros(0)
+    times = times.astype(float, copy=False)
+    arrival = np.fromiter((r.arrival_time for r in reqs), float, n)
+    end = np.cumsum(lens)
+    start = end - lens
+    first, last = times[start], times[end - 1]
+    for i in np.flatnonzero(first < arrival)[:1]:
+        raise ValueError(f"request {reqs[i].request_id}: first token at {first[i]} is before "
+                         f"its arrival at {arrival[i]}")
+    gaps = np.diff(times)
+    inner = np.ones(len(gaps), bool)  # the gaps within a request, not between two
+    inner[end[:-1] - 1] = False
+    back = np.flatnonzero((gaps < 0) & inner)
+    if len(back):
+        j = back[0]
+        i = int(np.searchsorted(end, j, side="right"))
+        raise ValueError(f"request {reqs[i].request_id}: token_times go backwards "
+                         f"({times[j]} then {times[j + 1]})")
+    step = (gaps != 0) & inner  # where a new chunk starts
+    seen = np.zeros(len(times) + 1, np.int64)
+    np.cumsum(step, out=seen[2:])
+    ttft, e2el = first - arrival, last - arrival
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(lens > 1, (e2el - ttft) / (lens - 1), np.nan)
+    return _Columns(lens, ttft, e2el, tpot, seen[end] - seen[start + 1] + 1, gaps[step])
 
 
 class TimesTable:
@@ -113,7 +147,10 @@ class TimesTable:
     @classmethod
     def of_requests(cls, requests: Sequence[Request]) -> TimesTable:
         """The table of these requests' request_times."""
-        return cls.of([request_times(r) for r in requests])
+        recorder = TimesRecorder(len(requests))
+        done = [i for i, r in enumerate(requests) if r.finish_time is not None]
+        recorder.record(done, [requests[i] for i in done])
+        return recorder.table()
 
     def tpots(self, picked: np.ndarray) -> np.ndarray:
         """The TPOTs of the requests ``picked`` (a mask) that have one."""
@@ -161,19 +198,24 @@ class TimesRecorder:
         self._first_itl = np.zeros(n, np.int64)  # where its ITLs start in _itls
         self._itls: array | None = array("d")  # None once table() has taken them
 
-    def record(self, i: int, req: Request) -> None:
-        """Request i's times, now that it has finished."""
+    def record(self, index: Sequence[int], reqs: Sequence[Request]) -> None:
+        """The times of requests ``index`` (numbers), ``reqs``, now that they have finished."""
         if self._itls is None:
             raise RuntimeError("TimesRecorder.record after table(): the table is made once")
-        t = request_times(req)
-        self._done[i] = t.completed
-        self._output_len[i] = t.output_len
-        self._ttft[i], self._e2el[i] = t.ttft, t.e2el
-        if t.tpot is not None:
-            self._tpot[i] = t.tpot
-        self._chunks[i] = t.num_chunks
-        self._first_itl[i] = len(self._itls)
-        self._itls.extend(t.itls)
+        if not reqs:
+            return
+        c = _finished_columns(reqs)
+        i = np.asarray(index, np.int64)
+        self._done[i] = True
+        self._output_len[i] = c.output_len
+        self._ttft[i], self._e2el[i], self._tpot[i] = c.ttft, c.e2el, c.tpot
+        self._chunks[i] = c.num_chunks
+        first = np.empty(len(i), np.int64)
+        first[0] = len(self._itls)
+        np.cumsum(c.num_chunks[:-1] - 1, out=first[1:])
+        first[1:] += first[0]
+        self._first_itl[i] = first
+        self._itls.frombytes(memoryview(c.itls).cast("B"))
 
     def table(self) -> TimesTable:
         """The table of every request (those never recorded: unfinished), made once: the

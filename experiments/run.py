@@ -371,10 +371,12 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             # a few numbers a request, not every token's time or three empty lists.
             recorder = TimesRecorder(len(requests))
 
-            def keep_times(req: Request, replica: int) -> None:
-                if req.request_id < len(requests) and requests[req.request_id] is req:
-                    recorder.record(req.request_id, req)
-                    req.token_times = req.block_table = req.output_token_ids = ()
+            def keep_times(finished: list[Request], replica: int) -> None:
+                mine = [r for r in finished
+                        if r.request_id < len(requests) and requests[r.request_id] is r]
+                recorder.record([r.request_id for r in mine], mine)
+                for r in mine:
+                    r.token_times = r.block_table = r.output_token_ids = ()
 
             if replica_specs is None:
                 outcome = simulate(requests, choice.new_scheduler, model, hardware, overhead,

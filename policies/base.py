@@ -54,6 +54,10 @@ class Policy:
     queue too for a ``preemptive`` policy, so that its tail is the first victim); otherwise the
     queue is FCFS, preempted requests at its head.
     ``preemptive``: ``preempt_for_waiting`` may preempt running requests for waiting ones.
+    ``reads_running``: a hook reads a running request's progress (its computed or output
+    tokens, token times or block table); a policy class whose hooks do not says False in its
+    own body (a subclass, which may add hooks, says it again), and the simulator then keeps
+    its decoders as one group (policies/decode_group.py). True, the default, is always correct.
     Overlap scheduling is not a policy's trait but a mode of the engine loop that every policy
     runs under (``SchedulerConfig.overlap``).
     """
@@ -64,6 +68,7 @@ class Policy:
     orders_queue: ClassVar[bool] = False
     preemptive: ClassVar[bool] = False
     needs_step_time: ClassVar[bool] = False  # the run must give the scheduler a StepTimeFn
+    reads_running: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         """Check the policy's settings (each policy extends this with its own)."""

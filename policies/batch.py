@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from policies.decode_group import DecodeWindow
 from policies.request import Request
 
 
@@ -39,13 +40,21 @@ class ScheduledSeq:
 
 @dataclass(slots=True, eq=False)
 class Batch:
-    """A window: ``seqs`` run for ``num_steps`` (k) steps without returning to the scheduler."""
+    """A window: ``seqs`` run for ``num_steps`` (k) steps without returning to the scheduler.
+    A decode group's window (the simulator's: Scheduler.group_decodes) has no ``seqs`` but
+    ``decodes``, its totals."""
 
     seqs: list[ScheduledSeq]
     num_steps: int
     window_id: int = 0
     preempted: list[Request] = field(default_factory=list)
     num_wasted_steps: int = 0  # filled by Scheduler.update: steps run past a request's end
+    decodes: DecodeWindow | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        """Requests taking part."""
+        return len(self.seqs) + (self.decodes.num_seqs if self.decodes is not None else 0)
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -64,4 +73,4 @@ class Batch:
         return [s for s in self.seqs if s.num_steps > step]
 
     def __len__(self) -> int:
-        return len(self.seqs)
+        return self.num_seqs

@@ -25,7 +25,7 @@ class BlockManager:
     """
 
     __slots__ = ("block_size", "num_blocks", "watermark_blocks", "enable_caching", "_returned",
-                 "_next_fresh", "_refs", "_evictable", "_by_hash", "_hash_of")
+                 "_next_fresh", "_refs", "_evictable", "_by_hash", "_hash_of", "unassigned")
 
     def __init__(self, num_blocks: int, block_size: int = 16, watermark: float = 0.01,
                  enable_caching: bool = False) -> None:
@@ -49,6 +49,11 @@ class BlockManager:
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._by_hash: dict[int, int] = {}
         self._hash_of: dict[int, int] = {}
+        # Blocks taken by count whose ids are not picked yet (a decode group's, which reads no
+        # block table: policies/decode_group.py); ``assign`` picks them. They are not free.
+        # While any are, the free list holds more ids than there are free blocks: only a
+        # caller that checked ``num_free_blocks`` (admission) takes from it.
+        self.unassigned = 0
 
     def shuffle_free(self, seed: int) -> None:
         """Hand free blocks out in a seeded random order, as an engine's churn of requests
@@ -65,7 +70,8 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks no request holds (indexed ones kept for reuse included)."""
-        return len(self._returned) + self.num_blocks - self._next_fresh + len(self._evictable)
+        return (len(self._returned) + self.num_blocks - self._next_fresh + len(self._evictable)
+                - self.unassigned)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -144,6 +150,16 @@ class BlockManager:
             table.append(self._take())
         refs.update(dict.fromkeys(table[-need:], 1))
         return True
+
+    def assign(self, requests: list[Request], num_tokens: list[int]) -> None:
+        """Pick the ids of the blocks taken by count: each request's table grows to hold its
+        ``num_tokens`` slots, which the count covers exactly."""
+        count, self.unassigned = self.unassigned, 0
+        for req, n in zip(requests, num_tokens, strict=True):
+            count -= self.blocks_for(n) - len(req.block_table)
+            self.ensure_slots(req, n)
+        if count:
+            raise RuntimeError(f"{count} blocks taken by count are not in any block table")
 
     def free(self, req: Request) -> None:
         """Give back ``req``'s blocks; an indexed one no table holds stays cached (LRU order:
@@ -229,9 +245,10 @@ class BlockManager:
         if not self.enable_caching and any(n > 1 for n in held.values()):
             raise AssertionError("a block is in two block tables")
         free = set(self._free_list()) | set(self._evictable)
-        if len(held) + self.num_free_blocks != self.num_blocks or free & set(held):
-            raise AssertionError(
-                f"{len(held)} held + {self.num_free_blocks} free != {self.num_blocks} blocks")
+        if (len(held) + self.unassigned + self.num_free_blocks != self.num_blocks
+                or free & set(held)):
+            raise AssertionError(f"{len(held)} held + {self.unassigned} by count + "
+                                 f"{self.num_free_blocks} free != {self.num_blocks} blocks")
         if set(self._evictable) - set(self._hash_of):
             raise AssertionError("a free cached block is not in the index")
         if {b: h for h, b in self._by_hash.items()} != self._hash_of:

@@ -24,6 +24,7 @@ def ttft_target_s(req, default_ms: float) -> float:
 @dataclass(frozen=True)
 class EDF(Policy):
     name = "edf"
+    reads_running = False
     orders_queue = True
     ttft_slo_ms: float = 1000.0
     admission_control: bool = True

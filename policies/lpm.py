@@ -21,6 +21,7 @@ from policies.multi_step import MultiStep
 @dataclass(frozen=True)
 class LongestPrefixMatch(MultiStep):
     name = "lpm"
+    reads_running = False
     orders_queue = True
     num_steps: int = 1
     fcfs_above: int = 128  # waiting requests past which the queue is FCFS (SGLang's threshold)

@@ -11,6 +11,7 @@ from policies.base import KStepPolicy, register
 @dataclass(frozen=True)
 class MultiStep(KStepPolicy):
     name = "multi_step"
+    reads_running = False
 
     def window_steps(self, sched, has_prefill: bool) -> int:
         return 1 if has_prefill else self.num_steps

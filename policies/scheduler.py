@@ -12,9 +12,13 @@ from typing import Any
 from policies.base import Policy, StepTimeFn, check_bool, check_int, check_number, check_settings
 from policies.batch import Batch, ScheduledSeq
 from policies.block_manager import BlockManager
+from policies.decode_group import DecodeGroup, DecodeWindow
 from policies.request import Request, RequestState
 
 _RUNNING = RequestState.RUNNING
+# Decode windows a scheduler that gave up its decode group waits before it tries to form one
+# again (a shortage of blocks tends to last a while; each try reads every running request).
+_REGROUP_AFTER = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +111,22 @@ class Scheduler:
         if policy.needs_step_time and step_time_fn is None:
             raise ValueError(f"policy {policy.name} sizes windows by time and needs a hardware "
                              "profile's cost model")
+        self._group: DecodeGroup | None = None  # group_decodes(): the running decoders' group
+        self._grouped = False  # every running request is in the group
+        self._regroup_wait = 0
+
+    def group_decodes(self) -> None:
+        """Keep the running decoders as one group (policies/decode_group.py): for a backend
+        that needs a decode window's totals, not its sequences (the simulator). The windows are
+        the same; it applies under separate batches without overlap, where no policy hook reads
+        a running request (``Policy.reads_running``) and no block is shared (prefix caching);
+        elsewhere this does nothing."""
+        policy = self.policy
+        if (self.overlap or policy.mixed_batches or policy.preemptive
+                or vars(type(policy)).get("reads_running", True) or self.running or self.waiting):
+            return
+        self._group = DecodeGroup(self.config.block_size)
+        self._grouped = True
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: Request) -> None:
@@ -127,6 +147,10 @@ class Scheduler:
                 f"request {req.request_id} needs {need} KV blocks but the cache has "
                 f"{bm.num_blocks} (minus {bm.watermark_blocks} watermark); give the KV cache more "
                 "memory (gpu_memory_utilization) or use shorter requests")
+        if req.prefix_segments is not None and self._group is not None \
+                and self.config.enable_prefix_caching:  # its blocks may be shared
+            self.settle()
+            self._group = None
         req.state = RequestState.WAITING
         req.waiting_since = req.arrival_time
         self.waiting.append(req)
@@ -143,6 +167,7 @@ class Scheduler:
         finds the request finished and counts its slots as wasted, as it does for a request
         whose EOS it learns one window late.
         """
+        self.settle()
         for queue in (self.running, self.finishing, self.waiting):
             for req in queue:
                 if req.request_id == request_id:
@@ -200,14 +225,15 @@ class Scheduler:
             for victim in policy.preempt_for_waiting(self):
                 self._preempt(victim)
                 preempted.append(victim)
+        decodes = None
         if policy.mixed_batches:
             seqs, k, has_prefill = self._schedule_mixed(preempted)
         else:
-            seqs, k, has_prefill = self._schedule_separate(preempted)
+            seqs, k, has_prefill, decodes = self._schedule_separate(preempted)
         # As vLLM does, victims rejoin the queue head only now, so none is re-admitted (and
         # recomputed) in the very window that preempted it; the earliest admitted goes first.
         self.waiting.extendleft(preempted)
-        if not seqs:
+        if not seqs and decodes is None:
             self._last_window = None  # the engine idles: the next gap is not a step time
             return None
         if not self.overlap:
@@ -220,11 +246,22 @@ class Scheduler:
         st.num_invocations += 1
         st.num_windows += 1
         st.num_steps += k
-        batch = Batch(seqs, k, self._window_id, preempted)
+        batch = Batch(seqs, k, self._window_id, preempted, decodes=decodes)
         if self.overlap:
             self._hold_placeholders(batch)
             self._in_flight.append(batch)
         return batch
+
+    def window_seqs(self, batch: Batch) -> list[tuple[Request, int, int, int, bool]]:
+        """(request, query tokens, cached tokens, steps, is prefill) of each sequence of the
+        window just formed (before its update()), a decode group's window's as the sequences it
+        stands for: for traces and checks."""
+        out = [(s.request, s.num_query_tokens, s.num_cached_tokens, s.num_steps, s.is_prefill)
+               for s in batch.seqs]
+        if batch.decodes is not None:
+            out += [(req, 1, cached, batch.num_steps, False)
+                    for req, cached in self._group.members_at(batch.decodes)]
+        return out
 
     def _hold_placeholders(self, batch: Batch) -> None:
         """Overlap: move each request past ``batch`` as if it ran to its end without stopping:
@@ -280,16 +317,66 @@ class Scheduler:
             return 0.0
         return (n - 1) / max(last - first, self.now - first)
 
-    def _schedule_separate(self, preempted: list[Request]) -> tuple[list[ScheduledSeq], int, bool]:
+    def _schedule_separate(self, preempted: list[Request]
+                           ) -> tuple[list[ScheduledSeq], int, bool, DecodeWindow | None]:
         """vLLM V0 default: a prefill-only batch (one step) when prompts fit, else a decode window
-        (the window, k, whether it has prefills)."""
+        (the window, k, whether it has prefills, the decode group's window in its place)."""
         tokens, seqs = self.policy.window_budget(self)
         if self.waiting:
             prefills = self._admit(tokens, seqs, steps=1)
             if prefills:
-                return prefills, 1, True
+                return prefills, 1, True, None
         k = self.policy.window_steps(self, False)
-        return self._reserve_decodes(k, tokens, preempted), k, False
+        if self._group is not None and self.running and self._group_takes(k, tokens):
+            return [], k, False, self._group.window(k)
+        return self._reserve_decodes(k, tokens, preempted), k, False, None
+
+    def _group_takes(self, k: int, budget: int) -> bool:
+        """Whether the decode group forms this k-step decode window (its blocks taken by
+        count); where a window needs the running requests one by one (too few blocks or
+        tokens for all), the group is settled and the caller forms it."""
+        group, bm = self._group, self.block_manager
+        if not self._grouped:
+            if self._regroup_wait:
+                self._regroup_wait -= 1
+                return False
+            if not self._regroup():
+                self._regroup_wait = _REGROUP_AFTER
+                return False
+        need = group.blocks_needed(k) if budget >= len(self.running) else -1
+        if not 0 <= need <= bm.num_free_blocks:
+            self.settle()
+            self._regroup_wait = _REGROUP_AFTER
+            return False
+        bm.unassigned += need
+        return True
+
+    def _joins(self, req: Request) -> bool:
+        """Whether running ``req`` can join the decode group: it decodes, and its block table
+        holds exactly its computed tokens (as every decode window leaves it)."""
+        computed = req.num_computed_tokens
+        return (req.num_output_tokens > 0
+                and computed == req.prompt_len + req.num_output_tokens - 1
+                and len(req.block_table) == self.block_manager.blocks_for(computed))
+
+    def _regroup(self) -> bool:
+        """Form the decode group of every running request, if each can join."""
+        if not all(self._joins(r) for r in self.running):
+            return False
+        for req in self.running:
+            self._group.join(req)
+        self._grouped = True
+        return True
+
+    def settle(self) -> None:
+        """Write the decode group's members' state back to them (computed and output tokens,
+        token times, block tables), so that the requests say where they are; the scheduler
+        then forms windows one sequence at a time until it can group them again."""
+        if not self._grouped:
+            return
+        members = self._group.settle()
+        self.block_manager.assign(members, [r.num_computed_tokens for r in members])
+        self._grouped = False
 
     def _schedule_mixed(self, preempted: list[Request]) -> tuple[list[ScheduledSeq], int, bool]:
         """Chunked-prefill family: decodes first, then prefill chunks up to the token budget."""
@@ -452,6 +539,8 @@ class Scheduler:
             raise ValueError(f"update: {len(step_times)} step times for a {batch.num_steps}-step window")
         if self.overlap:
             return self._settle_placeholders(batch, step_times, sampled)
+        if batch.decodes is not None:
+            return self._advance_group(batch, step_times)
         finished: list[Request] = []
         wasted = 0
         k = len(step_times)
@@ -482,6 +571,28 @@ class Scheduler:
                 self.block_manager.free(req)
                 finished.append(req)
         if finished:
+            self.running = [r for r in self.running if r.state is _RUNNING]
+        if self._grouped:  # the window's new decoders join
+            for s in batch.seqs:
+                req = s.request
+                if req.state is _RUNNING:
+                    if not self._joins(req):
+                        self.settle()
+                        break
+                    self._group.join(req)
+        batch.num_wasted_steps = wasted
+        self.stats.num_wasted_steps += wasted
+        return finished
+
+    def _advance_group(self, batch: Batch, step_times: Sequence[float]) -> list[Request]:
+        """update() of a decode group's window: its finishing members finish."""
+        finished, wasted = self._group.advance(batch.decodes, step_times)
+        if finished:
+            bm = self.block_manager
+            for req in finished:
+                req.state = RequestState.FINISHED
+                bm.unassigned -= bm.blocks_for(req.num_computed_tokens) - len(req.block_table)
+                bm.free(req)
             self.running = [r for r in self.running if r.state is _RUNNING]
         batch.num_wasted_steps = wasted
         self.stats.num_wasted_steps += wasted

@@ -11,3 +11,4 @@ from policies.base import Policy, register
 @dataclass(frozen=True)
 class SingleStep(Policy):
     name = "single_step"
+    reads_running = False

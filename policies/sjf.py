@@ -29,6 +29,7 @@ PREDICTORS = ("oracle", "noisy", "bucket")
 @dataclass(frozen=True)
 class SJF(Policy):
     name = "sjf"
+    reads_running = False
     orders_queue = True
     predictor: str = "oracle"
     sigma: float = 0.5  # noisy: the lognormal error's sigma

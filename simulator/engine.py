@@ -72,6 +72,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from common.client import PROGRESS_BAR_FORMAT, Client
@@ -98,8 +99,9 @@ from simulator.overhead import (
 
 _EPS = 1e-9  # seconds: busy-until times this close to now count as now (float round-off)
 
-# Called with each request once its token times are final (delivery times), and its replica.
-FinishHook = Callable[[Request, int], None]
+# Called with a window's finished requests once their token times are final (delivery times:
+# lists, or float arrays the hook may keep; lists after it), and their replica.
+FinishHook = Callable[[list[Request], int], None]
 
 STEP_COLUMNS = ("virtual_engine", "window", "t_start", "k", "num_seqs", "num_prefill_seqs",
                 "num_tokens", "kv_tokens", "num_preempted", "num_wasted_steps",
@@ -176,6 +178,9 @@ class ReplicaSpec:
     stream_per_step: bool = False
     time_scale: float = 1.0
     group: int = 0  # the replica group it belongs to (a heterogeneous cluster)
+    # keep each scheduler's decoders as one group where it can (Scheduler.group_decodes):
+    # the same windows, in time independent of the running count; False: one by one
+    group_decodes: bool = True
 
 
 @dataclass(slots=True)
@@ -203,6 +208,7 @@ class _Window:
     out_done: list[float] = field(default_factory=list)
     finished: list[Request] | None = None  # by update(); None before
     delivery_known: bool = False  # its tokens' delivery times are in sim.delivery
+    engine: int = 0  # the virtual engine that runs it
 
 
 @dataclass(slots=True, eq=False)
@@ -240,6 +246,9 @@ class _Sim:
     cpu_free: float = 0.0  # when the engine thread is next idle
     api_free: float = 0.0  # when the separate API-server process is next idle
     delivery: dict[float, float] = field(default_factory=dict)  # step's GPU done -> delivered
+    # per virtual engine, the delivery time of each decode group position (policies/
+    # decode_group.py): its finished members' times are slices of it
+    group_delivery: list[np.ndarray] = field(default_factory=list)
     last_delivery: float = 0.0
     gpu_busy: float = 0.0  # stage-seconds
     cpu_busy: float = 0.0
@@ -253,7 +262,7 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
              max_model_len: int | None = None, num_blocks: int | None = None,
              stream_per_step: bool = False, time_scale: float = 1.0,
              max_concurrency: int | None = None, progress: bool = True,
-             on_finish: FinishHook | None = None) -> SimResult:
+             on_finish: FinishHook | None = None, group_decodes: bool = True) -> SimResult:
     """Serve ``requests`` (fresh ones: their timings are filled in) and return the run's summary.
 
     ``make_scheduler(num_blocks)`` builds one virtual engine's scheduler; ``max_model_len``
@@ -262,7 +271,8 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
     ``on_finish(request, 0)`` is called as each request's token times become final.
     """
     spec = ReplicaSpec(make_scheduler, model, hw, overhead, block_size, gpu_memory_utilization,
-                       max_model_len, num_blocks, stream_per_step, time_scale)
+                       max_model_len, num_blocks, stream_per_step, time_scale,
+                       group_decodes=group_decodes)
     return simulate_cluster(requests, [spec], RoundRobin(), max_concurrency=max_concurrency,
                             progress=progress, on_finish=on_finish).total
 
@@ -312,6 +322,8 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
     for r, i in zip(requests, where, strict=True):
         routed[i].append(r)
     for sim, mine in zip(sims, routed, strict=True):  # the finished ones are final already
+        for sched in sim.schedulers:
+            sched.settle()
         _apply_delivery_times([r for r in mine if r.finish_time is None], sim.delivery)
     wall = time.perf_counter() - wall
     per = [_result(sim, mine, wall) for sim, mine in zip(sims, routed, strict=True)]
@@ -335,6 +347,9 @@ def _replica(shared: _Shared, index: int, spec: ReplicaSpec) -> _Sim:
         overhead = scale_overhead(overhead, time_scale)
     pp = spec.hw.pp
     schedulers = [spec.make_scheduler(num_blocks) for _ in range(pp)]
+    if spec.group_decodes:
+        for sched in schedulers:
+            sched.group_decodes()
     if schedulers[0].overlap and pp > 1:  # Scheduler.overlap: wherever it is configured
         raise ValueError(f"scheduler.overlap with parallel.pipeline_parallel_size = {pp} is not "
                          "modelled (1 only)")
@@ -343,7 +358,7 @@ def _replica(shared: _Shared, index: int, spec: ReplicaSpec) -> _Sim:
                 schedulers, spec.model, spec.hw, overhead, spec.stream_per_step, [None] * pp,
                 PowerClock(spec.model, spec.hw), time_scale,
                 ReplicaLoad(index, schedulers, spec.group), num_blocks, [0] * pp,
-                steps=StepRows(shared.cluster))
+                steps=StepRows(shared.cluster), group_delivery=[np.zeros(0)] * pp)
 
 
 def _result(sim: _Sim, requests: list[Request], wall: float) -> SimResult:
@@ -545,23 +560,39 @@ def _client_finished(sim: _Sim, win: _Window) -> None:
     """The window's finished requests' last tokens are delivered (update() has run and the
     delivery times are known, in either order): their token times become delivery times, and
     the client learns of the finishes."""
-    assert win.finished is not None
+    finished = win.finished
+    assert finished is not None
     shared = sim.shared
     get = sim.delivery.__getitem__
-    hook = shared.on_finish
-    for r in win.finished:
-        r.token_times[:] = map(get, r.token_times)
-        r.finish_time = get(r.finish_time)
-        if hook is not None:
-            hook(r, sim.index)
+    group = win.batch.decodes
+    if group is None:
+        for r in finished:
+            r.token_times[:] = map(get, r.token_times)
+            r.finish_time = get(r.finish_time)
+    else:  # a member's decode tokens: a slice of the group's delivery times
+        delivered = sim.group_delivery[win.engine]
+        for r, (start, end) in zip(finished, group.runs, strict=True):
+            gpu = r.token_times
+            head = len(gpu) - (end - start)
+            times = np.empty(len(gpu))
+            times[:head] = [get(t) for t in gpu[:head]]
+            times[head:] = delivered[start:end]
+            r.token_times = times
+            r.finish_time = get(r.finish_time)
+    if shared.on_finish is not None and finished:
+        shared.on_finish(finished, sim.index)
+    if group is not None:
+        for r in finished:
+            if isinstance(r.token_times, np.ndarray):
+                r.token_times = r.token_times.tolist()
     client = shared.client
     loop = sim.loop
     if client.max_concurrency is None:  # no slot waits on a finish; a later turn may
-        for due in client.finished(win.finished, [r.finish_time for r in win.finished]):
+        for due in client.finished(finished, [r.finish_time for r in finished]):
             loop.at(max(due, loop.now), lambda: _wake_client(shared))
         return
     at: dict[float, list[Request]] = {}
-    for r in win.finished:
+    for r in finished:
         at.setdefault(r.finish_time, []).append(r)
     for t, reqs in at.items():
         loop.at(max(t, loop.now), lambda reqs=reqs: _slots_freed(shared, reqs))
@@ -612,7 +643,7 @@ def _open_window(sim: _Sim, batch: Batch, v: int, gpu_free: float | None = None)
                 load.queued_prompt_tokens -= req.prompt_len
     chunks = sse_chunks(spec, delivered, sim.stream_per_step)
     out_cost = window_output_times(spec, [s.num_seqs for s in shapes], delivered, chunks)
-    cost = schedule_time(spec, len(batch.seqs), shapes[0].num_tokens, shapes[0].kv_tokens,
+    cost = schedule_time(spec, batch.num_seqs, shapes[0].num_tokens, shapes[0].kv_tokens,
                          batch.num_steps, overlap, shapes[0].num_prefill_seqs,
                          sim.model.num_layers)
     now = sim.loop.now
@@ -620,7 +651,7 @@ def _open_window(sim: _Sim, batch: Batch, v: int, gpu_free: float | None = None)
     # with overlap once the window before it is done too
     start = now + cost if not overlap else max(now + cost, gpu_free)
     gpu = sim.clock.window_times(shapes, start, sim.time_scale)
-    win = _Window(batch, cost, gpu, out_cost, delivered, chunks, shapes[0], now)
+    win = _Window(batch, cost, gpu, out_cost, delivered, chunks, shapes[0], now, engine=v)
     if overlap:
         for dt in gpu:
             start += dt
@@ -636,7 +667,7 @@ def _window_row(sim: _Sim, win: _Window, v: int) -> tuple:
     schedule_prepare_s); window ids count per virtual engine. In a cluster each row also names
     its replica and that replica's load as the window closes (the per-replica load figure)."""
     batch = win.batch
-    row = (v, batch.window_id, win.t_start, batch.num_steps, len(batch.seqs),
+    row = (v, batch.window_id, win.t_start, batch.num_steps, batch.num_seqs,
            win.first.num_prefill_seqs, win.first.num_tokens, win.first.kv_tokens,
            len(batch.preempted), batch.num_wasted_steps, win.schedule_cost,
            tuple(win.stage_times))
@@ -721,6 +752,12 @@ def _deliver(sim: _Sim, win: _Window) -> None:
     delivery = sim.delivery
     for g, t in zip(win.gpu_done, times, strict=True):
         delivery[g] = t
+    if win.batch.decodes is not None:
+        start = win.batch.decodes.start
+        log = sim.group_delivery[win.engine]
+        if start + k > len(log):
+            log = sim.group_delivery[win.engine] = np.resize(log, 2 * (start + k))
+        log[start:start + k] = times
     last = max((t for t, n in zip(times, win.delivered, strict=True) if n), default=0.0)
     if last > sim.last_delivery:
         sim.last_delivery = last

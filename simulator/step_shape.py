@@ -12,6 +12,7 @@ from common.step_sizes import (
     prefill_graph_key,
 )
 from policies.batch import Batch
+from policies.decode_group import DecodeWindow
 from simulator.hardware import HardwareSpec
 
 
@@ -42,6 +43,8 @@ def window_shapes(batch: Batch, ending: list[int] | None = None) -> list[StepSha
     token at each step, ``ending[m]`` those that take m (their steps capped by the tokens they
     still owe; the simulator's tokens delivered per step)."""
     k = batch.num_steps
+    if batch.decodes is not None:
+        return _group_shapes(batch.decodes, k, ending)
     seqs = batch.seqs
     leaving = [0] * (k + 1)  # leaving[m]: sequences taking part in exactly m steps
     leaving_ctx = [0] * (k + 1)  # their tokens in the cache after step 1 (c + q)
@@ -88,6 +91,18 @@ def window_shapes(batch: Batch, ending: list[int] | None = None) -> list[StepSha
         alive -= leaving[j + 1]
         alive_ctx -= leaving_ctx[j + 1]
     return shapes
+
+
+def _group_shapes(win: DecodeWindow, k: int, ending: list[int] | None) -> list[StepShape]:
+    """window_shapes of a decode group's window: n members, each in all k steps at one token a
+    step (so step j's context is step 1's plus j a member); only the finishing ones end early."""
+    n, kv, longest = win.num_seqs, win.kv_tokens, win.max_kv_tokens
+    if ending is not None:
+        owed = win.owed()
+        ending[k] += n - len(owed)
+        for m in owed:
+            ending[m] += 1
+    return [StepShape(n, n, 0, n, 0.0, kv + j * n, j == 0, longest + j) for j in range(k)]
 
 
 def graph_tokens(shape: StepShape, hw: HardwareSpec) -> int | None:

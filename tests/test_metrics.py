@@ -18,7 +18,7 @@ import pytest
 from experiments import request_times as request_times_module
 from experiments import result_files
 from experiments.metrics import format_summary, summarize
-from experiments.request_times import TimesRecorder, TimesTable, request_times
+from experiments.request_times import RequestTimes, TimesRecorder, TimesTable, request_times
 from experiments.result_files import REQUEST_CSV_COLUMNS, write_results
 from policies.request import Request
 
@@ -215,11 +215,18 @@ def test_more_percentiles():
     (lambda: [req(3, 1.0, 5, [2.0, 1.5])], r"request 3: token_times go backwards"),
     (lambda: [req(3, 1.0, 5, [0.5])], r"request 3: first token at 0\.5 is before its arrival"),
     (lambda: [req(3, 1.0, 5, [])], r"request 3 finished but has no token_times"),
+    # among others (the times of many requests are checked together): the right one is named
+    (lambda: [req(1, 0.0, 5, [1.0, 1.0, 3.0]), req(2, 0.0, 5, [0.5]),
+              req(3, 1.0, 5, [2.0, 2.5, 1.5]), req(4, 0.0, 5, [9.0, 1.0])],
+     r"request 3: token_times go backwards \(2\.5 then 1\.5\)"),
+    (lambda: [req(1, 0.0, 5, [1.0, 2.0]), req(5, 3.0, 5, [3.5]), req(3, 1.0, 5, [0.5])],
+     r"request 3: first token at 0\.5 is before its arrival"),
 ])
 def test_inconsistent_requests_are_named(make, match):
     reqs = make()
-    if not reqs[0].token_times:
-        reqs[0].finish_time = 2.0
+    for r in reqs:
+        if not r.token_times:
+            r.finish_time = 2.0
     with pytest.raises(ValueError, match=match):
         summarize(reqs, duration=1.0)
 
@@ -330,17 +337,37 @@ def _same_table(a, b) -> None:
     assert a.itls.tolist() == b.itls.tolist()
 
 
+def _reference_times(req) -> RequestTimes:
+    """request_times as a loop over one request's tokens: the chunks are its distinct times."""
+    if req.finish_time is None:
+        return RequestTimes(completed=False, output_len=0)
+    times = list(req.token_times)
+    chunks = list(dict.fromkeys(times))
+    ttft, e2el = chunks[0] - req.arrival_time, chunks[-1] - req.arrival_time
+    return RequestTimes(True, len(times), ttft, e2el,
+                        (e2el - ttft) / (len(times) - 1) if len(times) > 1 else None,
+                        [b - a for a, b in zip(chunks, chunks[1:])], len(chunks))
+
+
 def test_times_recorded_in_any_finish_order_equal_the_times_of_the_whole_run(monkeypatch):
-    """The simulator's TimesRecorder, fed requests as they finish (any order, the unfinished
-    never), gives the table computed from every request at the end, ITLs in request order,
-    also when it reorders them a few requests at a time."""
+    """The simulator's TimesRecorder, fed requests as they finish (any order, a few at a time
+    as windows finish them, the unfinished never), gives the table of each request's times
+    taken one at a time, ITLs in request order, also when it reorders them a few requests at
+    a time; so does TimesTable.of_requests."""
     monkeypatch.setattr(request_times_module, "CHUNK_REQUESTS", 7)
     reqs = random_requests(3, n=50)
     recorder = TimesRecorder(len(reqs))
-    for i in random.Random(4).sample(range(len(reqs)), len(reqs)):
-        if reqs[i].finish_time is not None:
-            recorder.record(i, reqs[i])
-    _same_table(recorder.table(), TimesTable.of_requests(reqs))
+    order = [i for i in random.Random(4).sample(range(len(reqs)), len(reqs))
+             if reqs[i].finish_time is not None]
+    sizes = random.Random(5)
+    while order:
+        batch = order[:sizes.randint(1, 5)]
+        order = order[len(batch):]
+        recorder.record(batch, [reqs[i] for i in batch])
+    reference = TimesTable.of([_reference_times(r) for r in reqs])
+    _same_table(recorder.table(), reference)
+    _same_table(TimesTable.of_requests(reqs), reference)
+    assert request_times(reqs[0]) == _reference_times(reqs[0])
 
 
 def test_streamed_result_json_is_the_json_of_the_whole_lists(tmp_path, monkeypatch):

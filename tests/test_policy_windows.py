@@ -52,8 +52,7 @@ def window_digest(policy: str, params: dict, rate, overlap: bool, num_blocks: in
             batch = schedule(now)
             if batch is not None:
                 digest.update(repr((batch.num_steps, [
-                    (s.request.request_id, s.num_query_tokens, s.num_cached_tokens, s.num_steps,
-                     s.is_prefill) for s in batch.seqs],
+                    (req.request_id, *rest) for req, *rest in sched.window_seqs(batch)],
                     [r.request_id for r in batch.preempted])).encode())
             return batch
 

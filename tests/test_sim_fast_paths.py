@@ -1,6 +1,6 @@
 """The simulator's fast paths (its own event heap instead of simpy, the scheduler's and the
-block manager's hot loops, the streamed per-request results) against the implementation before
-them: on small runs covering every engine loop (blocking and async output processing, deferred
+block manager's hot loops, the streamed per-request results, the decode group) against the
+implementation before them: on small runs covering every engine loop (blocking and async output processing, deferred
 last output, overlap with and without late scheduling, pipeline stages, per-step streaming, a
 separate API-server process, max_concurrency, preemption), every window is the same and every
 request's token times are the same to the nanosecond.
@@ -82,9 +82,10 @@ def run_case(name: str) -> dict:
         def recorded(now: float):
             batch = schedule(now)
             if batch is not None:
-                digest.update(repr((batch.num_steps, [
-                    (s.request.request_id, s.num_query_tokens, s.num_cached_tokens, s.num_steps)
-                    for s in batch.seqs], [r.request_id for r in batch.preempted])).encode())
+                seqs = [(req.request_id, q, cached, steps)
+                        for req, q, cached, steps, _ in sched.window_seqs(batch)]
+                digest.update(repr((batch.num_steps, seqs,
+                                    [r.request_id for r in batch.preempted])).encode())
             return batch
 
         sched.schedule = recorded

@@ -1,0 +1,156 @@
+"""The running decoders of separate-batch scheduling kept as one group: a decode window's cost
+in the number of requests that finish or need a KV block, not in the number running.
+
+In vLLM V0's separate batches every running request of a decode window decodes its k tokens, so
+a window is the same for all of them but those that finish in it. A ``DecodeGroup`` keeps them
+by where they stand against one position counter that each decode window moves by k: a member's
+computed and output tokens are where it joined plus the positions since, its blocks a count
+fixed by its offset within a block, its end a key in a heap, and its decode tokens' times a
+slice of the log of the group's step times. The scheduler keeps the group in step with its
+per-sequence windows (the same windows, blocks and times: tests/test_decode_group.py) and
+gives it up (``settle``: every member's fields written back) where a window needs a request's
+own state: a shortage of blocks, a budget below the running count (docs/simulator.md).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from policies.request import Request
+
+
+@dataclass(slots=True, eq=False)
+class DecodeWindow:
+    """A group's decode window as the backend sees it: its totals in place of its sequences.
+
+    Every member takes part in all k steps at one token a step; the members whose last token
+    falls in the window are ``finishing``, as (end position, join order, request) in join
+    order."""
+
+    start: int  # the group's position at the window: its steps are positions start..start+k-1
+    num_seqs: int
+    kv_tokens: int  # over the members: cached tokens plus the newest one (step 1's KV)
+    max_kv_tokens: int  # the longest member's
+    finishing: list[tuple[int, int, Request]]
+    # by update(): (start position, end position) of each finished member's decode tokens in
+    # the log, in the order update() returned them (its first tokens, from before it joined,
+    # precede them in its token_times)
+    runs: list[tuple[int, int]] = field(default_factory=list)
+
+    def owed(self) -> list[int]:
+        """The tokens each finishing member still owes at the window's start (<= k)."""
+        return [end - self.start for end, _, _ in self.finishing]
+
+
+class DecodeGroup:
+    """The members' shared position, their blocks by offset, their ends, and the step log."""
+
+    __slots__ = ("block_size", "position", "log", "members", "_by_offset", "_offset_sum",
+                 "_longest", "_ends", "_joined")
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.position = 0  # decode positions so far: each group window adds its k
+        self.log: list[float] = []  # the step time of every position (update()'s step_times)
+        # request -> (join order, offset: its computed tokens less the position, the position
+        # it joined at, its output tokens then)
+        self.members: dict[Request, tuple[int, int, int, int]] = {}
+        self._by_offset = [0] * block_size  # members by offset mod block_size
+        self._offset_sum = 0
+        self._longest: list[tuple[int, int, Request]] = []  # (-offset, order, req); stale kept
+        self._ends: list[tuple[int, int, Request]] = []  # (end position, order, req)
+        self._joined = 0
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def join(self, req: Request) -> None:
+        """``req`` decodes from here on; its computed tokens fill exactly its block table."""
+        offset = req.num_computed_tokens - self.position
+        order = self._joined
+        self._joined += 1
+        self.members[req] = (order, offset, self.position, req.num_output_tokens)
+        self._by_offset[offset % self.block_size] += 1
+        self._offset_sum += offset
+        heapq.heappush(self._longest, (-offset, order, req))
+        heapq.heappush(self._ends, (self.position + req.max_tokens - req.num_output_tokens,
+                                    order, req))
+
+    def members_at(self, win: DecodeWindow) -> list[tuple[Request, int]]:
+        """The members of ``win`` (before its update()) in join order with their cached
+        tokens: the sequences a per-sequence decode window would list."""
+        by_order = sorted(self.members.items(), key=lambda m: m[1][0])
+        return [(req, offset + win.start) for req, (_, offset, _, _) in by_order]
+
+    def blocks_needed(self, k: int) -> int:
+        """New KV blocks the members take to reserve k slots each: a member holding c tokens
+        needs ceil((c + k) / bs) - ceil(c / bs), which depends on c mod bs alone."""
+        bs, pos, need = self.block_size, self.position, 0
+        for off, count in enumerate(self._by_offset):
+            if count:
+                r = (off + pos) % bs
+                need += count * ((r + k + bs - 1) // bs - (r + bs - 1) // bs)
+        return need
+
+    def window(self, k: int) -> DecodeWindow:
+        """The next window of k steps (its blocks already taken); its finishing members leave
+        the end heap now."""
+        pos = self.position
+        longest = self._longest
+        while longest[0][2] not in self.members:
+            heapq.heappop(longest)
+        ends, finishing = self._ends, []
+        while ends and ends[0][0] <= pos + k:
+            finishing.append(heapq.heappop(ends))
+        n = len(self.members)
+        return DecodeWindow(pos, n, self._offset_sum + n * (pos + 1), pos + 1 - longest[0][0],
+                            sorted(finishing, key=_join_order))
+
+    def advance(self, win: DecodeWindow, step_times: Sequence[float]) -> tuple[list[Request], int]:
+        """The window ran: its positions get ``step_times``; the finishing members take their
+        last tokens and leave, in join order (their computed and output tokens, token times and
+        finish time written). (the finished, the steps they ran past their ends)"""
+        k = len(step_times)
+        pos = win.start
+        self.log.extend(step_times)
+        self.position = pos + k
+        finished: list[Request] = []
+        wasted = 0
+        members, log, bs = self.members, self.log, self.block_size
+        for end, _, req in win.finishing:
+            _, offset, joined, _ = members.pop(req)
+            self._by_offset[offset % bs] -= 1
+            self._offset_sum -= offset
+            owed = end - pos
+            req.num_computed_tokens = offset + pos + k
+            req.num_output_tokens = req.max_tokens
+            req.token_times.extend(log[joined:end])
+            req.finish_time = step_times[owed - 1]
+            wasted += k - owed
+            win.runs.append((joined, end))
+            finished.append(req)
+        return finished, wasted
+
+    def settle(self) -> list[Request]:
+        """Write every member's computed and output tokens and token times back and empty the
+        group; the members, in join order (their blocks by count are the caller's to assign)."""
+        pos, log = self.position, self.log
+        out = []
+        for req, (_, offset, joined, outputs) in sorted(self.members.items(),
+                                                        key=lambda m: m[1][0]):
+            req.num_computed_tokens = offset + pos
+            req.num_output_tokens = outputs + pos - joined
+            req.token_times.extend(log[joined:pos])
+            out.append(req)
+        self.members.clear()
+        self._by_offset = [0] * self.block_size
+        self._offset_sum = 0
+        self._longest.clear()
+        self._ends.clear()
+        return out
+
+
+def _join_order(entry: tuple[int, int, Request]) -> int:
+    return entry[1]
