@@ -112,8 +112,11 @@ class Scheduler:
             raise ValueError(f"policy {policy.name} sizes windows by time and needs a hardware "
                              "profile's cost model")
         self._group: DecodeGroup | None = None  # group_decodes(): the running decoders' group
-        self._grouped = False  # every running request is in the group
+        # Between windows, every running request is in the group; its blocks past its block
+        # table (all, for one admitted meanwhile) are taken by count.
+        self._grouped = False
         self._regroup_wait = 0
+        self._ungroup = False  # a request whose blocks may be shared came: no group from now
 
     def group_decodes(self) -> None:
         """Keep the running decoders as one group (policies/decode_group.py): for a backend
@@ -122,7 +125,7 @@ class Scheduler:
         a running request (``Policy.reads_running``) and no block is shared (prefix caching);
         elsewhere this does nothing."""
         policy = self.policy
-        if (self.overlap or policy.mixed_batches or policy.preemptive
+        if (self.overlap or policy.mixed_batches or policy.chunk_prefills or policy.preemptive
                 or vars(type(policy)).get("reads_running", True) or self.running or self.waiting):
             return
         self._group = DecodeGroup(self.config.block_size)
@@ -149,8 +152,7 @@ class Scheduler:
                 "memory (gpu_memory_utilization) or use shorter requests")
         if req.prefix_segments is not None and self._group is not None \
                 and self.config.enable_prefix_caching:  # its blocks may be shared
-            self.settle()
-            self._group = None
+            self._ungroup = True  # before the next window (one may be in flight now)
         req.state = RequestState.WAITING
         req.waiting_since = req.arrival_time
         self.waiting.append(req)
@@ -217,6 +219,9 @@ class Scheduler:
             raise RuntimeError("schedule(): two windows are in flight; update() the older first")
         self._observe(now)
         self.forming = []
+        if self._ungroup:
+            self.settle()
+            self._group, self._ungroup = None, False
         policy = self.policy
         if policy.orders_queue:
             self._order_queues()
@@ -447,7 +452,10 @@ class Scheduler:
                 break
             if hits:
                 bm.take_hits(req, hits)
-            bm.ensure_slots(req, reserve)
+            if self._grouped:  # by count, as the group it joins once its prefill is done
+                bm.unassigned += bm.blocks_for(reserve)
+            else:
+                bm.ensure_slots(req, reserve)
             if i == 0:
                 waiting.popleft()
             else:
@@ -568,17 +576,17 @@ class Scheduler:
             if done:
                 req.state = RequestState.FINISHED
                 req.finish_time = step_times[useful - 1]
-                self.block_manager.free(req)
+                self._free(req)
                 finished.append(req)
         if finished:
             self.running = [r for r in self.running if r.state is _RUNNING]
-        if self._grouped:  # the window's new decoders join
+        if self._grouped:  # the prefill window's requests decode now: they join
             for s in batch.seqs:
                 req = s.request
                 if req.state is _RUNNING:
-                    if not self._joins(req):
-                        self.settle()
-                        break
+                    if req.num_computed_tokens != req.seq_len - 1:
+                        raise RuntimeError(f"request {req.request_id} is still prefilling after "
+                                           "a whole-prompt prefill window")
                     self._group.join(req)
         batch.num_wasted_steps = wasted
         self.stats.num_wasted_steps += wasted
@@ -588,15 +596,21 @@ class Scheduler:
         """update() of a decode group's window: its finishing members finish."""
         finished, wasted = self._group.advance(batch.decodes, step_times)
         if finished:
-            bm = self.block_manager
             for req in finished:
                 req.state = RequestState.FINISHED
-                bm.unassigned -= bm.blocks_for(req.num_computed_tokens) - len(req.block_table)
-                bm.free(req)
+                self._free(req)
             self.running = [r for r in self.running if r.state is _RUNNING]
         batch.num_wasted_steps = wasted
         self.stats.num_wasted_steps += wasted
         return finished
+
+    def _free(self, req: Request) -> None:
+        """Give a finished request's blocks back, those taken by count (grouped) included:
+        its reservation covered its computed tokens exactly."""
+        bm = self.block_manager
+        if self._grouped:
+            bm.unassigned -= bm.blocks_for(req.num_computed_tokens) - len(req.block_table)
+        bm.free(req)
 
     def _settle_placeholders(self, batch: Batch, step_times: Sequence[float],
                              sampled: Sequence[Sequence[int]] | None) -> list[Request]:
