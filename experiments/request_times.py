@@ -49,7 +49,8 @@ def request_times(req: Request) -> RequestTimes:
     """
     if req.finish_time is None:
         return RequestTimes(completed=False, output_len=0)
-    c = _finished_columns([req])
+    c = _finished_columns([req.request_id], [req.arrival_time], [req.num_output_tokens],
+                          [req.token_times])
     return RequestTimes(completed=True, output_len=int(c.output_len[0]), ttft=float(c.ttft[0]),
                         e2el=float(c.e2el[0]),
                         tpot=None if c.output_len[0] < 2 else float(c.tpot[0]),
@@ -68,27 +69,26 @@ class _Columns:
     itls: np.ndarray
 
 
-def _finished_columns(reqs: Sequence[Request]) -> _Columns:
-    """request_times of finished requests in one pass over all their token times (request i's
-    ITLs are the nonzero gaps between its successive times, a chunk being the tokens of one
-    instant), with request_times' checks."""
-    n = len(reqs)
-    lens = np.fromiter((len(r.token_times) for r in reqs), np.int64, n)
-    outputs = np.fromiter((r.num_output_tokens for r in reqs), np.int64, n)
-    for i in np.flatnonzero((lens != outputs) | (lens == 0))[:1]:
-        r = reqs[i]
+def _finished_columns(ids: Sequence[int], arrival: Sequence[float], outputs: Sequence[int],
+                      token_times: Sequence[Sequence[float]]) -> _Columns:
+    """request_times of finished requests (their ids, arrival times, output token counts and
+    token times) in one pass over all their token times (request i's ITLs are the nonzero gaps
+    between its successive times, a chunk being the tokens of one instant), with
+    request_times' checks."""
+    n = len(ids)
+    lens = np.fromiter(map(len, token_times), np.int64, n)
+    for i in np.flatnonzero((lens != np.asarray(outputs, np.int64)) | (lens == 0))[:1]:
         if not lens[i]:
-            raise ValueError(f"request {r.request_id} finished but has no token_times")
-        raise ValueError(f"request {r.request_id} has {lens[i]} token_times but "
-                         f"num_output_tokens = {r.num_output_tokens}")
-    times = np.concatenate([r.token_times for r in reqs]) if n else np.zeros(0)
-    times = times.astype(float, copy=False)
-    arrival = np.fromiter((r.arrival_time for r in reqs), float, n)
+            raise ValueError(f"request {ids[i]} finished but has no token_times")
+        raise ValueError(f"request {ids[i]} has {lens[i]} token_times but "
+                         f"num_output_tokens = {outputs[i]}")
+    times = np.concatenate(token_times).astype(float, copy=False) if n else np.zeros(0)
+    arrival = np.asarray(arrival, float)
     end = np.cumsum(lens)
     start = end - lens
     first, last = times[start], times[end - 1]
     for i in np.flatnonzero(first < arrival)[:1]:
-        raise ValueError(f"request {reqs[i].request_id}: first token at {first[i]} is before "
+        raise ValueError(f"request {ids[i]}: first token at {first[i]} is before "
                          f"its arrival at {arrival[i]}")
     gaps = np.diff(times)
     inner = np.ones(len(gaps), bool)  # the gaps within a request, not between two
@@ -97,7 +97,7 @@ def _finished_columns(reqs: Sequence[Request]) -> _Columns:
     if len(back):
         j = back[0]
         i = int(np.searchsorted(end, j, side="right"))
-        raise ValueError(f"request {reqs[i].request_id}: token_times go backwards "
+        raise ValueError(f"request {ids[i]}: token_times go backwards "
                          f"({times[j]} then {times[j + 1]})")
     step = (gaps != 0) & inner  # where a new chunk starts
     seen = np.zeros(len(times) + 1, np.int64)
@@ -185,8 +185,12 @@ def _starts(counts: np.ndarray) -> np.ndarray:
 
 class TimesRecorder:
     """Fills a TimesTable as requests finish (``record``), for requests numbered 0..n-1 by
-    position; ``table`` adds the requests that never finished. ITLs are kept as they come
-    (finish order) and put in request order once, at the end."""
+    position; ``table`` adds the requests that never finished. The times of a few thousand
+    finished requests are worked out together (numpy's cost per call is the cost of a few
+    hundred tokens); ITLs are kept as they come (finish order) and put in request order once,
+    at the end."""
+
+    PENDING = 4096
 
     def __init__(self, n: int) -> None:
         self._done = np.zeros(n, bool)
@@ -197,14 +201,31 @@ class TimesRecorder:
         self._chunks = np.zeros(n, np.int64)
         self._first_itl = np.zeros(n, np.int64)  # where its ITLs start in _itls
         self._itls: array | None = array("d")  # None once table() has taken them
+        # recorded, not yet worked out: numbers, request ids, arrivals, output counts, times
+        self._pending: tuple[list, list, list, list, list] = ([], [], [], [], [])
 
     def record(self, index: Sequence[int], reqs: Sequence[Request]) -> None:
-        """The times of requests ``index`` (numbers), ``reqs``, now that they have finished."""
+        """The times of requests ``index`` (numbers), ``reqs``, now that they have finished
+        (their token times are kept; the requests may let go of them)."""
         if self._itls is None:
             raise RuntimeError("TimesRecorder.record after table(): the table is made once")
-        if not reqs:
+        numbers, ids, arrival, outputs, times = self._pending
+        numbers += index
+        for r in reqs:
+            ids.append(r.request_id)
+            arrival.append(r.arrival_time)
+            outputs.append(r.num_output_tokens)
+            times.append(r.token_times)
+        if len(numbers) >= self.PENDING:
+            self._work_out()
+
+    def _work_out(self) -> None:
+        """The pending requests' columns into the table's arrays."""
+        index, *pending = self._pending
+        self._pending = ([], [], [], [], [])
+        if not index:
             return
-        c = _finished_columns(reqs)
+        c = _finished_columns(*pending)
         i = np.asarray(index, np.int64)
         self._done[i] = True
         self._output_len[i] = c.output_len
@@ -222,6 +243,7 @@ class TimesRecorder:
         recorder's arrays are handed over, so it records nothing more."""
         if self._itls is None:
             raise RuntimeError("TimesRecorder.table called twice: the table is made once")
+        self._work_out()
         done = self._done  # a request never recorded has zeros (and a NaN TPOT) throughout
         counts = np.maximum(self._chunks - 1, 0)
         start = _starts(counts)

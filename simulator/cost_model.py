@@ -95,6 +95,39 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
         from simulator.op_cost import op_step_cost
 
         return op_step_cost(shape, model, hw, slow)
+    if shape.num_prefill_tokens or slow != 1.0:
+        return _with_context(shape, *_step_terms(shape, model, hw, slow))
+    # A decode step's terms but its KV reads depend on its batch size alone: worked out once
+    key = (id(model), id(hw), shape.num_tokens, shape.num_seqs, shape.num_sampled,
+           shape.is_first)
+    terms = _DECODE_TERMS.get(key)
+    if terms is None:  # (the specs are kept with their terms: their ids stay theirs)
+        terms = _DECODE_TERMS[key] = (*_step_terms(shape, model, hw, slow), model, hw)
+    return _with_context(shape, *terms[:6])
+
+
+# A decode step's terms by (model, hardware, tokens, sequences, sampled, first step)
+_DECODE_TERMS: dict[tuple, tuple] = {}
+
+
+def _with_context(shape: StepShape, t: float, busy: float, kv_bytes: float, kv_rate: float,
+                  seq_rate: float, then: tuple[tuple[bool, float], ...]) -> tuple[float, float]:
+    """step_cost from the step's terms: those before its KV reads summed (``t``), the KV reads
+    (bytes a token, the rate the batch's and the longest sequence's are read at), and those
+    after, in order (added, or for False the step's time at least that)."""
+    t_kv = shape.kv_tokens * kv_bytes / kv_rate
+    if seq_rate and shape.max_kv_tokens:
+        # A ragged batch waits for its longest sequence, read by (splits x kv heads) programs.
+        t_kv = max(t_kv, shape.max_kv_tokens * kv_bytes / seq_rate)
+    t += t_kv
+    for add, term in then:
+        t = t + term if add else max(t, term)
+    return t, min(busy, t)
+
+
+def _step_terms(shape: StepShape, model: ModelSpec, hw: HardwareSpec, slow: float
+                ) -> tuple[float, float, float, float, float, tuple[tuple[bool, float], ...]]:
+    """step_cost's terms but the step's context (``_with_context``), in its order of sums."""
     tp, L = hw.tp, model.num_layers
     h, V, d = model.hidden_size, model.vocab_size, model.dtype_bytes
     flops = hw.peak_flops
@@ -116,42 +149,42 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
     busy += attn
     t += attn
     kv_bytes = 2 * L * kv_heads_per_rank(model, tp) * model.head_dim * d
-    t_kv = shape.kv_tokens * kv_bytes / (bw * hw.attn_decode_efficiency)
-    if hw.attn_seq_gbps and shape.max_kv_tokens:
-        # A ragged batch waits for its longest sequence, read by (splits x kv heads) programs.
+    seq_rate = 0.0
+    if hw.attn_seq_gbps:
         splits = decode_attention_splits(shape, model, hw, padded)
-        t_kv = max(t_kv, shape.max_kv_tokens * kv_bytes / (splits * hw.attn_seq_gbps * 1e9))
-    t += t_kv
+        seq_rate = splits * hw.attn_seq_gbps * 1e9
+    then: list[tuple[bool, float]] = []
     n_s = shape.num_sampled
     if n_s:
         lm = 2.0 * n_s * h * V / tp / mm_rate
         busy += lm
-        t += _roofline(lm, h * V * d / tp / mem_rate, hw)
-        t += hw.sampler_us * _US + n_s * V * hw.sampler_bytes_per_logit / mem_rate
+        then.append((True, _roofline(lm, h * V * d / tp / mem_rate, hw)))
+        then.append((True, hw.sampler_us * _US + n_s * V * hw.sampler_bytes_per_logit / mem_rate))
     n_kernels = hw.kernels_per_layer * L
     if graph:
-        t += (hw.cuda_graph_replay_us + n_kernels * hw.graph_kernel_us) * _US
+        then.append((True, (hw.cuda_graph_replay_us + n_kernels * hw.graph_kernel_us) * _US))
     elif pieces:
         # The CPU replays L + 1 pieces and launches each layer's attention between them.
         eager = piecewise_eager_kernels(shape, model, hw) * L
-        t += ((L + 1) * hw.cuda_graph_replay_us + (n_kernels + eager) * hw.graph_kernel_us) * _US
-        t = max(t, (L + 1 + eager) * hw.kernel_launch_us * _US)
+        then.append((True, ((L + 1) * hw.cuda_graph_replay_us
+                            + (n_kernels + eager) * hw.graph_kernel_us) * _US))
+        then.append((False, (L + 1 + eager) * hw.kernel_launch_us * _US))
     else:
         # Eager kernels are launched by the CPU while earlier ones run: the GPU waits only
         # when launching is the slower of the two (small prefills are launch-bound).
         if shape.is_mixed:  # both attention paths
             n_kernels += hw.mixed_kernels_per_layer * L
         n_kernels += split_merge_kernels(shape, model, hw) * L
-        t = max(t, n_kernels * hw.kernel_launch_us * _US)
+        then.append((False, n_kernels * hw.kernel_launch_us * _US))
     if not shape.is_first:
-        t += hw.advance_step_us * _US
+        then.append((True, hw.advance_step_us * _US))
     if tp > 1:
         link = hw.link_bytes_per_s * hw.allreduce_efficiency
         lat = hw.allreduce_latency_us * _US
-        t += (2 * L + 1) * (lat + 2.0 * (tp - 1) / tp * T * h * d / link)
+        then.append((True, (2 * L + 1) * (lat + 2.0 * (tp - 1) / tp * T * h * d / link)))
         if n_s:
-            t += lat + (tp - 1) / tp * n_s * V * d / link
-    return t, min(busy, t)
+            then.append((True, lat + (tp - 1) / tp * n_s * V * d / link))
+    return t, busy, kv_bytes, bw * hw.attn_decode_efficiency, seq_rate, tuple(then)
 
 
 def split_merge_kernels(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> float:

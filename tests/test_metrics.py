@@ -352,9 +352,10 @@ def _reference_times(req) -> RequestTimes:
 def test_times_recorded_in_any_finish_order_equal_the_times_of_the_whole_run(monkeypatch):
     """The simulator's TimesRecorder, fed requests as they finish (any order, a few at a time
     as windows finish them, the unfinished never), gives the table of each request's times
-    taken one at a time, ITLs in request order, also when it reorders them a few requests at
-    a time; so does TimesTable.of_requests."""
+    taken one at a time, ITLs in request order, also when it works them out and reorders them
+    a few requests at a time; so does TimesTable.of_requests."""
     monkeypatch.setattr(request_times_module, "CHUNK_REQUESTS", 7)
+    monkeypatch.setattr(TimesRecorder, "PENDING", 6)
     reqs = random_requests(3, n=50)
     recorder = TimesRecorder(len(reqs))
     order = [i for i in random.Random(4).sample(range(len(reqs)), len(reqs))
