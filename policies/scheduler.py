@@ -599,7 +599,11 @@ class Scheduler:
             for req in finished:
                 req.state = RequestState.FINISHED
                 self._free(req)
-            self.running = [r for r in self.running if r.state is _RUNNING]
+            if len(finished) < 4:  # a few: each found by a scan (the list stays in order)
+                for req in finished:
+                    self.running.remove(req)
+            else:
+                self.running = [r for r in self.running if r.state is _RUNNING]
         batch.num_wasted_steps = wasted
         self.stats.num_wasted_steps += wasted
         return finished
