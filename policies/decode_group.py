@@ -9,7 +9,7 @@ fixed by its offset within a block, its end a key in a heap, and its decode toke
 slice of the log of the group's step times. The scheduler keeps the group in step with its
 per-sequence windows (the same windows, blocks and times: tests/test_decode_group.py) and
 gives it up (``settle``: every member's fields written back) where a window needs a request's
-own state: a shortage of blocks, a budget below the running count (docs/simulator.md).
+own state: a shortage of blocks, a budget below the running count (docs/policies.md).
 """
 
 from __future__ import annotations
