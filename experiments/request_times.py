@@ -84,8 +84,8 @@ def _finished_columns(ids: Sequence[int], arrival: Sequence[float], outputs: Seq
                          f"num_output_tokens = {outputs[i]}")
     times = np.concatenate(token_times).astype(float, copy=False) if n else np.zeros(0)
     arrival = np.asarray(arrival, float)
-    end = np.cumsum(lens)
-    start = end - lens
+    bounds = _starts(lens)
+    start, end = bounds[:-1], bounds[1:]
     first, last = times[start], times[end - 1]
     for i in np.flatnonzero(first < arrival)[:1]:
         raise ValueError(f"request {ids[i]}: first token at {first[i]} is before "
@@ -231,11 +231,7 @@ class TimesRecorder:
         self._output_len[i] = c.output_len
         self._ttft[i], self._e2el[i], self._tpot[i] = c.ttft, c.e2el, c.tpot
         self._chunks[i] = c.num_chunks
-        first = np.empty(len(i), np.int64)
-        first[0] = len(self._itls)
-        np.cumsum(c.num_chunks[:-1] - 1, out=first[1:])
-        first[1:] += first[0]
-        self._first_itl[i] = first
+        self._first_itl[i] = len(self._itls) + _starts(c.num_chunks - 1)[:-1]
         self._itls.frombytes(memoryview(c.itls).cast("B"))
 
     def table(self) -> TimesTable:

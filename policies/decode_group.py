@@ -54,24 +54,22 @@ class DecodeGroup:
         self.block_size = block_size
         self.position = 0  # decode positions so far: each group window adds its k
         self.log: list[float] = []  # the step time of every position (update()'s step_times)
-        # request -> (join order, offset: its computed tokens less the position, the position
-        # it joined at, its output tokens then)
-        self.members: dict[Request, tuple[int, int, int, int]] = {}
+        # request -> (offset: its computed tokens less the position, the position it joined
+        # at, its output tokens then), in join order (a member leaves only at its end or when
+        # all do)
+        self.members: dict[Request, tuple[int, int, int]] = {}
         self._by_offset = [0] * block_size  # members by offset mod block_size
         self._offset_sum = 0
         self._longest: list[tuple[int, int, Request]] = []  # (-offset, order, req); stale kept
         self._ends: list[tuple[int, int, Request]] = []  # (end position, order, req)
         self._joined = 0
 
-    def __len__(self) -> int:
-        return len(self.members)
-
     def join(self, req: Request) -> None:
         """``req`` decodes from here on; its computed tokens fill exactly its block table."""
         offset = req.num_computed_tokens - self.position
         order = self._joined
         self._joined += 1
-        self.members[req] = (order, offset, self.position, req.num_output_tokens)
+        self.members[req] = (offset, self.position, req.num_output_tokens)
         self._by_offset[offset % self.block_size] += 1
         self._offset_sum += offset
         heapq.heappush(self._longest, (-offset, order, req))
@@ -81,8 +79,7 @@ class DecodeGroup:
     def members_at(self, win: DecodeWindow) -> list[tuple[Request, int]]:
         """The members of ``win`` (before its update()) in join order with their cached
         tokens: the sequences a per-sequence decode window would list."""
-        by_order = sorted(self.members.items(), key=lambda m: m[1][0])
-        return [(req, offset + win.start) for req, (_, offset, _, _) in by_order]
+        return [(req, offset + win.start) for req, (offset, _, _) in self.members.items()]
 
     def blocks_needed(self, k: int) -> int:
         """New KV blocks the members take to reserve k slots each: a member holding c tokens
@@ -120,7 +117,7 @@ class DecodeGroup:
         wasted = 0
         members, log, bs = self.members, self.log, self.block_size
         for end, _, req in win.finishing:
-            _, offset, joined, _ = members.pop(req)
+            offset, joined, _ = members.pop(req)
             self._by_offset[offset % bs] -= 1
             self._offset_sum -= offset
             owed = end - pos
@@ -138,8 +135,7 @@ class DecodeGroup:
         group; the members, in join order (their blocks by count are the caller's to assign)."""
         pos, log = self.position, self.log
         out = []
-        for req, (_, offset, joined, outputs) in sorted(self.members.items(),
-                                                        key=lambda m: m[1][0]):
+        for req, (offset, joined, outputs) in self.members.items():
             req.num_computed_tokens = offset + pos
             req.num_output_tokens = outputs + pos - joined
             req.token_times.extend(log[joined:pos])

@@ -340,7 +340,6 @@ class Scheduler:
         """Whether the decode group forms this k-step decode window (its blocks taken by
         count); where a window needs the running requests one by one (too few blocks or
         tokens for all), the group is settled and the caller forms it."""
-        group, bm = self._group, self.block_manager
         if not self._grouped:
             if self._regroup_wait:
                 self._regroup_wait -= 1
@@ -348,8 +347,9 @@ class Scheduler:
             if not self._regroup():
                 self._regroup_wait = _REGROUP_AFTER
                 return False
-        need = group.blocks_needed(k) if budget >= len(self.running) else -1
-        if not 0 <= need <= bm.num_free_blocks:
+        bm = self.block_manager
+        if budget < len(self.running) or \
+                (need := self._group.blocks_needed(k)) > bm.num_free_blocks:
             self.settle()
             self._regroup_wait = _REGROUP_AFTER
             return False
@@ -360,8 +360,7 @@ class Scheduler:
         """Whether running ``req`` can join the decode group: it decodes, and its block table
         holds exactly its computed tokens (as every decode window leaves it)."""
         computed = req.num_computed_tokens
-        return (req.num_output_tokens > 0
-                and computed == req.prompt_len + req.num_output_tokens - 1
+        return (req.num_output_tokens > 0 and computed == req.seq_len - 1
                 and len(req.block_table) == self.block_manager.blocks_for(computed))
 
     def _regroup(self) -> bool:
