@@ -12,6 +12,7 @@ import functools
 import io
 import json
 import math
+import operator
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import IO, Any
 import numpy as np
 
 from experiments.files import atomic_path, write_text_atomic
+from experiments.parallel_text import Job, Renderer, rendered
 from experiments.request_times import TimesTable, chunk_bounds, times_for
 from policies.request import Request
 
@@ -123,15 +125,9 @@ class PerRequest(Sequence):
         for start, end in chunk_bounds(self._n):
             yield self._chunk(start, end)
 
-    def write_json(self, f: IO[str]) -> None:
-        """``json.dumps(list(self))``, a chunk at a time."""
-        f.write("[")
-        sep = ""
-        for values in self.chunks():
-            if values:
-                f.write(sep + json.dumps(values, allow_nan=False)[1:-1])
-                sep = ", "
-        f.write("]")
+    def json_text(self, start: int, end: int) -> str:
+        """The values of requests start..end-1 as JSON, without the list's brackets."""
+        return json.dumps(self._chunk(start, end), allow_nan=False)[1:-1]
 
 
 def _column_values(column: np.ndarray, start: int, end: int) -> list[Any]:
@@ -162,37 +158,58 @@ def _json_pieces(obj: Mapping[str, Any]) -> list[str | PerRequest]:
     return pieces
 
 
-def _write_requests_csv(f: Any, requests: Sequence[Request], replicas: Sequence[int] | None,
-                        times: TimesTable | None) -> None:
-    """requests.csv, a chunk of requests at a time, each column made as text at once (the
-    csv module's cells: a number's str, "" for none), which is the cost of a 1M-request
-    run's file."""
-    t = times_for(requests, times)
-    f.write(",".join(REQUEST_CSV_COLUMNS) + "\n")
-    for start, end in chunk_bounds(len(requests)):
-        reqs = requests[start:end]
+class _RequestRows:
+    """requests.csv's rows as text, a chunk at a time (``text(start, end)``), from columns taken
+    of the requests once (so that a forked worker rendering them reads no Request object):
+    each column made as text at once, the csv module's cells (a number's str, "" for none)."""
+
+    def __init__(self, requests: Sequence[Request], replicas: Sequence[int] | None,
+                 times: TimesTable | None) -> None:
+        n = len(requests)
+
+        def column(attr: str, dtype: Any) -> np.ndarray:
+            return np.fromiter(map(operator.attrgetter(attr), requests), dtype, n)
+
+        def maybe(attr: str) -> np.ndarray:  # NaN for None
+            get = operator.attrgetter(attr)
+            return np.fromiter((math.nan if (x := get(r)) is None else x for r in requests),
+                               float, n)
+
+        self.times = times_for(requests, times)
+        self.ints = {a: column(a, np.int64) for a in (
+            "request_id", "prompt_len", "num_output_tokens", "num_preemptions",
+            "num_cached_prompt_tokens")}
+        self.arrival = column("arrival_time", float)
+        self.first_scheduled, self.finish = maybe("first_scheduled_time"), maybe("finish_time")
+        self.replica = (np.asarray(replicas, np.int64) if replicas is not None
+                        else np.zeros(n, np.int64))
+
+    def text(self, start: int, end: int) -> str:
+        t, ints = self.times, self.ints
         done = t.completed[start:end].tolist()
-        cols = [
-            [str(r.request_id) for r in reqs],
-            [str(r.arrival_time) for r in reqs],
-            [str(r.prompt_len) for r in reqs],
-            [str(r.num_output_tokens) for r in reqs],
-            ["" if r.first_scheduled_time is None else str(r.first_scheduled_time)
-             for r in reqs],
-            [str(x) if ok else "" for x, ok in zip(t.ttft[start:end].tolist(), done)],
-            [str(x) if ok else "" for x, ok in zip(t.e2el[start:end].tolist(), done)],
-            ["" if x != x else str(x) for x in t.tpot[start:end].tolist()],  # NaN: none
-            list(map(str, t.num_chunks[start:end].tolist())),
-            [str(r.num_preemptions) for r in reqs],
-            ["" if r.finish_time is None else str(r.finish_time) for r in reqs],
-            list(map(str, replicas[start:end])) if replicas is not None else ["0"] * len(reqs),
-            [str(r.num_cached_prompt_tokens) for r in reqs],
-        ]
-        f.write("\n".join(map(",".join, zip(*cols))) + "\n")
+
+        def of(column: np.ndarray) -> list[str]:
+            return list(map(str, column[start:end].tolist()))
+
+        def unless_nan(column: np.ndarray) -> list[str]:
+            return ["" if x != x else str(x) for x in column[start:end].tolist()]
+
+        def if_done(column: np.ndarray) -> list[str]:
+            return [str(x) if ok else "" for x, ok in zip(column[start:end].tolist(), done)]
+
+        cols = [of(ints["request_id"]), of(self.arrival), of(ints["prompt_len"]),
+                of(ints["num_output_tokens"]), unless_nan(self.first_scheduled),
+                if_done(t.ttft), if_done(t.e2el), unless_nan(t.tpot), of(t.num_chunks),
+                of(ints["num_preemptions"]), unless_nan(self.finish), of(self.replica),
+                of(ints["num_cached_prompt_tokens"])]
+        return "\n".join(map(",".join, zip(*cols))) + "\n" if end > start else ""
 
 
 def steps_csv(steps: Any) -> str:
-    """Per-step records (mappings, dataclasses or a DataFrame) as CSV."""
+    """Per-step records (mappings, dataclasses, a DataFrame or simulator.engine.StepRows) as
+    CSV."""
+    if hasattr(steps, "csv_text"):
+        return ",".join(steps.columns) + "\n" + steps.csv_text(0, len(steps))
     if hasattr(steps, "to_csv"):
         return steps.to_csv(index=False, lineterminator="\n")
     rows = []
@@ -212,6 +229,16 @@ def steps_csv(steps: Any) -> str:
 # A run's result files, result.json first: it is removed first and written last, so its presence
 # means every other file beside it comes from the same run (resumable sweeps skip on it).
 RESULT_FILES = ("result.json", "requests.csv", "steps.csv", "summary.txt")
+
+
+@contextlib.contextmanager
+def _atomic_file(path: Path) -> Iterator[IO[str]]:
+    """A text file written in place of ``path`` as a whole (experiments.files.atomic_path),
+    fsynced before it replaces it."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def clear_results(run_dir: str | os.PathLike[str]) -> None:
@@ -234,37 +261,63 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     requests' TimesTable, when the caller has it already."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    # Everything else is rendered before anything is written: a bad value leaves no new file
-    # (requests.csv is written first, and removed with the rest if a row fails); result.json's
-    # per-request lists (PerRequest) come from the run's columns as it is written.
+    # Everything else is rendered before anything is written: a bad value leaves no new file.
+    # The rows (requests.csv's, steps.csv's as StepRows, result.json's per-request lists) are
+    # rendered a chunk at a time as they are written, by forked workers in a long run
+    # (experiments.parallel_text); a failing chunk removes what was written with the rest.
     result = _json_pieces({**summary, "schedlab": dict(extra)})
+    renderers: list[Renderer] = []
+    jobs: list[Job] = []
+
+    def chunked(render: Renderer, n: int) -> int:
+        """The jobs of ``render``'s n rows; how many."""
+        renderers.append(render)
+        bounds = list(chunk_bounds(n))
+        jobs.extend((len(renderers) - 1, a, b) for a, b in bounds)
+        return len(bounds)
+
+    request_chunks = chunked(_RequestRows(requests, replicas, times).text, len(requests))
     texts = []
-    if steps is not None:
+    step_chunks = None
+    if hasattr(steps, "csv_text"):  # simulator.engine.StepRows: rows rendered like requests
+        step_chunks = chunked(steps.csv_text, len(steps))
+    elif steps is not None:
         texts.append(("steps.csv", steps_csv(steps)))
+    list_chunks = [chunked(p.json_text, len(p)) for p in result if isinstance(p, PerRequest)]
     if summary_text is not None:
         texts.append(("summary.txt", summary_text + "\n"))
     clear_results(run_dir)
+    chunks = rendered(renderers, jobs, len(requests))
     try:
-        # requests.csv in chunks, straight to its file: a 1M-request run's rows never sit in
-        # memory as one text
-        with atomic_path(run_dir / "requests.csv") as tmp, \
-                open(tmp, "w", encoding="utf-8", newline="") as f:
-            _write_requests_csv(f, requests, replicas, times)
-            f.flush()
-            os.fsync(f.fileno())
+        with _atomic_file(run_dir / "requests.csv") as f:
+            f.write(",".join(REQUEST_CSV_COLUMNS) + "\n")
+            for _ in range(request_chunks):
+                f.write(next(chunks))
+        if step_chunks is not None:
+            with _atomic_file(run_dir / "steps.csv") as f:
+                f.write(",".join(steps.columns) + "\n")
+                for _ in range(step_chunks):
+                    f.write(next(chunks))
         for name, text in texts:
             write_text_atomic(run_dir / name, text)
-        with atomic_path(run_dir / "result.json") as tmp, open(tmp, "w", encoding="utf-8") as f:
+        with _atomic_file(run_dir / "result.json") as f:
+            lists = iter(list_chunks)
             for piece in result:
                 if isinstance(piece, str):
                     f.write(piece)
-                else:
-                    piece.write_json(f)
-            f.flush()
-            os.fsync(f.fileno())
+                    continue
+                f.write("[")
+                sep = ""
+                for _ in range(next(lists)):
+                    if text := next(chunks):
+                        f.write(sep + text)
+                        sep = ", "
+                f.write("]")
     except BaseException:
         with contextlib.suppress(OSError):  # the write's own error is the one to report
             clear_results(run_dir)
         raise
+    finally:
+        chunks.close()  # stops the workers
     _fsync_dir(run_dir)
     return run_dir / "result.json"

@@ -111,7 +111,7 @@ CLUSTER_STEP_COLUMNS = ("replica", "outstanding", "num_waiting", "num_running", 
 
 class StepRows(Sequence[dict[str, Any]]):
     """steps.csv's rows, one per window, kept as tuples (a 1M-request run has hundreds of
-    thousands): each read as a dict of its columns, or all of them as CSV (``to_csv``)."""
+    thousands): each read as a dict of its columns, or as CSV lines (``csv_text``)."""
 
     def __init__(self, cluster: bool, rows: list[tuple] | None = None) -> None:
         self.cluster = cluster
@@ -138,12 +138,11 @@ class StepRows(Sequence[dict[str, Any]]):
         times = row[11]
         return (*row[:11], sum(times), ";".join(f"{g:.6f}" for g in times), *row[12:])
 
-    def to_csv(self, index: bool = False, lineterminator: str = "\n") -> str:
-        """The rows as CSV text (the call experiments.result_files.steps_csv makes of a table)."""
+    def csv_text(self, start: int, end: int) -> str:
+        """Rows start..end-1 as CSV lines, without the header (``columns``): the result files
+        render a long run's rows a chunk at a time (experiments.result_files)."""
         buf = io.StringIO()
-        w = csv.writer(buf, lineterminator=lineterminator)
-        w.writerow(self.columns)
-        w.writerows(map(self._cells, self.rows))
+        csv.writer(buf, lineterminator="\n").writerows(map(self._cells, self.rows[start:end]))
         return buf.getvalue()
 
 

@@ -13,6 +13,7 @@ import yaml
 
 from common.model_spec import ModelSpec
 from common.parallel import ParallelConfig
+from experiments.result_files import steps_csv
 from experiments.run import CONF_DIR
 from experiments.workload import build_workload, to_request
 from policies import SchedulerConfig, make_policy
@@ -101,7 +102,7 @@ def run(name: str, group: bool) -> dict:
     outcome = [(r.num_output_tokens, r.num_computed_tokens, list(r.token_times), r.finish_time,
                 r.first_scheduled_time, r.max_wait, r.num_preemptions, r.state, r.block_table)
                for r in requests]
-    return {"windows": windows, "steps": res.steps.to_csv(), "requests": outcome,
+    return {"windows": windows, "steps": steps_csv(res.steps), "requests": outcome,
             "stats": res.stats, "duration": res.duration, "grouped": grouped[0]}
 
 
