@@ -54,7 +54,9 @@ class RequestSpec:
 
 def to_request(spec: RequestSpec, request_id: int, with_token_ids: bool) -> Request:
     """A fresh Request asking for exactly ``output_len`` tokens, as benchmark_serving does;
-    ``request_id`` is the spec's index in its workload (a later turn names its previous turn's)."""
+    ``request_id`` is the spec's index in its workload (a later turn names its previous turn's).
+    Without token ids (the simulator's requests) no output id is ever sampled: its
+    output_token_ids is an empty tuple, not a list per request (72 MB at 1M requests)."""
     token_ids: list[int] | None = None
     if with_token_ids:
         if spec.prompt_token_ids is None:
@@ -64,7 +66,8 @@ def to_request(spec: RequestSpec, request_id: int, with_token_ids: bool) -> Requ
         token_ids = list(spec.prompt_token_ids)
     req = Request(request_id=request_id, arrival_time=spec.arrival_time,
                   prompt_len=spec.prompt_len, max_tokens=spec.output_len,
-                  prompt_token_ids=token_ids, hash_ids=spec.hash_ids)
+                  prompt_token_ids=token_ids, hash_ids=spec.hash_ids,
+                  output_token_ids=[] if with_token_ids else ())
     if spec.segments is not None:
         req.prefix_segments = spec.segments
     if spec.conversation_id is not None:
