@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 
 from common.model_spec import ModelSpec
-from simulator.cost_model import StepShape, stage_time, step_cost
+from simulator.cost_model import StepShape, stage_time, step_cost, window_stage_times
 from simulator.hardware import HardwareSpec
 
 
@@ -54,7 +54,7 @@ class PowerClock:
         times ``scale``; the heat follows the scaled steps."""
         model, hw = self.model, self.hw
         if not self.on:
-            return [stage_time(s, model, hw) * scale for s in shapes]
+            return window_stage_times(shapes, model, hw, scale)
         self.rest_until(start)
         times = []
         for s in shapes:

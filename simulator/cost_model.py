@@ -229,9 +229,30 @@ def stage_time(shape: StepShape, model: ModelSpec, hw: HardwareSpec, slow: float
     return t / hw.pp + send
 
 
+def window_stage_times(shapes: Sequence[StepShape], model: ModelSpec, hw: HardwareSpec,
+                       scale: float = 1.0) -> list[float]:
+    """``stage_time`` of each of a window's steps at full clock, times ``scale``: the same
+    numbers, with the terms of a run of decode steps of one batch size (a multi-step window's
+    steps after the first) looked up once."""
+    if hw.op_tables or hw.pp != 1:
+        return [stage_time(s, model, hw) * scale for s in shapes]
+    times = []
+    last = terms = None
+    for s in shapes:
+        if s.num_prefill_tokens or not s.num_seqs:
+            times.append(step_cost(s, model, hw)[0] * scale)
+            continue
+        key = (id(model), id(hw), s.num_tokens, s.num_seqs, s.num_sampled, s.is_first)
+        if key != last:
+            step_cost(s, model, hw)  # its terms, now in _DECODE_TERMS
+            terms, last = _DECODE_TERMS[key][:6], key
+        times.append(_with_context(s, *terms)[0] * scale)
+    return times
+
+
 def window_gpu_times(batch: Batch, model: ModelSpec, hw: HardwareSpec) -> list[float]:
     """Per-stage seconds of each of the window's k steps (full step times when ``pp`` == 1)."""
-    return [stage_time(s, model, hw) for s in window_shapes(batch)]
+    return window_stage_times(window_shapes(batch), model, hw)
 
 
 def step_time_fn(model: ModelSpec, hw: HardwareSpec) -> StepTimeFn:
