@@ -408,6 +408,8 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
                             goodput=results.goodput, generated_texts=texts,
                             per_request=results.save_per_request, times=times, streamed=True)
         scheduling = scheduling_metrics(requests, outcome.duration, choice.service_time_fn, times)
+        if not results.save_per_request:
+            times = times.without_itls()  # taken: its memory is back before the files are written
         classes = scheduling.pop("classes", None)
         summary.update(scheduling)
         trace = workload.get("kind") == "trace"

@@ -30,7 +30,7 @@ def _run(tmp_path, name: str) -> tuple[dict, dict[str, bytes]]:
 
 
 def test_forked_workers_write_the_files_one_process_writes(tmp_path, monkeypatch):
-    if parallel_text.num_workers() < 2:
+    if not parallel_text.num_workers():
         pytest.skip("needs fork and two CPUs")
     monkeypatch.setattr(request_times, "CHUNK_REQUESTS", 7)  # many chunks, some empty lists
     _, here = _run(tmp_path, "here")
@@ -39,18 +39,19 @@ def test_forked_workers_write_the_files_one_process_writes(tmp_path, monkeypatch
     real_text = result_files._RequestRows.text
 
     def text(self, start, end):
-        rendered_here.append(start)  # in a worker: its own copy of the list
+        rendered_here.append(start)  # a worker appends to its own copy of the list
         return real_text(self, start, end)
 
     monkeypatch.setattr(result_files._RequestRows, "text", text)
     _, there = _run(tmp_path, "forked")
-    assert rendered_here == []  # the rows were rendered, but not here
+    # this process rendered its share of requests.csv's 9 chunks, a worker the rest
+    assert 0 < len(rendered_here) < 9, rendered_here
     assert there == here
     assert here["steps.csv"].count(b"\n") > 10 and '"itls": [[' in here["lists"]
 
 
 def test_a_chunk_failing_in_a_worker_is_raised_and_leaves_no_file(tmp_path, monkeypatch):
-    if parallel_text.num_workers() < 2:
+    if not parallel_text.num_workers():
         pytest.skip("needs fork and two CPUs")
     monkeypatch.setattr(request_times, "CHUNK_REQUESTS", 7)
     monkeypatch.setattr(parallel_text, "PARALLEL_MIN_ROWS", 1)
