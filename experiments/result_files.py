@@ -206,7 +206,7 @@ class _RequestRows:
 
 
 def steps_csv(steps: Any) -> str:
-    """Per-step records (mappings, dataclasses, a DataFrame or simulator.engine.StepRows) as
+    """Per-step records (mappings, dataclasses, a DataFrame or simulator.outcome.StepRows) as
     CSV."""
     if hasattr(steps, "csv_text"):
         return ",".join(steps.columns) + "\n" + steps.csv_text(0, len(steps))
@@ -279,7 +279,7 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     request_chunks = chunked(_RequestRows(requests, replicas, times).text, len(requests))
     texts = []
     step_chunks = None
-    if hasattr(steps, "csv_text"):  # simulator.engine.StepRows: rows rendered like requests
+    if hasattr(steps, "csv_text"):  # simulator.outcome.StepRows: rows rendered like requests
         step_chunks = chunked(steps.csv_text, len(steps))
     elif steps is not None:
         texts.append(("steps.csv", steps_csv(steps)))

@@ -233,9 +233,9 @@ class ClusterChoice:
 
     def replica_specs(self, cfg: Mapping[str, Any], backend: Mapping[str, Any]) -> list[Any]:
         """Each replica's engine: its group's model, hardware, overhead, policy and KV cache."""
-        from simulator.engine import ReplicaSpec
         from simulator.hardware import HardwareSpec
         from simulator.memory import blocks_per_engine
+        from simulator.outcome import ReplicaSpec
         from simulator.overhead import OverheadSpec
 
         specs = []

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from simulator.cost_model import StepShape, stage_time, step_time, window_gpu_times, window_shapes
-from simulator.engine import SimResult, simulate
+from simulator.engine import simulate
 from simulator.hardware import HardwareSpec, check_parallelism
 from simulator.memory import blocks_per_engine, num_gpu_blocks
+from simulator.outcome import SimResult
 from simulator.overhead import OverheadSpec, scale_overhead
 
 __all__ = [

@@ -64,13 +64,10 @@ Events are per CPU phase and GPU window (per step and stage when pp > 1), never 
 
 from __future__ import annotations
 
-import csv
 import gc
-import io
 import time
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import fields
 
 import numpy as np
 from tqdm import tqdm
@@ -83,176 +80,22 @@ from policies.request import Request, RequestState
 from policies.routers import ReplicaLoad, RoundRobin, Router
 from policies.scheduler import Scheduler, SchedulerStats
 from simulator.clock import PowerClock
-from simulator.cost_model import StepShape, window_shapes
+from simulator.cost_model import window_shapes
 from simulator.events import EventLoop, Signal, Stage
+from simulator.front_end import apply_delivery_times, arrivals, client_finished, deliver
 from simulator.hardware import HardwareSpec
 from simulator.memory import blocks_per_engine
+from simulator.outcome import ClusterResult, ReplicaSpec, SimResult, StepRows, cluster_total
 from simulator.overhead import (
     OverheadSpec,
-    api_time,
-    request_time,
     scale_overhead,
     schedule_time,
     sse_chunks,
     window_output_times,
 )
+from simulator.replica_state import FinishHook, ReplicaSim, Shared, Window
 
 _EPS = 1e-9  # seconds: busy-until times this close to now count as now (float round-off)
-
-# Called with a window's finished requests once their token times are final (delivery times:
-# lists, or float arrays the hook may keep; lists after it), and their replica.
-FinishHook = Callable[[list[Request], int], None]
-
-STEP_COLUMNS = ("virtual_engine", "window", "t_start", "k", "num_seqs", "num_prefill_seqs",
-                "num_tokens", "kv_tokens", "num_preempted", "num_wasted_steps",
-                "schedule_prepare_s", "gpu_s", "gpu_step_s")
-CLUSTER_STEP_COLUMNS = ("replica", "outstanding", "num_waiting", "num_running", "kv_blocks_used")
-
-
-class StepRows(Sequence[dict[str, Any]]):
-    """steps.csv's rows, one per window, kept as tuples (a 1M-request run has hundreds of
-    thousands): each read as a dict of its columns, or as CSV lines (``csv_text``)."""
-
-    def __init__(self, cluster: bool, rows: list[tuple] | None = None) -> None:
-        self.cluster = cluster
-        self.columns = STEP_COLUMNS + (CLUSTER_STEP_COLUMNS if cluster else ())
-        self.rows: list[tuple] = rows if rows is not None else []
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return [self._dict(row) for row in self.rows[i]]
-        return self._dict(self.rows[i])
-
-    def __iter__(self):
-        return map(self._dict, self.rows)
-
-    def _dict(self, row: tuple) -> dict[str, Any]:
-        return dict(zip(self.columns, self._cells(row), strict=True))
-
-    @staticmethod
-    def _cells(row: tuple) -> tuple:
-        # stored: gpu_step_s as the stage times (gpu_s is their sum), formatted when read
-        times = row[11]
-        return (*row[:11], sum(times), ";".join(f"{g:.6f}" for g in times), *row[12:])
-
-    def csv_text(self, start: int, end: int) -> str:
-        """Rows start..end-1 as CSV lines, without the header (``columns``): the result files
-        render a long run's rows a chunk at a time (experiments.result_files)."""
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerows(map(self._cells, self.rows[start:end]))
-        return buf.getvalue()
-
-
-@dataclass(slots=True)
-class SimResult:
-    """What one simulation produced; per-request timings are on the requests themselves."""
-
-    requests: list[Request]
-    duration: float  # simulated seconds from t=0 to the last token's delivery
-    wall_seconds: float
-    stats: SchedulerStats  # summed over the virtual engines
-    num_windows: int
-    num_finished: int
-    num_blocks: int  # KV blocks per virtual engine
-    gpu_busy_fraction: float  # of duration, averaged over the pipeline stages
-    cpu_busy_fraction: float  # of duration, the engine thread
-    steps: StepRows  # one row per window, steps.csv (the real engine's columns)
-
-
-@dataclass(slots=True)
-class ReplicaSpec:
-    """One replica of a cluster: its model, GPU, CPU costs and how to make its schedulers."""
-
-    make_scheduler: Callable[[int], Scheduler]
-    model: ModelSpec
-    hw: HardwareSpec
-    overhead: OverheadSpec
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None
-    num_blocks: int | None = None
-    stream_per_step: bool = False
-    time_scale: float = 1.0
-    group: int = 0  # the replica group it belongs to (a heterogeneous cluster)
-    # keep each scheduler's decoders as one group where it can (Scheduler.group_decodes):
-    # the same windows, in time independent of the running count; False: one by one
-    group_decodes: bool = True
-
-
-@dataclass(slots=True)
-class ClusterResult:
-    """A cluster's run: the whole (``total``: stats, busy fractions and steps summed or averaged
-    over replicas) and each replica's own, and the replica each request went to."""
-
-    total: SimResult
-    replicas: list[SimResult]  # per replica; requests: the ones routed to it
-    replica_of: list[int]  # per request, in the order given
-    specs: list[ReplicaSpec]
-
-
-@dataclass(slots=True, eq=False)
-class _Window:
-    batch: Batch
-    schedule_cost: float
-    stage_times: list[float]  # per step, on each pipeline stage
-    out_cost: list[float]  # per step, engine-thread output processing
-    delivered: list[int]  # per step, tokens the client receives
-    chunks: list[int]  # per step, SSE chunks the API server streams
-    first: StepShape  # step 1's shape
-    t_start: float  # when it was scheduled
-    gpu_done: list[float] = field(default_factory=list)
-    out_done: list[float] = field(default_factory=list)
-    finished: list[Request] | None = None  # by update(); None before
-    delivery_known: bool = False  # its tokens' delivery times are in sim.delivery
-    engine: int = 0  # the virtual engine that runs it
-
-
-@dataclass(slots=True, eq=False)
-class _Shared:
-    """What the replicas of one simulation share: the clock, the client and the progress bar."""
-
-    loop: EventLoop
-    client: Client
-    pbar: tqdm
-    on_finish: FinishHook | None
-    cluster: bool  # more than one replica: routing loads are kept, steps rows name the replica
-    client_wake: Signal | None = None  # the arrival process waits for a finish
-
-
-@dataclass(slots=True, eq=False)
-class _Sim:
-    """One replica: its virtual engines' schedulers, engine thread, API server and GPU."""
-
-    loop: EventLoop
-    shared: _Shared
-    index: int
-    stages: list[Stage]  # empty when pp == 1: the one engine owns the GPU
-    schedulers: list[Scheduler]
-    model: ModelSpec
-    hw: HardwareSpec
-    overhead: OverheadSpec
-    stream_per_step: bool
-    wake: list[Signal | None]
-    clock: PowerClock  # the GPU's power-limited SM clock (off unless the profile sets it)
-    time_scale: float  # multiplies each step's GPU time (the CPU costs come scaled in overhead)
-    load: ReplicaLoad  # what a router sees of it
-    num_blocks: int
-    arrivals_left: list[int] = field(default_factory=list)
-    num_sent: int = 0  # requests routed here: the next goes to virtual engine num_sent % pp
-    cpu_free: float = 0.0  # when the engine thread is next idle
-    api_free: float = 0.0  # when the separate API-server process is next idle
-    delivery: dict[float, float] = field(default_factory=dict)  # step's GPU done -> delivered
-    # per virtual engine, the delivery time of each decode group position (policies/
-    # decode_group.py): its finished members' times are slices of it
-    group_delivery: list[np.ndarray] = field(default_factory=list)
-    last_delivery: float = 0.0
-    gpu_busy: float = 0.0  # stage-seconds
-    cpu_busy: float = 0.0
-    num_finished: int = 0
-    steps: StepRows = field(default_factory=lambda: StepRows(False))
 
 
 def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
@@ -292,10 +135,10 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
     wall = time.perf_counter()
     with tqdm(total=len(requests), disable=not progress, desc="simulating",
               bar_format=PROGRESS_BAR_FORMAT) as bar:
-        shared = _Shared(loop, client, bar, on_finish, len(replicas) > 1)
+        shared = Shared(loop, client, bar, on_finish, len(replicas) > 1)
         sims = [_replica(shared, i, spec) for i, spec in enumerate(replicas)]
         replica_of: dict[int, int] = {}
-        loop.process(_arrivals(shared, sims, router, replica_of))
+        loop.process(arrivals(shared, sims, router, replica_of))
         for sim in sims:
             overlap = sim.schedulers[0].overlap
             for v in range(len(sim.schedulers)):
@@ -323,14 +166,14 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
     for sim, mine in zip(sims, routed, strict=True):  # the finished ones are final already
         for sched in sim.schedulers:
             sched.settle()
-        _apply_delivery_times([r for r in mine if r.finish_time is None], sim.delivery)
+        apply_delivery_times([r for r in mine if r.finish_time is None], sim.delivery)
     wall = time.perf_counter() - wall
     per = [_result(sim, mine, wall) for sim, mine in zip(sims, routed, strict=True)]
-    total = per[0] if len(per) == 1 else _total(per, requests, wall)
+    total = per[0] if len(per) == 1 else cluster_total(per, requests, wall)
     return ClusterResult(total, per, where, list(replicas))
 
 
-def _replica(shared: _Shared, index: int, spec: ReplicaSpec) -> _Sim:
+def _replica(shared: Shared, index: int, spec: ReplicaSpec) -> ReplicaSim:
     num_blocks = spec.num_blocks
     if num_blocks is None:
         num_blocks = blocks_per_engine(spec.model, spec.hw, block_size=spec.block_size,
@@ -353,14 +196,14 @@ def _replica(shared: _Shared, index: int, spec: ReplicaSpec) -> _Sim:
         raise ValueError(f"scheduler.overlap with parallel.pipeline_parallel_size = {pp} is not "
                          "modelled (1 only)")
     loop = shared.loop
-    return _Sim(loop, shared, index, [Stage(loop) for _ in range(pp)] if pp > 1 else [],
-                schedulers, spec.model, spec.hw, overhead, spec.stream_per_step, [None] * pp,
-                PowerClock(spec.model, spec.hw), time_scale,
-                ReplicaLoad(index, schedulers, spec.group), num_blocks, [0] * pp,
-                steps=StepRows(shared.cluster), group_delivery=[np.zeros(0)] * pp)
+    return ReplicaSim(loop, shared, index, [Stage(loop) for _ in range(pp)] if pp > 1 else [],
+                      schedulers, spec.model, spec.hw, overhead, spec.stream_per_step,
+                      [None] * pp, PowerClock(spec.model, spec.hw), time_scale,
+                      ReplicaLoad(index, schedulers, spec.group), num_blocks, [0] * pp,
+                      steps=StepRows(shared.cluster), group_delivery=[np.zeros(0)] * pp)
 
 
-def _result(sim: _Sim, requests: list[Request], wall: float) -> SimResult:
+def _result(sim: ReplicaSim, requests: list[Request], wall: float) -> SimResult:
     stats = SchedulerStats()
     for f in fields(SchedulerStats):
         setattr(stats, f.name, sum(getattr(s.stats, f.name) for s in sim.schedulers))
@@ -373,31 +216,11 @@ def _result(sim: _Sim, requests: list[Request], wall: float) -> SimResult:
         cpu_busy_fraction=sim.cpu_busy / duration if duration > 0 else 0.0, steps=sim.steps)
 
 
-def _total(per: list[SimResult], requests: list[Request], wall: float) -> SimResult:
-    """The cluster as one result: counters summed, busy fractions averaged over replicas (of the
-    cluster's duration), steps rows merged in time order (each names its replica)."""
-    stats = SchedulerStats()
-    for f in fields(SchedulerStats):
-        setattr(stats, f.name, sum(getattr(r.stats, f.name) for r in per))
-    duration = max(r.duration for r in per)
-    gpu = sum(r.gpu_busy_fraction * r.duration for r in per)
-    cpu = sum(r.cpu_busy_fraction * r.duration for r in per)
-    n = len(per)
-    steps = StepRows(True, sorted((row for r in per for row in r.steps.rows),
-                                  key=lambda row: row[2]))  # by t_start
-    return SimResult(
-        requests=requests, duration=duration, wall_seconds=wall, stats=stats,
-        num_windows=stats.num_windows, num_finished=sum(r.num_finished for r in per),
-        num_blocks=sum(r.num_blocks for r in per),
-        gpu_busy_fraction=gpu / (n * duration) if duration > 0 else 0.0,
-        cpu_busy_fraction=cpu / (n * duration) if duration > 0 else 0.0, steps=steps)
-
-
-def _engine(sim: _Sim, v: int) -> Generator:
+def _engine(sim: ReplicaSim, v: int) -> Generator:
     """Virtual engine ``v``'s loop: schedule, run the window on the GPU, hand off its outputs."""
     loop, sched = sim.loop, sim.schedulers[v]
     asynchronous = sim.overhead.async_output_processing
-    pending: _Window | None = None  # async: last step's outputs, processed after the next schedule
+    pending: Window | None = None  # async: last step's outputs, processed after the next schedule
     while True:
         while sim.cpu_free - loop.now > _EPS:  # the engine thread is busy (outputs, other engines)
             yield sim.cpu_free
@@ -427,7 +250,7 @@ def _engine(sim: _Sim, v: int) -> Generator:
             _claim_output_processing(sim, win, win.batch.num_steps - 1 if asynchronous else 0)
 
 
-def _all_done(sim: _Sim, v: int) -> bool:
+def _all_done(sim: ReplicaSim, v: int) -> bool:
     """Whether virtual engine ``v`` is done when its scheduler formed no batch: nothing more
     arrives and nothing is left; work left that no batch can take is a scheduler bug."""
     if sim.arrivals_left[v] or sim.shared.client.num_unsent:
@@ -440,12 +263,12 @@ def _all_done(sim: _Sim, v: int) -> bool:
     return True
 
 
-def _engine_overlap(sim: _Sim, v: int) -> Generator:
+def _engine_overlap(sim: ReplicaSim, v: int) -> Generator:
     """Virtual engine ``v``'s loop with overlap scheduling: schedule and launch window n+1, then
     process window n's outputs and update() it while window n+1 runs (formed late when the
     scheduler defers: policies/late_schedule.py)."""
     loop, sched = sim.loop, sim.schedulers[v]
-    last: _Window | None = None  # launched; its outputs not processed yet
+    last: Window | None = None  # launched; its outputs not processed yet
     gpu_free = 0.0
     late = LateSchedule()
     processed = 0  # steps of ``last`` whose outputs are claimed
@@ -488,131 +311,7 @@ def _engine_overlap(sim: _Sim, v: int) -> Generator:
         last, processed = win, 0
 
 
-def _arrivals(shared: _Shared, sims: list[_Sim], router: Router,
-              replica_of: dict[int, int]) -> Generator:
-    """Send requests as the client does (at their arrival times; with max_concurrency, when a
-    slot frees), each to the replica the router picks, round-robin over its virtual engines."""
-    loop, client = shared.loop, shared.client
-    loads = [sim.load for sim in sims]
-    single = len(sims) == 1
-    fronts = [request_time(sim.overhead) for sim in sims]
-    now = loop.now
-    while client.num_unsent:
-        for req in client.send_due(now):
-            r = 0 if single else router.route(req, loads, now)
-            sim = sims[r]
-            replica_of[id(req)] = r
-            if not single:
-                load = sim.load
-                load.outstanding += 1
-                load.outstanding_tokens += req.prompt_len + req.max_tokens
-                load.queued_prompt_tokens += req.prompt_len
-            v = sim.num_sent % len(sim.schedulers)
-            sim.num_sent += 1
-            sim.arrivals_left[v] += 1
-            front = fronts[r]
-            if front <= 0.0:
-                _enter(sim, req, v)
-                continue
-            # the front end takes requests in turn, on the engine thread or its own process
-            if sim.overhead.api_server_on_critical_path:
-                sim.cpu_free = entry = max(sim.cpu_free, now) + front
-                sim.cpu_busy += front
-            else:
-                sim.api_free = entry = max(sim.api_free, now) + front
-            loop.at(entry, lambda sim=sim, req=req, v=v: _enter(sim, req, v))
-        t = client.next_send_time()
-        if t is None:  # every slot is held: wait for a finish
-            if not client.num_unsent:
-                break
-            shared.client_wake = Signal(loop)
-            yield shared.client_wake
-            now = loop.now
-        elif client.has_followups and t > loop.now:  # a later turn may fall due before t
-            wake = shared.client_wake = Signal(loop)
-            loop.at(t, lambda wake=wake: _wake_client(shared) if shared.client_wake is wake
-                    else None)
-            yield wake
-            now = loop.now
-        else:
-            if t > loop.now:
-                yield t
-            now = max(loop.now, t)
-    for sim in sims:  # nothing more comes: an idle engine learns it is done
-        for v, wake in enumerate(sim.wake):
-            if wake is not None and not sim.arrivals_left[v]:
-                sim.wake[v] = None
-                wake.fire()
-
-
-def _enter(sim: _Sim, req: Request, v: int) -> None:
-    """``req`` reaches virtual engine ``v``'s scheduler, which wakes if it was idle."""
-    sim.schedulers[v].add_request(req)
-    sim.arrivals_left[v] -= 1
-    wake = sim.wake[v]
-    if wake is not None:
-        sim.wake[v] = None
-        wake.fire()
-
-
-def _client_finished(sim: _Sim, win: _Window) -> None:
-    """The window's finished requests' last tokens are delivered (update() has run and the
-    delivery times are known, in either order): their token times become delivery times, and
-    the client learns of the finishes."""
-    finished = win.finished
-    assert finished is not None
-    shared = sim.shared
-    get = sim.delivery.__getitem__
-    group = win.batch.decodes
-    if group is None:
-        for r in finished:
-            r.token_times[:] = map(get, r.token_times)
-            r.finish_time = get(r.finish_time)
-    else:  # a member's decode tokens: a slice of the group's delivery times
-        delivered = sim.group_delivery[win.engine]
-        for r, (start, end) in zip(finished, group.runs, strict=True):
-            gpu = r.token_times
-            head = len(gpu) - (end - start)
-            times = np.empty(len(gpu))
-            times[:head] = [get(t) for t in gpu[:head]]
-            times[head:] = delivered[start:end]
-            r.token_times = times
-            r.finish_time = get(r.finish_time)
-    if shared.on_finish is not None and finished:
-        shared.on_finish(finished, sim.index)
-    if group is not None:
-        for r in finished:
-            if isinstance(r.token_times, np.ndarray):
-                r.token_times = r.token_times.tolist()
-    client = shared.client
-    loop = sim.loop
-    if client.max_concurrency is None:  # no slot waits on a finish; a later turn may
-        for due in client.finished(finished, [r.finish_time for r in finished]):
-            loop.at(max(due, loop.now), lambda: _wake_client(shared))
-        return
-    at: dict[float, list[Request]] = {}
-    for r in finished:
-        at.setdefault(r.finish_time, []).append(r)
-    for t, reqs in at.items():
-        loop.at(max(t, loop.now), lambda reqs=reqs: _slots_freed(shared, reqs))
-
-
-def _slots_freed(shared: _Shared, reqs: list[Request]) -> None:
-    loop = shared.loop
-    for due in shared.client.finished(reqs, [loop.now] * len(reqs)):
-        if due > loop.now:
-            loop.at(due, lambda: _wake_client(shared))
-    _wake_client(shared)
-
-
-def _wake_client(shared: _Shared) -> None:
-    """The client may have a request to send now (a slot freed, a later turn due)."""
-    wake, shared.client_wake = shared.client_wake, None
-    if wake is not None:
-        wake.fire()
-
-
-def _open_window(sim: _Sim, batch: Batch, v: int, gpu_free: float | None = None) -> _Window:
+def _open_window(sim: ReplicaSim, batch: Batch, v: int, gpu_free: float | None = None) -> Window:
     """Cost a freshly scheduled window: GPU time per step, CPU time per phase. With overlap
     (``gpu_free``: when the window before leaves the GPU) its steps' times are known now."""
     spec, k = sim.overhead, batch.num_steps
@@ -650,7 +349,7 @@ def _open_window(sim: _Sim, batch: Batch, v: int, gpu_free: float | None = None)
     # with overlap once the window before it is done too
     start = now + cost if not overlap else max(now + cost, gpu_free)
     gpu = sim.clock.window_times(shapes, start, sim.time_scale)
-    win = _Window(batch, cost, gpu, out_cost, delivered, chunks, shapes[0], now, engine=v)
+    win = Window(batch, cost, gpu, out_cost, delivered, chunks, shapes[0], now, engine=v)
     if overlap:
         for dt in gpu:
             start += dt
@@ -660,7 +359,7 @@ def _open_window(sim: _Sim, batch: Batch, v: int, gpu_free: float | None = None)
     return win
 
 
-def _window_row(sim: _Sim, win: _Window, v: int) -> tuple:
+def _window_row(sim: ReplicaSim, win: Window, v: int) -> tuple:
     """steps.csv's row of a closed window (StepRows' columns), in the real engine's columns where
     they mean the same (gpu_s per pipeline stage; the CPU before the GPU starts is one term,
     schedule_prepare_s); window ids count per virtual engine. In a cluster each row also names
@@ -677,7 +376,7 @@ def _window_row(sim: _Sim, win: _Window, v: int) -> tuple:
     return row
 
 
-def _run_steps(sim: _Sim, win: _Window) -> Generator:
+def _run_steps(sim: ReplicaSim, win: Window) -> Generator:
     """The window's k steps on the GPU (through every pipeline stage when pp > 1)."""
     loop, k = sim.loop, win.batch.num_steps
     asynchronous = sim.overhead.async_output_processing
@@ -703,7 +402,7 @@ def _run_steps(sim: _Sim, win: _Window) -> Generator:
             _claim_output_processing(sim, win, j, j + 1)
 
 
-def _close_window(sim: _Sim, sched: Scheduler, win: _Window) -> None:
+def _close_window(sim: ReplicaSim, sched: Scheduler, win: Window) -> None:
     """Hand the window to ``update()`` with each step's GPU completion time."""
     finished = sched.update(win.batch, win.gpu_done)
     if finished:
@@ -715,10 +414,10 @@ def _close_window(sim: _Sim, sched: Scheduler, win: _Window) -> None:
             load.outstanding_tokens -= sum(r.prompt_len + r.max_tokens for r in finished)
     win.finished = finished
     if win.delivery_known:
-        _client_finished(sim, win)
+        client_finished(sim, win)
 
 
-def _claim_output_processing(sim: _Sim, win: _Window, first: int, last: int | None = None,
+def _claim_output_processing(sim: ReplicaSim, win: Window, first: int, last: int | None = None,
                              now: float | None = None) -> None:
     """Queue output processing of steps [first, last) on the engine thread at time ``now``."""
     t = max(sim.loop.now if now is None else now, sim.cpu_free)
@@ -730,45 +429,5 @@ def _claim_output_processing(sim: _Sim, win: _Window, first: int, last: int | No
     sim.cpu_busy += t - start
     sim.cpu_free = t
     if last == win.batch.num_steps:
-        _deliver(sim, win)
+        deliver(sim, win)
 
-
-def _deliver(sim: _Sim, win: _Window) -> None:
-    """Stream the window's tokens (through the API-server process if separate); note their times."""
-    spec, k = sim.overhead, win.batch.num_steps
-    times = list(win.out_done) if sim.stream_per_step else [win.out_done[-1]] * k
-    if not spec.api_server_on_critical_path and (spec.api_per_token_us > 0
-                                                 or spec.api_per_chunk_us > 0):
-        if sim.stream_per_step:
-            for j in range(k):
-                sim.api_free = (max(sim.api_free, times[j])
-                                + api_time(spec, win.delivered[j], win.chunks[j]))
-                times[j] = sim.api_free
-        else:
-            sim.api_free = (max(sim.api_free, times[-1])
-                            + api_time(spec, sum(win.delivered), sum(win.chunks)))
-            times = [sim.api_free] * k
-    delivery = sim.delivery
-    for g, t in zip(win.gpu_done, times, strict=True):
-        delivery[g] = t
-    if win.batch.decodes is not None:
-        start = win.batch.decodes.start
-        log = sim.group_delivery[win.engine]
-        if start + k > len(log):
-            log = sim.group_delivery[win.engine] = np.resize(log, 2 * (start + k))
-        log[start:start + k] = times
-    last = max((t for t, n in zip(times, win.delivered, strict=True) if n), default=0.0)
-    if last > sim.last_delivery:
-        sim.last_delivery = last
-    win.delivery_known = True
-    if win.finished is not None:
-        _client_finished(sim, win)
-
-
-def _apply_delivery_times(requests: Any, delivery: dict[float, float]) -> None:
-    """Replace the GPU completion times ``update()`` recorded by the tokens' delivery times
-    (requests that never finished: their last window's delivery never closed them)."""
-    get = delivery.get
-    for req in requests:
-        if req.token_times:
-            req.token_times[:] = (get(t, t) for t in req.token_times)

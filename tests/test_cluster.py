@@ -16,9 +16,10 @@ from policies import SchedulerConfig, make_policy
 from policies.request import Request
 from policies.routers import ROUTERS, make_router
 from policies.scheduler import Scheduler
-from simulator.engine import ReplicaSpec, simulate, simulate_cluster
+from simulator.engine import simulate, simulate_cluster
 from simulator.hardware import HardwareSpec
 from simulator.memory import blocks_per_engine
+from simulator.outcome import ReplicaSpec
 from simulator.overhead import OverheadSpec
 
 

@@ -21,8 +21,9 @@ from policies.block_manager import BlockManager
 from policies.request import Request
 from policies.routers import make_router
 from policies.scheduler import Scheduler
-from simulator.engine import ReplicaSpec, simulate, simulate_cluster
+from simulator.engine import simulate, simulate_cluster
 from simulator.hardware import HardwareSpec
+from simulator.outcome import ReplicaSpec
 from simulator.overhead import OverheadSpec
 
 

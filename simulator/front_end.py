@@ -1,0 +1,177 @@
+"""A replica's front end in the simulation: the client sends requests (at their arrival times,
+or as slots free), the router picks a replica, the front end's per-request work hands each to
+a scheduler; the window's tokens are streamed (delivered) through the API server, and a
+request's finish reaches the client and the run's finish hook once its last token is
+delivered (simulator/engine.py's module doc: the timeline)."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import numpy as np
+
+from policies.request import Request
+from policies.routers import Router
+from simulator.events import Signal
+from simulator.overhead import api_time, request_time
+from simulator.replica_state import ReplicaSim, Shared, Window
+
+
+def arrivals(shared: Shared, sims: list[ReplicaSim], router: Router,
+              replica_of: dict[int, int]) -> Generator:
+    """Send requests as the client does (at their arrival times; with max_concurrency, when a
+    slot frees), each to the replica the router picks, round-robin over its virtual engines."""
+    loop, client = shared.loop, shared.client
+    loads = [sim.load for sim in sims]
+    single = len(sims) == 1
+    fronts = [request_time(sim.overhead) for sim in sims]
+    now = loop.now
+    while client.num_unsent:
+        for req in client.send_due(now):
+            r = 0 if single else router.route(req, loads, now)
+            sim = sims[r]
+            replica_of[id(req)] = r
+            if not single:
+                load = sim.load
+                load.outstanding += 1
+                load.outstanding_tokens += req.prompt_len + req.max_tokens
+                load.queued_prompt_tokens += req.prompt_len
+            v = sim.num_sent % len(sim.schedulers)
+            sim.num_sent += 1
+            sim.arrivals_left[v] += 1
+            front = fronts[r]
+            if front <= 0.0:
+                _enter(sim, req, v)
+                continue
+            # the front end takes requests in turn, on the engine thread or its own process
+            if sim.overhead.api_server_on_critical_path:
+                sim.cpu_free = entry = max(sim.cpu_free, now) + front
+                sim.cpu_busy += front
+            else:
+                sim.api_free = entry = max(sim.api_free, now) + front
+            loop.at(entry, lambda sim=sim, req=req, v=v: _enter(sim, req, v))
+        t = client.next_send_time()
+        if t is None:  # every slot is held: wait for a finish
+            if not client.num_unsent:
+                break
+            shared.client_wake = Signal(loop)
+            yield shared.client_wake
+            now = loop.now
+        elif client.has_followups and t > loop.now:  # a later turn may fall due before t
+            wake = shared.client_wake = Signal(loop)
+            loop.at(t, lambda wake=wake: _wake_client(shared) if shared.client_wake is wake
+                    else None)
+            yield wake
+            now = loop.now
+        else:
+            if t > loop.now:
+                yield t
+            now = max(loop.now, t)
+    for sim in sims:  # nothing more comes: an idle engine learns it is done
+        for v, wake in enumerate(sim.wake):
+            if wake is not None and not sim.arrivals_left[v]:
+                sim.wake[v] = None
+                wake.fire()
+
+def _enter(sim: ReplicaSim, req: Request, v: int) -> None:
+    """``req`` reaches virtual engine ``v``'s scheduler, which wakes if it was idle."""
+    sim.schedulers[v].add_request(req)
+    sim.arrivals_left[v] -= 1
+    wake = sim.wake[v]
+    if wake is not None:
+        sim.wake[v] = None
+        wake.fire()
+
+def client_finished(sim: ReplicaSim, win: Window) -> None:
+    """The window's finished requests' last tokens are delivered (update() has run and the
+    delivery times are known, in either order): their token times become delivery times, and
+    the client learns of the finishes."""
+    finished = win.finished
+    assert finished is not None
+    shared = sim.shared
+    get = sim.delivery.__getitem__
+    group = win.batch.decodes
+    if group is None:
+        for r in finished:
+            r.token_times[:] = map(get, r.token_times)
+            r.finish_time = get(r.finish_time)
+    else:  # a member's decode tokens: a slice of the group's delivery times
+        delivered = sim.group_delivery[win.engine]
+        for r, (start, end) in zip(finished, group.runs, strict=True):
+            gpu = r.token_times
+            head = len(gpu) - (end - start)
+            times = np.empty(len(gpu))
+            times[:head] = [get(t) for t in gpu[:head]]
+            times[head:] = delivered[start:end]
+            r.token_times = times
+            r.finish_time = get(r.finish_time)
+    if shared.on_finish is not None and finished:
+        shared.on_finish(finished, sim.index)
+    if group is not None:
+        for r in finished:
+            if isinstance(r.token_times, np.ndarray):
+                r.token_times = r.token_times.tolist()
+    client = shared.client
+    loop = sim.loop
+    if client.max_concurrency is None:  # no slot waits on a finish; a later turn may
+        for due in client.finished(finished, [r.finish_time for r in finished]):
+            loop.at(max(due, loop.now), lambda: _wake_client(shared))
+        return
+    at: dict[float, list[Request]] = {}
+    for r in finished:
+        at.setdefault(r.finish_time, []).append(r)
+    for t, reqs in at.items():
+        loop.at(max(t, loop.now), lambda reqs=reqs: _slots_freed(shared, reqs))
+
+def _slots_freed(shared: Shared, reqs: list[Request]) -> None:
+    loop = shared.loop
+    for due in shared.client.finished(reqs, [loop.now] * len(reqs)):
+        if due > loop.now:
+            loop.at(due, lambda: _wake_client(shared))
+    _wake_client(shared)
+
+def _wake_client(shared: Shared) -> None:
+    """The client may have a request to send now (a slot freed, a later turn due)."""
+    wake, shared.client_wake = shared.client_wake, None
+    if wake is not None:
+        wake.fire()
+
+def deliver(sim: ReplicaSim, win: Window) -> None:
+    """Stream the window's tokens (through the API-server process if separate); note their times."""
+    spec, k = sim.overhead, win.batch.num_steps
+    times = list(win.out_done) if sim.stream_per_step else [win.out_done[-1]] * k
+    if not spec.api_server_on_critical_path and (spec.api_per_token_us > 0
+                                                 or spec.api_per_chunk_us > 0):
+        if sim.stream_per_step:
+            for j in range(k):
+                sim.api_free = (max(sim.api_free, times[j])
+                                + api_time(spec, win.delivered[j], win.chunks[j]))
+                times[j] = sim.api_free
+        else:
+            sim.api_free = (max(sim.api_free, times[-1])
+                            + api_time(spec, sum(win.delivered), sum(win.chunks)))
+            times = [sim.api_free] * k
+    delivery = sim.delivery
+    for g, t in zip(win.gpu_done, times, strict=True):
+        delivery[g] = t
+    if win.batch.decodes is not None:
+        start = win.batch.decodes.start
+        log = sim.group_delivery[win.engine]
+        if start + k > len(log):
+            log = sim.group_delivery[win.engine] = np.resize(log, 2 * (start + k))
+        log[start:start + k] = times
+    last = max((t for t, n in zip(times, win.delivered, strict=True) if n), default=0.0)
+    if last > sim.last_delivery:
+        sim.last_delivery = last
+    win.delivery_known = True
+    if win.finished is not None:
+        client_finished(sim, win)
+
+def apply_delivery_times(requests: Any, delivery: dict[float, float]) -> None:
+    """Replace the GPU completion times ``update()`` recorded by the tokens' delivery times
+    (requests that never finished: their last window's delivery never closed them)."""
+    get = delivery.get
+    for req in requests:
+        if req.token_times:
+            req.token_times[:] = (get(t, t) for t in req.token_times)
