@@ -163,13 +163,24 @@ class TimesTable:
         tpot = self.tpot[picked]
         return tpot[~np.isnan(tpot)]
 
+    def itl_runs(self, first: int = 0, end: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Requests first..end-1's ITLs (one array) and where each one's start in it, and
+        the end, last (``runs_as_lists`` makes them the lists)."""
+        end = len(self) if end is None else end
+        bounds = self.itl_start[first:end + 1]
+        base = int(bounds[0]) if len(bounds) else 0
+        return self.itls[base:int(bounds[-1]) if len(bounds) else 0], bounds - base
+
     def itl_lists(self, first: int = 0, end: int | None = None) -> list[list[float]]:
         """Each request's ITLs as a list (result.json's ``itls``), of requests first..end-1."""
-        end = len(self) if end is None else end
-        bounds = self.itl_start[first:end + 1].tolist()
-        flat = self.itls[bounds[0]:bounds[-1]].tolist() if bounds else []
-        base = bounds[0] if bounds else 0
-        return [flat[a - base:b - base] for a, b in zip(bounds, bounds[1:])]
+        return runs_as_lists(*self.itl_runs(first, end))
+
+
+def runs_as_lists(values: np.ndarray, bounds: np.ndarray) -> list[list[float]]:
+    """``values`` cut into lists at ``bounds`` (run i: values[bounds[i]:bounds[i + 1]])."""
+    flat = values.tolist()
+    edges = bounds.tolist()
+    return [flat[a:b] for a, b in zip(edges, edges[1:])]
 
 
 def times_for(requests: Sequence[Request], times: TimesTable | None) -> TimesTable:

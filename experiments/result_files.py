@@ -21,8 +21,8 @@ from typing import IO, Any
 import numpy as np
 
 from experiments.files import atomic_path, write_text_atomic
-from experiments.parallel_text import Job, Renderer, rendered
-from experiments.request_times import TimesTable, chunk_bounds, times_for
+from experiments.parallel_text import Job, rendered
+from experiments.request_times import TimesTable, chunk_bounds, runs_as_lists, times_for
 from policies.request import Request
 
 REQUEST_CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len",
@@ -84,21 +84,23 @@ def _cell(x: Any) -> Any:
 
 class PerRequest(Sequence):
     """One of result.json's per-request lists, made a chunk of requests at a time from the run's
-    columns (``chunk(start, end)``: the JSON-ready values of requests start..end-1), so that a
-    1M-request run's lists never exist whole: result.json gets them streamed."""
+    columns, so that a 1M-request run's lists never exist whole: result.json gets them streamed.
+    ``job(start, end)``: a function and its data (slices of the columns: picklable, as a run's
+    result may be) whose call gives requests start..end-1's JSON-ready values."""
 
-    def __init__(self, n: int, chunk: Callable[[int, int], list[Any]]) -> None:
-        self._n, self._chunk = n, chunk  # chunk: picklable (a run's result may be pickled)
+    def __init__(self, n: int, job: Callable[[int, int], tuple[Callable[..., list], tuple]]
+                 ) -> None:
+        self._n, self._job = n, job
 
     @classmethod
     def of(cls, column: np.ndarray) -> PerRequest:
         """The list of one column's values."""
-        return cls(len(column), functools.partial(_column_values, column))
+        return cls(len(column), functools.partial(_column_job, column))
 
     @classmethod
     def itls(cls, times: TimesTable) -> PerRequest:
         """Each request's ITLs, a list a request."""
-        return cls(len(times), functools.partial(_itl_values, times))
+        return cls(len(times), functools.partial(_itl_job, times))
 
     def __len__(self) -> int:
         return self._n
@@ -109,7 +111,7 @@ class PerRequest(Sequence):
         if not -self._n <= i < self._n:
             raise IndexError(i)
         i %= self._n
-        return self._chunk(i, i + 1)[0]
+        return self._values(i, i + 1)[0]
 
     def __iter__(self) -> Iterator[Any]:
         for values in self.chunks():
@@ -120,28 +122,43 @@ class PerRequest(Sequence):
             return NotImplemented
         return list(self) == list(other)
 
+    def _values(self, start: int, end: int) -> list[Any]:
+        fn, args = self._job(start, end)
+        return fn(*args)
+
     def chunks(self) -> Iterator[list[Any]]:
         """The values, a chunk of requests at a time (request_times.chunk_bounds)."""
         for start, end in chunk_bounds(self._n):
-            yield self._chunk(start, end)
+            yield self._values(start, end)
 
-    def json_text(self, start: int, end: int) -> str:
-        """The values of requests start..end-1 as JSON, without the list's brackets."""
-        return json.dumps(self._chunk(start, end), allow_nan=False)[1:-1]
+    def json_job(self, start: int, end: int) -> Job:
+        """The job (experiments.parallel_text) of requests start..end-1's values as JSON,
+        without the list's brackets."""
+        return _json_text, self._job(start, end)
 
 
-def _column_values(column: np.ndarray, start: int, end: int) -> list[Any]:
-    """column[start:end] as JSON-ready values (a non-finite one as _jsonable writes it)."""
-    part = column[start:end]
+def _json_text(fn: Callable[..., list], args: tuple) -> str:
+    return json.dumps(fn(*args), allow_nan=False)[1:-1]
+
+
+def _column_job(column: np.ndarray, start: int, end: int) -> tuple[Callable[..., list], tuple]:
+    return _column_values, (column[start:end],)
+
+
+def _column_values(part: np.ndarray) -> list[Any]:
+    """A column's values, JSON-ready (a non-finite one as _jsonable writes it)."""
     values = part.tolist()
     return _jsonable(values) if part.dtype.kind == "f" and not np.isfinite(part).all() else values
 
 
-def _itl_values(times: TimesTable, start: int, end: int) -> list[Any]:
-    """Requests start..end-1's ITL lists, JSON-ready."""
-    lists = times.itl_lists(start, end)
-    bounds = times.itl_start[[start, end]] if end > start else (0, 0)
-    return _jsonable(lists) if not np.isfinite(times.itls[bounds[0]:bounds[1]]).all() else lists
+def _itl_job(times: TimesTable, start: int, end: int) -> tuple[Callable[..., list], tuple]:
+    return _itl_values, times.itl_runs(start, end)
+
+
+def _itl_values(itls: np.ndarray, bounds: np.ndarray) -> list[Any]:
+    """Each request's ITL list (TimesTable.itl_runs' form), JSON-ready."""
+    lists = runs_as_lists(itls, bounds)
+    return _jsonable(lists) if not np.isfinite(itls).all() else lists
 
 
 def _json_pieces(obj: Mapping[str, Any]) -> list[str | PerRequest]:
@@ -158,10 +175,9 @@ def _json_pieces(obj: Mapping[str, Any]) -> list[str | PerRequest]:
     return pieces
 
 
-class _RequestRows:
-    """requests.csv's rows as text, a chunk at a time (``text(start, end)``), from columns taken
-    of the requests once (so that a forked worker rendering them reads no Request object):
-    each column made as text at once, the csv module's cells (a number's str, "" for none)."""
+class RequestRows:
+    """requests.csv's rows, a chunk at a time (``job(start, end)``: the job that renders them),
+    from columns taken of the requests once (a worker rendering them gets slices of them)."""
 
     def __init__(self, requests: Sequence[Request], replicas: Sequence[int] | None,
                  times: TimesTable | None) -> None:
@@ -175,41 +191,50 @@ class _RequestRows:
             return np.fromiter((math.nan if (x := get(r)) is None else x for r in requests),
                                float, n)
 
-        self.times = times_for(requests, times)
-        self.ints = {a: column(a, np.int64) for a in (
-            "request_id", "prompt_len", "num_output_tokens", "num_preemptions",
-            "num_cached_prompt_tokens")}
-        self.arrival = column("arrival_time", float)
-        self.first_scheduled, self.finish = maybe("first_scheduled_time"), maybe("finish_time")
-        self.replica = (np.asarray(replicas, np.int64) if replicas is not None
-                        else np.zeros(n, np.int64))
+        t = times_for(requests, times)
+        self.done = t.completed
+        # REQUEST_CSV_COLUMNS' columns: values, and how each is written ("nan": "" for NaN,
+        # "done": "" for a request that did not finish)
+        self.columns: list[tuple[np.ndarray, str]] = [
+            (column("request_id", np.int64), ""), (column("arrival_time", float), ""),
+            (column("prompt_len", np.int64), ""), (column("num_output_tokens", np.int64), ""),
+            (maybe("first_scheduled_time"), "nan"), (t.ttft, "done"), (t.e2el, "done"),
+            (t.tpot, "nan"), (t.num_chunks, ""), (column("num_preemptions", np.int64), ""),
+            (maybe("finish_time"), "nan"),
+            (np.asarray(replicas, np.int64) if replicas is not None else np.zeros(n, np.int64),
+             ""),
+            (column("num_cached_prompt_tokens", np.int64), "")]
 
-    def text(self, start: int, end: int) -> str:
-        t, ints = self.times, self.ints
-        done = t.completed[start:end].tolist()
+    def __len__(self) -> int:
+        return len(self.done)
 
-        def of(column: np.ndarray) -> list[str]:
-            return list(map(str, column[start:end].tolist()))
+    def job(self, start: int, end: int) -> Job:
+        """The job (experiments.parallel_text) of rows start..end-1's text."""
+        return _request_rows_text, ([(c[start:end], how) for c, how in self.columns],
+                                    self.done[start:end])
 
-        def unless_nan(column: np.ndarray) -> list[str]:
-            return ["" if x != x else str(x) for x in column[start:end].tolist()]
 
-        def if_done(column: np.ndarray) -> list[str]:
-            return [str(x) if ok else "" for x, ok in zip(column[start:end].tolist(), done)]
-
-        cols = [of(ints["request_id"]), of(self.arrival), of(ints["prompt_len"]),
-                of(ints["num_output_tokens"]), unless_nan(self.first_scheduled),
-                if_done(t.ttft), if_done(t.e2el), unless_nan(t.tpot), of(t.num_chunks),
-                of(ints["num_preemptions"]), unless_nan(self.finish), of(self.replica),
-                of(ints["num_cached_prompt_tokens"])]
-        return "\n".join(map(",".join, zip(*cols))) + "\n" if end > start else ""
+def _request_rows_text(columns: list[tuple[np.ndarray, str]], done: np.ndarray) -> str:
+    """requests.csv's lines of these rows: each column made as text at once, the csv module's
+    cells (a number's str, "" for none)."""
+    ok = done.tolist()
+    cols = []
+    for values, how in columns:
+        if how == "nan":
+            cols.append(["" if x != x else str(x) for x in values.tolist()])
+        elif how == "done":
+            cols.append([str(x) if d else "" for x, d in zip(values.tolist(), ok)])
+        else:
+            cols.append(list(map(str, values.tolist())))
+    return "\n".join(map(",".join, zip(*cols))) + "\n" if len(done) else ""
 
 
 def steps_csv(steps: Any) -> str:
     """Per-step records (mappings, dataclasses, a DataFrame or simulator.outcome.StepRows) as
     CSV."""
-    if hasattr(steps, "csv_text"):
-        return ",".join(steps.columns) + "\n" + steps.csv_text(0, len(steps))
+    if hasattr(steps, "csv_job"):
+        fn, args = steps.csv_job(0, len(steps))
+        return ",".join(steps.columns) + "\n" + fn(*args)
     if hasattr(steps, "to_csv"):
         return steps.to_csv(index=False, lineterminator="\n")
     rows = []
@@ -263,31 +288,30 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     run_dir.mkdir(parents=True, exist_ok=True)
     # Everything else is rendered before anything is written: a bad value leaves no new file.
     # The rows (requests.csv's, steps.csv's as StepRows, result.json's per-request lists) are
-    # rendered a chunk at a time as they are written, by forked workers in a long run
+    # rendered a chunk at a time as they are written, by worker processes too in a long run
     # (experiments.parallel_text); a failing chunk removes what was written with the rest.
     result = _json_pieces({**summary, "schedlab": dict(extra)})
-    renderers: list[Renderer] = []
+    rows = RequestRows(requests, replicas, times)
     jobs: list[Job] = []
 
-    def chunked(render: Renderer, n: int) -> int:
-        """The jobs of ``render``'s n rows; how many."""
-        renderers.append(render)
-        bounds = list(chunk_bounds(n))
-        jobs.extend((len(renderers) - 1, a, b) for a, b in bounds)
-        return len(bounds)
+    def chunked(job: Callable[[int, int], Job], n: int) -> int:
+        """The jobs of n rows, a chunk at a time; how many."""
+        more = [job(a, b) for a, b in chunk_bounds(n)]
+        jobs.extend(more)
+        return len(more)
 
-    request_chunks = chunked(_RequestRows(requests, replicas, times).text, len(requests))
+    request_chunks = chunked(rows.job, len(rows))
     texts = []
     step_chunks = None
-    if hasattr(steps, "csv_text"):  # simulator.outcome.StepRows: rows rendered like requests
-        step_chunks = chunked(steps.csv_text, len(steps))
+    if hasattr(steps, "csv_job"):  # simulator.outcome.StepRows: rows rendered like requests
+        step_chunks = chunked(steps.csv_job, len(steps))
     elif steps is not None:
         texts.append(("steps.csv", steps_csv(steps)))
-    list_chunks = [chunked(p.json_text, len(p)) for p in result if isinstance(p, PerRequest)]
+    list_chunks = [chunked(p.json_job, len(p)) for p in result if isinstance(p, PerRequest)]
     if summary_text is not None:
         texts.append(("summary.txt", summary_text + "\n"))
     clear_results(run_dir)
-    chunks = rendered(renderers, jobs, len(requests))
+    chunks = rendered(jobs, len(rows))
     try:
         with _atomic_file(run_dir / "requests.csv") as f:
             f.write(",".join(REQUEST_CSV_COLUMNS) + "\n")

@@ -23,7 +23,7 @@ CLUSTER_STEP_COLUMNS = ("replica", "outstanding", "num_waiting", "num_running", 
 
 class StepRows(Sequence[dict[str, Any]]):
     """steps.csv's rows, one per window, kept as tuples (a 1M-request run has hundreds of
-    thousands): each read as a dict of its columns, or as CSV lines (``csv_text``)."""
+    thousands): each read as a dict of its columns, or as CSV lines (``csv_job``)."""
 
     def __init__(self, cluster: bool, rows: list[tuple] | None = None) -> None:
         self.cluster = cluster
@@ -50,12 +50,18 @@ class StepRows(Sequence[dict[str, Any]]):
         times = row[11]
         return (*row[:11], sum(times), ";".join(f"{g:.6f}" for g in times), *row[12:])
 
-    def csv_text(self, start: int, end: int) -> str:
-        """Rows start..end-1 as CSV lines, without the header (``columns``): the result files
-        render a long run's rows a chunk at a time (experiments.result_files)."""
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerows(map(self._cells, self.rows[start:end]))
-        return buf.getvalue()
+    def csv_job(self, start: int, end: int) -> tuple[Callable[..., str], tuple]:
+        """Rows start..end-1 as CSV lines, without the header (``columns``), as a function and
+        its arguments: the result files render a long run's rows a chunk at a time, in
+        worker processes too (experiments.result_files)."""
+        return _csv_lines, (self.rows[start:end],)
+
+
+def _csv_lines(rows: list[tuple]) -> str:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(map(StepRows._cells, rows))
+    return buf.getvalue()
+
 
 @dataclass(slots=True)
 class SimResult:

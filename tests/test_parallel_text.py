@@ -1,9 +1,10 @@
-"""A long run's result files rendered by forked workers are the files rendered in one process,
-byte for byte, and a worker's failure leaves no file behind."""
+"""A long run's result files rendered by worker processes beside the run's own are the files
+rendered in one process, byte for byte, and a worker's failure is raised and leaves no file."""
 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -15,54 +16,60 @@ RUN = ["backend=sim", "workload=synthetic", "workload.num_prompts=60", "model=ti
        "hardware=cpu", "overhead=none", "progress=false", "metrics.save_per_request=true",
        "cluster.num_replicas=2", "router=round_robin"]
 
+needs_workers = pytest.mark.skipif(not parallel_text.num_workers(),
+                                   reason="needs two CPUs and a forkserver")
 
-def _files(path) -> dict[str, bytes]:
-    return {name: (path / name).read_bytes() for name in ("requests.csv", "steps.csv")}
 
-
-def _run(tmp_path, name: str) -> tuple[dict, dict[str, bytes]]:
+def _run(tmp_path, name: str) -> dict[str, str]:
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("config", overrides=RUN)
-    result = run(cfg, tmp_path / name)
+    run(cfg, tmp_path / name)
+    files = {f: (tmp_path / name / f).read_text() for f in ("requests.csv", "steps.csv")}
     text = (tmp_path / name / "result.json").read_text()
-    lists = text[text.index('"input_lens"'):text.index('"schedlab"')]  # not the date
-    return result, {**_files(tmp_path / name), "lists": lists}
+    return {**files, "lists": text[text.index('"input_lens"'):text.index('"schedlab"')]}
 
 
-def test_forked_workers_write_the_files_one_process_writes(tmp_path, monkeypatch):
-    if not parallel_text.num_workers():
-        pytest.skip("needs fork and two CPUs")
+class _Counting(ProcessPoolExecutor):
+    submitted = 0
+
+    def submit(self, *args, **kwargs):
+        _Counting.submitted += 1
+        return super().submit(*args, **kwargs)
+
+
+@needs_workers
+def test_workers_write_the_files_one_process_writes(tmp_path, monkeypatch):
     monkeypatch.setattr(request_times, "CHUNK_REQUESTS", 7)  # many chunks, some empty lists
-    _, here = _run(tmp_path, "here")
+    here = _run(tmp_path, "here")
     monkeypatch.setattr(parallel_text, "PARALLEL_MIN_ROWS", 1)
-    rendered_here = []
-    real_text = result_files._RequestRows.text
-
-    def text(self, start, end):
-        rendered_here.append(start)  # a worker appends to its own copy of the list
-        return real_text(self, start, end)
-
-    monkeypatch.setattr(result_files._RequestRows, "text", text)
-    _, there = _run(tmp_path, "forked")
-    # this process rendered its share of requests.csv's 9 chunks, a worker the rest
-    assert 0 < len(rendered_here) < 9, rendered_here
+    monkeypatch.setattr(parallel_text, "ProcessPoolExecutor", _Counting)
+    there = _run(tmp_path, "workers")
+    # 9 chunks of requests.csv, steps.csv's and 8 lists' of 9: the workers took their share
+    assert 0 < _Counting.submitted < 9 * 9 + 1
     assert there == here
-    assert here["steps.csv"].count(b"\n") > 10 and '"itls": [[' in here["lists"]
+    assert here["steps.csv"].count("\n") > 10 and '"itls": [[' in here["lists"]
 
 
-def test_a_chunk_failing_in_a_worker_is_raised_and_leaves_no_file(tmp_path, monkeypatch):
-    if not parallel_text.num_workers():
-        pytest.skip("needs fork and two CPUs")
+@needs_workers
+def test_a_job_failing_in_a_worker_is_raised_there(monkeypatch):
+    monkeypatch.setattr(parallel_text, "PARALLEL_MIN_ROWS", 1)
+    jobs = [(str, (1,)), (int, ("not a number",)), (str, (3,))]  # the second goes to a worker
+    with pytest.raises(ValueError, match="not a number"):
+        list(parallel_text.rendered(jobs, rows=3))
+    assert list(parallel_text.rendered([(str, (i,)) for i in range(5)], rows=5)) == \
+        ["0", "1", "2", "3", "4"]
+
+
+@needs_workers
+def test_a_failing_chunk_leaves_no_file(tmp_path, monkeypatch):
     monkeypatch.setattr(request_times, "CHUNK_REQUESTS", 7)
     monkeypatch.setattr(parallel_text, "PARALLEL_MIN_ROWS", 1)
-    real_text = result_files._RequestRows.text
+    real_job = result_files.RequestRows.job
 
-    def broken(self, start, end):
-        if start >= 21:
-            raise ValueError(f"row {start} cannot be written")
-        return real_text(self, start, end)
+    def broken(self, start, end):  # the worker is given a job that fails
+        return (int, (f"row {start}",)) if start >= 21 else real_job(self, start, end)
 
-    monkeypatch.setattr(result_files._RequestRows, "text", broken)
-    with pytest.raises(ValueError, match="row 21 cannot be written"):
+    monkeypatch.setattr(result_files.RequestRows, "job", broken)
+    with pytest.raises(ValueError, match="row 2[18]"):
         _run(tmp_path, "broken")
     assert not any(n.endswith((".csv", ".json", ".tmp")) for n in os.listdir(tmp_path / "broken"))
