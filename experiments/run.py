@@ -452,10 +452,8 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
 
             extra.update(router=cluster.router_name, num_replicas=cluster.size)
             replica_of = cluster_outcome.replica_of
-            result["replicas"] = replica_summaries(
-                cluster_outcome, [x if ok else None for x, ok in
-                                  zip(times.ttft.tolist(), times.completed.tolist())],
-                cluster.labels)
+            result["replicas"] = replica_summaries(cluster_outcome, times.ttft, times.output_len,
+                                                   times.completed, cluster.labels)
         if classes:
             extra["classes"] = classes
         if backend["name"] == "sim":

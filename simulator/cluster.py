@@ -75,35 +75,32 @@ def replica_groups(cluster: Mapping[str, Any] | None, run: Mapping[str, Any],
     return out
 
 
-def replica_summaries(result: Any, ttfts: Sequence[float | None],
-                      labels: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def replica_summaries(result: Any, ttft: np.ndarray, output_len: np.ndarray,
+                      completed: np.ndarray, labels: Sequence[Mapping[str, Any]]
+                      ) -> list[dict[str, Any]]:
     """result.json's ``replicas``: per replica its group's labels, requests, throughput over the
     cluster's duration, median and p99 TTFT, KV use (blocks in use over its blocks, at each
     window's close: mean and peak) and time busy (GPU, engine thread).
 
-    ``result``: simulate_cluster's ClusterResult; ``ttfts``: per request in the order given
-    (None: unfinished)."""
+    ``result``: simulate_cluster's ClusterResult; ``ttft``, ``output_len`` and ``completed``:
+    per request in the order given (only a completed request's count)."""
     duration = result.total.duration
-    by_replica: list[list[float]] = [[] for _ in result.replicas]
-    for r, t in zip(result.replica_of, ttfts, strict=True):
-        if t is not None:
-            by_replica[r].append(t)
+    where = np.asarray(result.replica_of)
     kv: list[list[int]] = [[] for _ in result.replicas]
     for row in result.total.steps.rows:  # StepRows: replica and kv_blocks_used are the last
         kv[row[-5]].append(row[-1])
     out = []
-    for i, (rep, ttft) in enumerate(zip(result.replicas, by_replica, strict=True)):
+    for i, rep in enumerate(result.replicas):
         pp = max(1, result.specs[i].hw.pp)
         blocks = rep.num_blocks * pp
         use = np.asarray(kv[i], dtype=float) / blocks if kv[i] else np.zeros(1)
-        a = np.asarray(ttft, dtype=float) * 1e3
-        completed = rep.num_finished
-        tokens = sum(len(r.token_times) if r.token_times else r.num_output_tokens
-                     for r in rep.requests if r.finish_time is not None)
+        mine = (where == i) & completed
+        a = np.asarray(ttft[mine], dtype=float) * 1e3
+        tokens = int(output_len[mine].sum())
         out.append({
             "replica": i, **labels[i],
-            "requests": len(rep.requests), "completed": completed,
-            "request_throughput": completed / duration if duration > 0 else 0.0,
+            "requests": len(rep.requests), "completed": rep.num_finished,
+            "request_throughput": rep.num_finished / duration if duration > 0 else 0.0,
             "output_throughput": tokens / duration if duration > 0 else 0.0,
             "median_ttft_ms": float(np.median(a)) if len(a) else 0.0,
             "p99_ttft_ms": float(np.percentile(a, 99)) if len(a) else 0.0,
