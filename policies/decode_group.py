@@ -102,8 +102,10 @@ class DecodeGroup:
         while ends and ends[0][0] <= pos + k:
             finishing.append(heapq.heappop(ends))
         n = len(self.members)
+        if len(finishing) > 1:
+            finishing.sort(key=_join_order)
         return DecodeWindow(pos, n, self._offset_sum + n * (pos + 1), pos + 1 - longest[0][0],
-                            sorted(finishing, key=_join_order))
+                            finishing)
 
     def advance(self, win: DecodeWindow, step_times: Sequence[float]) -> tuple[list[Request], int]:
         """The window ran: its positions get ``step_times``; the finishing members take their

@@ -153,20 +153,30 @@ def deliver(sim: ReplicaSim, win: Window) -> None:
                             + api_time(spec, sum(win.delivered), sum(win.chunks)))
             times = [sim.api_free] * k
     delivery = sim.delivery
-    for g, t in zip(win.gpu_done, times, strict=True):
-        delivery[g] = t
+    burst = not sim.stream_per_step  # the window's tokens reach the client at one time
+    if burst:
+        last = times[0]
+        for g in win.gpu_done:
+            delivery[g] = last
+    else:
+        for g, t in zip(win.gpu_done, times, strict=True):
+            delivery[g] = t
     if win.batch.decodes is not None:
         start = win.batch.decodes.start
         log = sim.group_delivery[win.engine]
         if start + k > len(log):
             log = sim.group_delivery[win.engine] = np.resize(log, 2 * (start + k))
-        log[start:start + k] = times
-    last = max((t for t, n in zip(times, win.delivered, strict=True) if n), default=0.0)
+        log[start:start + k] = last if burst else times
+    if burst:
+        last = last if any(win.delivered) else 0.0
+    else:
+        last = max((t for t, n in zip(times, win.delivered, strict=True) if n), default=0.0)
     if last > sim.last_delivery:
         sim.last_delivery = last
     win.delivery_known = True
     if win.finished is not None:
         client_finished(sim, win)
+
 
 def apply_delivery_times(requests: Any, delivery: dict[float, float]) -> None:
     """Replace the GPU completion times ``update()`` recorded by the tokens' delivery times
