@@ -2,9 +2,10 @@
 
 Usage: python benchmarks/sim_speed.py [--big N] [--cases NAME ...]
 Each case is one ``python -m experiments.run`` process under ``/usr/bin/time -v`` (wall time
-from start to exit, Hydra and the imports included, and the peak RSS), with the main
+from start to exit, Hydra and the imports included, and the peak RSS), its process tree's
+summed PSS sampled beside it (the run and its result-file workers together), with the main
 configuration (llama3_8b, h100_sxm, vllm_v0_5, multi_step k=8); the ShareGPT token-count cache
-is built first so it is not timed. The issue-34 targets, on a 2-core machine:
+is built first so it is not timed. The targets, on a 2-core machine:
 
 - ``synthetic-1M``: N synthetic requests at t=0 on one replica, metrics.save_per_request=false
   (target: 15 s, 1 GB);
@@ -21,6 +22,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,18 +39,22 @@ def cases(n: int) -> dict[str, list[str]]:
     }
 
 
-def measure(overrides: list[str]) -> tuple[float, float, float, float]:
+def measure(overrides: list[str]) -> tuple[float, float, float, float, float | None]:
     """(wall seconds end to end, CPU seconds (user + system), peak RSS in GB, the simulation's
-    own wall seconds). On a shared machine the CPU seconds are the ones to compare."""
+    own wall seconds, the peak of the process tree's summed PSS in GB). On a shared machine the
+    CPU seconds are the ones to compare. The peak RSS is time -v's: the largest process's, not
+    the sum of the run's and its result-file workers' (experiments/parallel_text.py); the
+    summed PSS, sampled every 50 ms, counts them together (None where /proc cannot say)."""
     with tempfile.TemporaryDirectory() as d:
         cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "experiments.run", *overrides,
                "progress=false", f"hydra.run.dir={d}"]
-        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
-        if out.returncode:
-            raise SystemExit(f"{' '.join(overrides)} failed:\n{out.stdout[-2000:]}"
-                             f"{out.stderr[-2000:]}")
-        text = out.stdout + out.stderr
+        with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}) as proc:
+            tree_peak = _sample_tree_pss(proc)
+            stdout, stderr = proc.communicate()
+        if proc.returncode:
+            raise SystemExit(f"{' '.join(overrides)} failed:\n{stdout[-2000:]}{stderr[-2000:]}")
+        text = stdout + stderr
     m = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (?:(\d+):)?(\d+):([\d.]+)",
                   text)
     wall = int(m.group(1) or 0) * 3600 + int(m.group(2)) * 60 + float(m.group(3))
@@ -56,7 +62,38 @@ def measure(overrides: list[str]) -> tuple[float, float, float, float]:
               for what in ("User", "System"))
     rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", text).group(1)) / 1e6
     sim = float(re.search(r"wall_seconds:\s+([\d.]+)", text).group(1))
-    return wall, cpu, rss, sim
+    return wall, cpu, rss, sim, tree_peak
+
+
+def _sample_tree_pss(proc: subprocess.Popen) -> float | None:
+    """The peak over the run of the summed PSS (proportional set size: a shared page counted
+    once in all) of ``proc`` and every process below it, in GB."""
+    peak = 0
+    while proc.poll() is None:
+        try:
+            total = sum(_pss_kb(pid) for pid in _tree(proc.pid))
+        except OSError:
+            return None
+        peak = max(peak, total)
+        time.sleep(0.05)
+    return peak / 1e6
+
+
+def _tree(pid: int) -> list[int]:
+    pids = [pid]
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            for child in f.read().split():
+                pids += _tree(int(child))
+    return pids
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+    except FileNotFoundError:  # it has just exited
+        return 0
 
 
 def main() -> None:
@@ -71,10 +108,12 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown case {sorted(unknown)[0]!r}; choose from {', '.join(table)}")
     measure(["workload.num_prompts=10"])  # builds the ShareGPT token-count cache
-    print(f"{'case':<28}{'wall s':>8}{'cpu s':>8}{'sim s':>8}{'peak RSS GB':>13}")
+    print(f"{'case':<28}{'wall s':>8}{'cpu s':>8}{'sim s':>8}{'peak RSS GB':>13}"
+          f"{'tree PSS GB':>13}")
     for name in names:
-        wall, cpu, rss, sim = measure(table[name])
-        print(f"{name:<28}{wall:>8.1f}{cpu:>8.1f}{sim:>8.1f}{rss:>13.2f}", flush=True)
+        wall, cpu, rss, sim, tree = measure(table[name])
+        print(f"{name:<28}{wall:>8.1f}{cpu:>8.1f}{sim:>8.1f}{rss:>13.2f}"
+              f"{'n/a' if tree is None else f'{tree:.2f}':>13}", flush=True)
 
 
 if __name__ == "__main__":
