@@ -67,32 +67,34 @@ def measure(overrides: list[str]) -> tuple[float, float, float, float, float | N
 
 def _sample_tree_pss(proc: subprocess.Popen) -> float | None:
     """The peak over the run of the summed PSS (proportional set size: a shared page counted
-    once in all) of ``proc`` and every process below it, in GB."""
+    once in all) of ``proc`` and every process below it, in GB; None without /proc."""
+    if not os.path.exists(f"/proc/{proc.pid}/smaps_rollup"):
+        return None
     peak = 0
     while proc.poll() is None:
-        try:
-            total = sum(_pss_kb(pid) for pid in _tree(proc.pid))
-        except OSError:
-            return None
-        peak = max(peak, total)
+        peak = max(peak, sum(_pss_kb(pid) for pid in _tree(proc.pid)))
         time.sleep(0.05)
     return peak / 1e6
 
 
 def _tree(pid: int) -> list[int]:
+    """``pid`` and the processes below it (one that exits meanwhile is left out)."""
     pids = [pid]
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            for child in f.read().split():
-                pids += _tree(int(child))
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                for child in f.read().split():
+                    pids += _tree(int(child))
+    except (FileNotFoundError, ProcessLookupError):
+        pass
     return pids
 
 
 def _pss_kb(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
-    except FileNotFoundError:  # it has just exited
+            return next((int(line.split()[1]) for line in f if line.startswith("Pss:")), 0)
+    except (FileNotFoundError, ProcessLookupError):  # it has just exited
         return 0
 
 
