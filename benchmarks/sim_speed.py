@@ -47,14 +47,15 @@ def measure(overrides: list[str]) -> tuple[float, float, float, float, float | N
     summed PSS, sampled every 50 ms, counts them together (None where /proc cannot say)."""
     with tempfile.TemporaryDirectory() as d:
         cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "experiments.run", *overrides,
-               "progress=false", f"hydra.run.dir={d}"]
-        with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}) as proc:
-            tree_peak = _sample_tree_pss(proc)
-            stdout, stderr = proc.communicate()
+               "progress=false", f"hydra.run.dir={Path(d) / 'run'}"]
+        with open(Path(d) / "out.txt", "w+") as out:  # a file: a pipe could fill and stall it
+            with subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)}) as proc:
+                tree_peak = _sample_tree_pss(proc)
+            out.seek(0)
+            text = out.read()
         if proc.returncode:
-            raise SystemExit(f"{' '.join(overrides)} failed:\n{stdout[-2000:]}{stderr[-2000:]}")
-        text = stdout + stderr
+            raise SystemExit(f"{' '.join(overrides)} failed:\n{text[-4000:]}")
     m = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (?:(\d+):)?(\d+):([\d.]+)",
                   text)
     wall = int(m.group(1) or 0) * 3600 + int(m.group(2)) * 60 + float(m.group(3))

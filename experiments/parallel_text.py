@@ -13,8 +13,12 @@ fewer than the CPUs, this process rendering its share, keeps it to one worker on
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
+import multiprocessing.connection
 import os
+import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -22,6 +26,8 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 Job = tuple[Callable[..., str], tuple[Any, ...]]  # function, its arguments: the chunk's text
+
+log = logging.getLogger(__name__)
 
 # Fewer rows than this are rendered in this process (starting a worker and sending it the
 # data costs a fraction of a second; 100k rows take about a second to render).
@@ -44,16 +50,14 @@ def num_workers() -> int:
 def rendered(jobs: Sequence[Job], rows: int) -> Iterator[str]:
     """Each job's text, in order: with ``rows`` (the run's requests) at PARALLEL_MIN_ROWS or
     more, by workers and this process in turn (one job in every workers + 1 is rendered here),
-    else here alone. A job's error is raised here as it was raised there; closing the iterator
-    early stops the workers."""
-    workers = num_workers() if rows >= PARALLEL_MIN_ROWS else 0
-    if not workers:
+    else here alone (also where the workers cannot start). A job's error is raised here as it
+    was raised there; closing the iterator early stops the workers."""
+    workers = num_workers() if rows >= PARALLEL_MIN_ROWS and _main_is_importable() else 0
+    pool = _start(workers) if workers else None
+    if pool is None:
         for fn, args in jobs:
             yield fn(*args)
         return
-    context = multiprocessing.get_context(_START)
-    context.set_forkserver_preload(_PRELOAD)
-    pool = ProcessPoolExecutor(workers, mp_context=context)
     try:
         queued = iter(enumerate(jobs))
         ahead: deque = deque()  # (job, its future; None: rendered here when its turn comes)
@@ -70,7 +74,45 @@ def rendered(jobs: Sequence[Job], rows: int) -> Iterator[str]:
             fill()  # the workers go on while this one renders its share
             yield fn(*args) if future is None else future.result()
     except BrokenProcessPool as err:
-        raise RuntimeError("a process rendering the result files died (out of memory?); "
-                           "set metrics.save_per_request=false or use fewer requests") from err
+        raise RuntimeError(f"a worker process rendering the result files exited unexpectedly "
+                           f"({err}); its error, if any, is on stderr above") from err
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _start(workers: int) -> ProcessPoolExecutor | None:
+    """A pool of ``workers`` started (its first worker asked for), or None where it cannot
+    start (a forkserver's socket path too long for this system's temporary directory...)."""
+    context = multiprocessing.get_context(_START)
+    context.set_forkserver_preload(_PRELOAD)
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_exit_with_parent)
+    try:
+        pool.submit(int)  # starts the forkserver and a worker, or fails here
+    except (OSError, BrokenProcessPool) as err:
+        pool.shutdown(wait=False, cancel_futures=True)
+        log.warning("rendering the result files in one process: its workers cannot start (%s)",
+                    err)
+        return None
+    return pool
+
+
+def _main_is_importable() -> bool:
+    """Whether a worker may import this program's main module (each does, as multiprocessing's
+    fresh processes do): a module run with ``python -m`` (its ``if __name__ == "__main__"``
+    guard is the custom) or no file at all, not a script, which would run again in each."""
+    main = sys.modules.get("__main__")
+    return getattr(main, "__spec__", None) is not None or getattr(main, "__file__", None) is None
+
+
+def _exit_with_parent() -> None:
+    """A worker's initializer: it exits when the run's process does, killed or not (a worker
+    would otherwise wait for jobs for ever)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()

@@ -164,8 +164,8 @@ class TimesTable:
         return tpot[~np.isnan(tpot)]
 
     def itl_runs(self, first: int = 0, end: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Requests first..end-1's ITLs (one array) and where each one's start in it, and
-        the end, last (``runs_as_lists`` makes them the lists)."""
+        """Requests first..end-1's ITLs as one array, and the bounds of each request's run in
+        it (run i: bounds[i]..bounds[i + 1]); ``runs_as_lists`` makes them the lists."""
         end = len(self) if end is None else end
         bounds = self.itl_start[first:end + 1]
         base = int(bounds[0]) if len(bounds) else 0

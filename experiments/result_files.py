@@ -186,21 +186,22 @@ class RequestRows:
         def column(attr: str, dtype: Any) -> np.ndarray:
             return np.fromiter(map(operator.attrgetter(attr), requests), dtype, n)
 
-        def maybe(attr: str) -> np.ndarray:  # NaN for None
-            get = operator.attrgetter(attr)
-            return np.fromiter((math.nan if (x := get(r)) is None else x for r in requests),
-                               float, n)
+        def as_given(attr: str) -> np.ndarray:  # each value's own str(): 0 stays 0, None ""
+            out = np.empty(n, object)
+            out[:] = list(map(operator.attrgetter(attr), requests))
+            return out
 
         t = times_for(requests, times)
         self.done = t.completed
         # REQUEST_CSV_COLUMNS' columns: values, and how each is written ("nan": "" for NaN,
-        # "done": "" for a request that did not finish)
+        # "none": "" for None, "done": "" for a request that did not finish); the times the
+        # requests hold as they hold them (a t = 0 run's clock starts at the int 0)
         self.columns: list[tuple[np.ndarray, str]] = [
-            (column("request_id", np.int64), ""), (column("arrival_time", float), ""),
+            (column("request_id", np.int64), ""), (as_given("arrival_time"), ""),
             (column("prompt_len", np.int64), ""), (column("num_output_tokens", np.int64), ""),
-            (maybe("first_scheduled_time"), "nan"), (t.ttft, "done"), (t.e2el, "done"),
+            (as_given("first_scheduled_time"), "none"), (t.ttft, "done"), (t.e2el, "done"),
             (t.tpot, "nan"), (t.num_chunks, ""), (column("num_preemptions", np.int64), ""),
-            (maybe("finish_time"), "nan"),
+            (as_given("finish_time"), "none"),
             (np.asarray(replicas, np.int64) if replicas is not None else np.zeros(n, np.int64),
              ""),
             (column("num_cached_prompt_tokens", np.int64), "")]
@@ -222,6 +223,8 @@ def _request_rows_text(columns: list[tuple[np.ndarray, str]], done: np.ndarray) 
     for values, how in columns:
         if how == "nan":
             cols.append(["" if x != x else str(x) for x in values.tolist()])
+        elif how == "none":
+            cols.append(["" if x is None else str(x) for x in values.tolist()])
         elif how == "done":
             cols.append([str(x) if d else "" for x, d in zip(values.tolist(), ok)])
         else:

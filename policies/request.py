@@ -34,7 +34,7 @@ class Request:
     num_computed_tokens: int = 0
     num_output_tokens: int = 0
     # filled when the backend samples; () for a simulated request (the simulator samples none)
-    output_token_ids: list[int] = field(default_factory=list)
+    output_token_ids: list[int] | tuple[()] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)  # delivery time of each output token
     first_scheduled_time: float | None = None
     finish_time: float | None = None

@@ -74,6 +74,7 @@ def arrivals(shared: Shared, sims: list[ReplicaSim], router: Router,
                 sim.wake[v] = None
                 wake.fire()
 
+
 def _enter(sim: ReplicaSim, req: Request, v: int) -> None:
     """``req`` reaches virtual engine ``v``'s scheduler, which wakes if it was idle."""
     sim.schedulers[v].add_request(req)
@@ -82,6 +83,7 @@ def _enter(sim: ReplicaSim, req: Request, v: int) -> None:
     if wake is not None:
         sim.wake[v] = None
         wake.fire()
+
 
 def client_finished(sim: ReplicaSim, win: Window) -> None:
     """The window's finished requests' last tokens are delivered (update() has run and the
@@ -124,6 +126,7 @@ def client_finished(sim: ReplicaSim, win: Window) -> None:
     for t, reqs in at.items():
         loop.at(max(t, loop.now), lambda reqs=reqs: _slots_freed(shared, reqs))
 
+
 def _slots_freed(shared: Shared, reqs: list[Request]) -> None:
     loop = shared.loop
     for due in shared.client.finished(reqs, [loop.now] * len(reqs)):
@@ -131,11 +134,13 @@ def _slots_freed(shared: Shared, reqs: list[Request]) -> None:
             loop.at(due, lambda: _wake_client(shared))
     _wake_client(shared)
 
+
 def _wake_client(shared: Shared) -> None:
     """The client may have a request to send now (a slot freed, a later turn due)."""
     wake, shared.client_wake = shared.client_wake, None
     if wake is not None:
         wake.fire()
+
 
 def deliver(sim: ReplicaSim, win: Window) -> None:
     """Stream the window's tokens (through the API-server process if separate); note their times."""
@@ -154,10 +159,12 @@ def deliver(sim: ReplicaSim, win: Window) -> None:
             times = [sim.api_free] * k
     delivery = sim.delivery
     burst = not sim.stream_per_step  # the window's tokens reach the client at one time
+    if len(win.gpu_done) != k:
+        raise RuntimeError(f"window {win.batch.window_id}: {len(win.gpu_done)} steps done of {k}")
     if burst:
-        last = times[0]
+        at = times[0]
         for g in win.gpu_done:
-            delivery[g] = last
+            delivery[g] = at
     else:
         for g, t in zip(win.gpu_done, times, strict=True):
             delivery[g] = t
@@ -166,9 +173,9 @@ def deliver(sim: ReplicaSim, win: Window) -> None:
         log = sim.group_delivery[win.engine]
         if start + k > len(log):
             log = sim.group_delivery[win.engine] = np.resize(log, 2 * (start + k))
-        log[start:start + k] = last if burst else times
+        log[start:start + k] = at if burst else times
     if burst:
-        last = last if any(win.delivered) else 0.0
+        last = at if any(win.delivered) else 0.0
     else:
         last = max((t for t, n in zip(times, win.delivered, strict=True) if n), default=0.0)
     if last > sim.last_delivery:

@@ -1,5 +1,6 @@
 """What a simulation takes per replica (``ReplicaSpec``) and gives back: a run's summary
-(``SimResult``), a cluster's (``ClusterResult``), and steps.csv's rows (``StepRows``)."""
+(``SimResult``), a cluster's (``ClusterResult``, its whole made by ``cluster_total``), and
+steps.csv's rows (``StepRows``)."""
 
 from __future__ import annotations
 
@@ -78,6 +79,7 @@ class SimResult:
     cpu_busy_fraction: float  # of duration, the engine thread
     steps: StepRows  # one row per window, steps.csv (the real engine's columns)
 
+
 @dataclass(slots=True)
 class ReplicaSpec:
     """One replica of a cluster: its model, GPU, CPU costs and how to make its schedulers."""
@@ -97,6 +99,7 @@ class ReplicaSpec:
     # the same windows, in time independent of the running count; False: one by one
     group_decodes: bool = True
 
+
 @dataclass(slots=True)
 class ClusterResult:
     """A cluster's run: the whole (``total``: stats, busy fractions and steps summed or averaged
@@ -106,6 +109,7 @@ class ClusterResult:
     replicas: list[SimResult]  # per replica; requests: the ones routed to it
     replica_of: list[int]  # per request, in the order given
     specs: list[ReplicaSpec]
+
 
 def cluster_total(per: list[SimResult], requests: list[Request], wall: float) -> SimResult:
     """The cluster as one result: counters summed, busy fractions averaged over replicas (of the

@@ -45,6 +45,7 @@ class Window:
     delivery_known: bool = False  # its tokens' delivery times are in sim.delivery
     engine: int = 0  # the virtual engine that runs it
 
+
 @dataclass(slots=True, eq=False)
 class Shared:
     """What the replicas of one simulation share: the clock, the client and the progress bar."""
@@ -55,6 +56,7 @@ class Shared:
     on_finish: FinishHook | None
     cluster: bool  # more than one replica: routing loads are kept, steps rows name the replica
     client_wake: Signal | None = None  # the arrival process waits for a finish
+
 
 @dataclass(slots=True, eq=False)
 class ReplicaSim:

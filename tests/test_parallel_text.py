@@ -48,6 +48,8 @@ def test_workers_write_the_files_one_process_writes(tmp_path, monkeypatch):
     assert 0 < _Counting.submitted < 9 * 9 + 1
     assert there == here
     assert here["steps.csv"].count("\n") > 10 and '"itls": [[' in here["lists"]
+    # a time as the request holds it: the first scheduled at the t = 0 clock's int 0 reads 0
+    assert here["requests.csv"].splitlines()[1].split(",")[4] == "0"
 
 
 @needs_workers
