@@ -7,6 +7,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 
 @contextmanager
@@ -38,12 +39,20 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` via a temporary file, fsync it, then rename it over ``path``."""
+@contextmanager
+def atomic_text_file(path: str | os.PathLike[str]) -> Iterator[IO[str]]:
+    """A text file open for writing in place of ``path``: fsynced, then renamed over it when the
+    block finishes (``atomic_path``); a long text can be written a piece at a time."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
+        yield f
         f.flush()
         os.fsync(f.fileno())
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` via a temporary file, fsync it, then rename it over ``path``."""
+    with atomic_text_file(path) as f:
+        f.write(text)
 
 
 NOTES_MARK = "<!-- notes: kept when the table is rebuilt -->"

@@ -16,11 +16,11 @@ import operator
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
-from experiments.files import atomic_path, write_text_atomic
+from experiments.files import atomic_text_file, write_text_atomic
 from experiments.parallel_text import Job, rendered
 from experiments.request_times import TimesTable, chunk_bounds, runs_as_lists, times_for
 from policies.request import Request
@@ -259,16 +259,6 @@ def steps_csv(steps: Any) -> str:
 RESULT_FILES = ("result.json", "requests.csv", "steps.csv", "summary.txt")
 
 
-@contextlib.contextmanager
-def _atomic_file(path: Path) -> Iterator[IO[str]]:
-    """A text file written in place of ``path`` as a whole (experiments.files.atomic_path),
-    fsynced before it replaces it."""
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
-        yield f
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def clear_results(run_dir: str | os.PathLike[str]) -> None:
     """Remove a previous run's result files from run_dir (result.json first)."""
     run_dir = Path(run_dir)
@@ -316,18 +306,18 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     clear_results(run_dir)
     chunks = rendered(jobs, len(rows))
     try:
-        with _atomic_file(run_dir / "requests.csv") as f:
+        with atomic_text_file(run_dir / "requests.csv") as f:
             f.write(",".join(REQUEST_CSV_COLUMNS) + "\n")
             for _ in range(request_chunks):
                 f.write(next(chunks))
         if step_chunks is not None:
-            with _atomic_file(run_dir / "steps.csv") as f:
+            with atomic_text_file(run_dir / "steps.csv") as f:
                 f.write(",".join(steps.columns) + "\n")
                 for _ in range(step_chunks):
                     f.write(next(chunks))
         for name, text in texts:
             write_text_atomic(run_dir / name, text)
-        with _atomic_file(run_dir / "result.json") as f:
+        with atomic_text_file(run_dir / "result.json") as f:
             lists = iter(list_chunks)
             for piece in result:
                 if isinstance(piece, str):

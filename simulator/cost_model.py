@@ -97,17 +97,22 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
         return op_step_cost(shape, model, hw, slow)
     if shape.num_prefill_tokens or slow != 1.0:
         return _with_context(shape, *_step_terms(shape, model, hw, slow))
-    # A decode step's terms but its KV reads depend on its batch size alone: worked out once
-    key = (id(model), id(hw), shape.num_tokens, shape.num_seqs, shape.num_sampled,
-           shape.is_first)
-    terms = _DECODE_TERMS.get(key)
-    if terms is None:  # (the specs are kept with their terms: their ids stay theirs)
-        terms = _DECODE_TERMS[key] = (*_step_terms(shape, model, hw, slow), model, hw)
-    return _with_context(shape, *terms[:6])
+    return _with_context(shape, *_decode_terms(shape, model, hw))
 
 
 # A decode step's terms by (model, hardware, tokens, sequences, sampled, first step)
 _DECODE_TERMS: dict[tuple, tuple] = {}
+
+
+def _decode_terms(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> tuple:
+    """A decode step's terms at full clock (``_step_terms``): all but its KV reads depend on
+    its batch size alone, so they are worked out once per size."""
+    key = (id(model), id(hw), shape.num_tokens, shape.num_seqs, shape.num_sampled,
+           shape.is_first)
+    terms = _DECODE_TERMS.get(key)
+    if terms is None:  # (the specs are kept with their terms: their ids stay theirs)
+        terms = _DECODE_TERMS[key] = (*_step_terms(shape, model, hw, 1.0), model, hw)
+    return terms[:6]
 
 
 def _with_context(shape: StepShape, t: float, busy: float, kv_bytes: float, kv_rate: float,
@@ -237,15 +242,14 @@ def window_stage_times(shapes: Sequence[StepShape], model: ModelSpec, hw: Hardwa
     if hw.op_tables or hw.pp != 1:
         return [stage_time(s, model, hw) * scale for s in shapes]
     times = []
-    last = terms = None
+    prev = terms = None
     for s in shapes:
         if s.num_prefill_tokens or not s.num_seqs:
             times.append(step_cost(s, model, hw)[0] * scale)
             continue
-        key = (id(model), id(hw), s.num_tokens, s.num_seqs, s.num_sampled, s.is_first)
-        if key != last:
-            step_cost(s, model, hw)  # its terms, now in _DECODE_TERMS
-            terms, last = _DECODE_TERMS[key][:6], key
+        size = (s.num_tokens, s.num_seqs, s.num_sampled, s.is_first)
+        if size != prev:
+            terms, prev = _decode_terms(s, model, hw), size
         times.append(_with_context(s, *terms)[0] * scale)
     return times
 

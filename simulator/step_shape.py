@@ -39,9 +39,9 @@ class StepShape:
 
 def window_shapes(batch: Batch, ending: list[int] | None = None) -> list[StepShape]:
     """The shape of every step of ``batch``: one pass over the sequences, then O(k).
-    ``ending`` (k + 1 zeros, for a window of k > 1 steps), in the same pass: how many sampling sequences take their last
-    token at each step, ``ending[m]`` those that take m (their steps capped by the tokens they
-    still owe; the simulator's tokens delivered per step)."""
+    ``ending`` (k + 1 zeros, for a window of k > 1 steps), in the same pass: how many sampling
+    sequences take their last token at each step, ``ending[m]`` those that take m (their steps
+    capped by the tokens they still owe; the simulator's tokens delivered per step)."""
     k = batch.num_steps
     if batch.decodes is not None:
         return _group_shapes(batch.decodes, k, ending)

@@ -164,19 +164,19 @@ def test_result_files_are_written_as_one_unit(tmp_path, monkeypatch):
 
     cfg = composed(*SMALL)
     run(cfg, tmp_path)
-    real = result_files.atomic_path
+    real = result_files.atomic_text_file
 
     def interrupted(path):
         if Path(path).name == "result.json":  # the last file, written after the others
             raise KeyboardInterrupt
         return real(path)
 
-    monkeypatch.setattr(result_files, "atomic_path", interrupted)
+    monkeypatch.setattr(result_files, "atomic_text_file", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run(cfg, tmp_path)
     assert not any((tmp_path / name).exists() for name in RESULTS)  # neither old nor half new
     assert not list(tmp_path.glob(".*.tmp"))
-    monkeypatch.setattr(result_files, "atomic_path", real)
+    monkeypatch.setattr(result_files, "atomic_text_file", real)
     (tmp_path / "steps.csv").write_text("stale\n")
     result_files.write_results(tmp_path, {"request_throughput": 1.0}, [], {})  # no steps
     assert not (tmp_path / "steps.csv").exists()
