@@ -70,19 +70,33 @@ class _Columns:
 
 
 def _finished_columns(ids: Sequence[int], arrival: Sequence[float], outputs: Sequence[int],
-                      token_times: Sequence[Sequence[float]]) -> _Columns:
+                      token_times: Sequence[Sequence[float]],
+                      runs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> _Columns:
     """request_times of finished requests (their ids, arrival times, output token counts and
     token times) in one pass over all their token times (request i's ITLs are the nonzero gaps
     between its successive times, a chunk being the tokens of one instant), with
-    request_times' checks."""
+    request_times' checks. With ``runs`` (a log and each request's start and end in it), request
+    i's times are token_times[i] followed by log[start[i]:end[i]]: the log's gaps are taken once
+    for all of them (a decode group's members share its steps), not once a request."""
     n = len(ids)
     lens = np.fromiter(map(len, token_times), np.int64, n)
-    for i in np.flatnonzero((lens != np.asarray(outputs, np.int64)) | (lens == 0))[:1]:
-        if not lens[i]:
+    total = lens if runs is None else lens + (runs[2] - runs[1])
+    for i in np.flatnonzero((total != np.asarray(outputs, np.int64)) | (total == 0))[:1]:
+        if not total[i]:
             raise ValueError(f"request {ids[i]} finished but has no token_times")
-        raise ValueError(f"request {ids[i]} has {lens[i]} token_times but "
+        raise ValueError(f"request {ids[i]} has {total[i]} token_times but "
                          f"num_output_tokens = {outputs[i]}")
     times = np.concatenate(token_times).astype(float, copy=False) if n else np.zeros(0)
+    if runs is not None:  # each run's first time goes after its request's own: their gap is one
+        log, run_start, run_end = runs
+        joined = run_end > run_start
+        lens = lens + joined
+        with_first = np.empty(int(lens.sum()))
+        mine = np.ones(len(with_first), bool)
+        mine[_starts(lens)[1:][joined] - 1] = False
+        with_first[mine] = times
+        with_first[~mine] = log[run_start[joined]]
+        times = with_first
     arrival = np.asarray(arrival, float)
     bounds = _starts(lens)
     start, end = bounds[:-1], bounds[1:]
@@ -102,10 +116,48 @@ def _finished_columns(ids: Sequence[int], arrival: Sequence[float], outputs: Seq
     step = (gaps != 0) & inner  # where a new chunk starts
     seen = np.zeros(len(times) + 1, np.int64)
     np.cumsum(step, out=seen[2:])
+    num_chunks = seen[end] - seen[start + 1] + 1
+    itls = gaps[step]
+    if runs is not None:
+        last[joined] = log[run_end[joined] - 1]
+        num_chunks, itls = _with_run_itls(ids, log, run_start, run_end, num_chunks, itls)
     ttft, e2el = first - arrival, last - arrival
     with np.errstate(divide="ignore", invalid="ignore"):
-        tpot = np.where(lens > 1, (e2el - ttft) / (lens - 1), np.nan)
-    return _Columns(lens, ttft, e2el, tpot, seen[end] - seen[start + 1] + 1, gaps[step])
+        tpot = np.where(total > 1, (e2el - ttft) / (total - 1), np.nan)
+    return _Columns(total, ttft, e2el, tpot, num_chunks, itls)
+
+
+def _with_run_itls(ids: Sequence[int], log: np.ndarray, run_start: np.ndarray,
+                   run_end: np.ndarray, num_chunks: np.ndarray, itls: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The chunk counts and pooled ITLs of requests whose times so far end with their run's
+    first time, with the rest of their runs' gaps added after each one's own."""
+    joined = run_end > run_start
+    lo = int(run_start[joined].min()) if joined.any() else 0
+    hi = int(run_end[joined].max()) if joined.any() else 0
+    gaps = np.diff(log[lo:hi])  # gap j: log[lo + j + 1] - log[lo + j]
+    new = np.zeros(len(gaps) + 1, np.int64)  # new[j]: new chunks among gaps 0..j-1
+    np.cumsum(gaps != 0, out=new[1:])
+    back = np.zeros(len(gaps) + 1, np.int64)
+    np.cumsum(gaps < 0, out=back[1:])
+    # a run's gaps are lo-relative gaps start - lo .. end - lo - 2
+    a = np.where(joined, run_start - lo, 0)
+    b = np.where(joined, run_end - lo - 1, 0)
+    for i in np.flatnonzero(back[b] > back[a])[:1]:
+        j = lo + a[i] + int(np.argmax(gaps[a[i]:b[i]] < 0))
+        raise ValueError(f"request {ids[i]}: token_times go backwards "
+                         f"({log[j]} then {log[j + 1]})")
+    more = new[b] - new[a]  # each request's ITLs in its run
+    own = num_chunks - 1
+    out_start = _starts(own + more)
+    out = np.empty(int(out_start[-1]))
+    at = np.arange(len(out))
+    # position p of request i's ITLs: its own for p < own[i], then its run's
+    is_own = (at - np.repeat(out_start[:-1], own + more)) < np.repeat(own, own + more)
+    out[is_own] = itls
+    picked = np.repeat(new[a] - _starts(more)[:-1], more) + np.arange(int(more.sum()))
+    out[~is_own] = gaps[gaps != 0][picked]
+    return num_chunks + more, out
 
 
 class TimesTable:
@@ -200,6 +252,36 @@ def _starts(counts: np.ndarray) -> np.ndarray:
     return start
 
 
+class _Pending:
+    """Requests recorded, not yet worked out: their numbers, ids, arrivals, output counts and
+    token times, and with a ``log``, each one's run of it (start, end) after its times."""
+
+    __slots__ = ("numbers", "ids", "arrival", "outputs", "times", "log", "starts", "ends")
+
+    def __init__(self, log: np.ndarray | None) -> None:
+        self.numbers: list[int] = []
+        self.ids: list[int] = []
+        self.arrival: list[float] = []
+        self.outputs: list[int] = []
+        self.times: list[Sequence[float]] = []
+        self.log = log
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def columns(self) -> _Columns:
+        if self.log is None:
+            return _finished_columns(self.ids, self.arrival, self.outputs, self.times)
+        starts, ends = np.asarray(self.starts, np.int64), np.asarray(self.ends, np.int64)
+        joined = ends > starts
+        span = int(ends[joined].max() - starts[joined].min()) if joined.any() else 0
+        if span > 2 * int((ends - starts).sum()) + 4096:  # runs far apart: their own times
+            times = [np.concatenate((t, self.log[a:b]))
+                     for t, a, b in zip(self.times, self.starts, self.ends, strict=True)]
+            return _finished_columns(self.ids, self.arrival, self.outputs, times)
+        return _finished_columns(self.ids, self.arrival, self.outputs, self.times,
+                                 (self.log, starts, ends))
+
+
 class TimesRecorder:
     """Fills a TimesTable as requests finish (``record``), for requests numbered 0..n-1 by
     position; ``table`` adds the requests that never finished. The times of a few thousand
@@ -218,38 +300,55 @@ class TimesRecorder:
         self._chunks = np.zeros(n, np.int64)
         self._first_itl = np.zeros(n, np.int64)  # where its ITLs start in _itls
         self._itls: array | None = array("d")  # None once table() has taken them
-        # recorded, not yet worked out: numbers, request ids, arrivals, output counts, times
-        self._pending: tuple[list, list, list, list, list] = ([], [], [], [], [])
+        # recorded, not yet worked out: by log (id(log), None for none; each holds its log)
+        self._pending: dict[int | None, _Pending] = {}
+        self._num_pending = 0
 
-    def record(self, index: Sequence[int], reqs: Sequence[Request]) -> None:
+    def record(self, index: Sequence[int], reqs: Sequence[Request],
+               runs: tuple[np.ndarray, Sequence[tuple[int, int]]] | None = None) -> None:
         """The times of requests ``index`` (numbers), ``reqs``, now that they have finished
-        (their token times are kept; the requests may let go of them)."""
+        (their token times are kept; the requests may let go of them). ``runs``: a log and
+        each request's run of it (start, end), its times after its own token_times (a decode
+        group's step log: simulator.replica_state.FinishHook)."""
         if self._itls is None:
             raise RuntimeError("TimesRecorder.record after table(): the table is made once")
-        numbers, ids, arrival, outputs, times = self._pending
-        numbers += index
+        log = None if runs is None else runs[0]
+        key = None if log is None else id(log)
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = self._pending[key] = _Pending(log)
+        pending.numbers += index
+        ids, arrival, outputs, times = pending.ids, pending.arrival, pending.outputs, \
+            pending.times
         for r in reqs:
             ids.append(r.request_id)
             arrival.append(r.arrival_time)
             outputs.append(r.num_output_tokens)
             times.append(r.token_times)
-        if len(numbers) >= self.PENDING:
+        if runs is not None:
+            if len(runs[1]) != len(reqs):
+                raise ValueError(f"{len(runs[1])} runs for {len(reqs)} requests")
+            for a, b in runs[1]:
+                pending.starts.append(a)
+                pending.ends.append(b)
+        self._num_pending += len(index)
+        if self._num_pending >= self.PENDING:
             self._work_out()
 
     def _work_out(self) -> None:
         """The pending requests' columns into the table's arrays."""
-        index, *pending = self._pending
-        self._pending = ([], [], [], [], [])
-        if not index:
-            return
-        c = _finished_columns(*pending)
-        i = np.asarray(index, np.int64)
-        self._done[i] = True
-        self._output_len[i] = c.output_len
-        self._ttft[i], self._e2el[i], self._tpot[i] = c.ttft, c.e2el, c.tpot
-        self._chunks[i] = c.num_chunks
-        self._first_itl[i] = len(self._itls) + _starts(c.num_chunks - 1)[:-1]
-        self._itls.frombytes(memoryview(c.itls).cast("B"))
+        batches, self._pending, self._num_pending = self._pending.values(), {}, 0
+        for pending in batches:
+            if not pending.numbers:
+                continue
+            c = pending.columns()
+            i = np.asarray(pending.numbers, np.int64)
+            self._done[i] = True
+            self._output_len[i] = c.output_len
+            self._ttft[i], self._e2el[i], self._tpot[i] = c.ttft, c.e2el, c.tpot
+            self._chunks[i] = c.num_chunks
+            self._first_itl[i] = len(self._itls) + _starts(c.num_chunks - 1)[:-1]
+            self._itls.frombytes(memoryview(c.itls).cast("B"))
 
     def table(self) -> TimesTable:
         """The table of every request (those never recorded: unfinished), made once: the

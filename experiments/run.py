@@ -371,11 +371,14 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             # a few numbers a request, not every token's time or three empty lists.
             recorder = TimesRecorder(len(requests))
 
-            def keep_times(finished: list[Request], replica: int) -> None:
-                mine = [r for r in finished
+            def keep_times(finished: list[Request], replica: int, runs: Any) -> None:
+                mine = [i for i, r in enumerate(finished)
                         if r.request_id < len(requests) and requests[r.request_id] is r]
-                recorder.record([r.request_id for r in mine], mine)
-                for r in mine:
+                if len(mine) < len(finished):
+                    finished = [finished[i] for i in mine]
+                    runs = None if runs is None else (runs[0], [runs[1][i] for i in mine])
+                recorder.record([r.request_id for r in finished], finished, runs)
+                for r in finished:
                     r.token_times = r.block_table = r.output_token_ids = ()
 
             if replica_specs is None:

@@ -35,8 +35,8 @@ class DecodeWindow:
     max_kv_tokens: int  # the longest member's
     finishing: list[tuple[int, int, Request]]
     # by update(): (start position, end position) of each finished member's decode tokens in
-    # the log, in the order update() returned them (its first tokens, from before it joined,
-    # precede them in its token_times)
+    # the log, in the order update() returned them; its token_times holds its tokens from
+    # before it joined, the backend adds these (as delivery times: simulator/front_end.py)
     runs: list[tuple[int, int]] = field(default_factory=list)
 
     def owed(self) -> list[int]:
@@ -109,15 +109,16 @@ class DecodeGroup:
 
     def advance(self, win: DecodeWindow, step_times: Sequence[float]) -> tuple[list[Request], int]:
         """The window ran: its positions get ``step_times``; the finishing members take their
-        last tokens and leave, in join order (their computed and output tokens, token times and
-        finish time written). (the finished, the steps they ran past their ends)"""
+        last tokens and leave, in join order (their computed and output tokens and finish time
+        written; their decode tokens' times are their runs of the log, ``win.runs``). (the
+        finished, the steps they ran past their ends)"""
         k = len(step_times)
         pos = win.start
         self.log.extend(step_times)
         self.position = pos + k
         finished: list[Request] = []
         wasted = 0
-        members, log, bs = self.members, self.log, self.block_size
+        members, bs = self.members, self.block_size
         for end, _, req in win.finishing:
             offset, joined, _ = members.pop(req)
             self._by_offset[offset % bs] -= 1
@@ -125,7 +126,6 @@ class DecodeGroup:
             owed = end - pos
             req.num_computed_tokens = offset + pos + k
             req.num_output_tokens = req.max_tokens
-            req.token_times.extend(log[joined:end])
             req.finish_time = step_times[owed - 1]
             wasted += k - owed
             win.runs.append((joined, end))

@@ -93,27 +93,19 @@ def client_finished(sim: ReplicaSim, win: Window) -> None:
     assert finished is not None
     shared = sim.shared
     get = sim.delivery.__getitem__
+    for r in finished:  # a group member's: its tokens from before it joined
+        r.token_times[:] = map(get, r.token_times)
+        r.finish_time = get(r.finish_time)
     group = win.batch.decodes
-    if group is None:
-        for r in finished:
-            r.token_times[:] = map(get, r.token_times)
-            r.finish_time = get(r.finish_time)
-    else:  # a member's decode tokens: a slice of the group's delivery times
-        delivered = sim.group_delivery[win.engine]
-        for r, (start, end) in zip(finished, group.runs, strict=True):
-            gpu = r.token_times
-            head = len(gpu) - (end - start)
-            times = np.empty(len(gpu))
-            times[:head] = [get(t) for t in gpu[:head]]
-            times[head:] = delivered[start:end]
-            r.token_times = times
-            r.finish_time = get(r.finish_time)
+    # a member's decode tokens: its run of the group's delivery times
+    runs = None if group is None else (sim.group_delivery[win.engine], group.runs)
     if shared.on_finish is not None and finished:
-        shared.on_finish(finished, sim.index)
-    if group is not None:
-        for r in finished:
-            if isinstance(r.token_times, np.ndarray):
-                r.token_times = r.token_times.tolist()
+        shared.on_finish(finished, sim.index, runs)
+    if runs is not None:
+        log, spans = runs
+        for r, (start, end) in zip(finished, spans, strict=True):
+            if isinstance(r.token_times, list):  # the hook has not let go of it
+                r.token_times += log[start:end].tolist()
     client = shared.client
     loop = sim.loop
     if client.max_concurrency is None:  # no slot waits on a finish; a later turn may

@@ -22,9 +22,11 @@ from simulator.outcome import StepRows
 from simulator.overhead import OverheadSpec
 from simulator.step_shape import StepShape
 
-# Called with a window's finished requests once their token times are final (delivery times:
-# lists, or float arrays the hook may keep; lists after it), and their replica.
-FinishHook = Callable[[list[Request], int], None]
+# Called with a window's finished requests once their token times are final (delivery times),
+# their replica, and None or, for a decode group's window, (log, runs): request i's times are
+# its token_times followed by log[runs[i][0]:runs[i][1]] (the group's delivery times, kept as
+# one array). After the hook, a request whose token_times is still a list gets its run added.
+FinishHook = Callable[[list[Request], int, tuple[np.ndarray, list[tuple[int, int]]] | None], None]
 
 
 @dataclass(slots=True, eq=False)

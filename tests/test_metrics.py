@@ -371,6 +371,67 @@ def test_times_recorded_in_any_finish_order_equal_the_times_of_the_whole_run(mon
     assert request_times(reqs[0]) == _reference_times(reqs[0])
 
 
+def _as_runs(reqs, rng, logs):
+    """Each finished request's token times cut where chance says: a head left on the request
+    and a run of one of ``logs`` holding the rest (the simulator's decode-group form)."""
+    out = []
+    for r in reqs:
+        times = list(r.token_times)
+        cut = rng.choice([0, 0, 1, len(times) // 2, len(times)])
+        log = rng.choice(logs)
+        # other members' positions (times going back) before it; now and then far back
+        log.extend([-1.0] * (rng.randint(0, 2) if rng.random() < 0.9 else 6000))
+        start = len(log)
+        log.extend(times[cut:])
+        # a copy of the request holding its head only
+        head = req(r.request_id, r.arrival_time, r.prompt_len, times[:cut], finished=True)
+        head.num_output_tokens = len(times)
+        out.append((head, start, start + len(times) - cut, log))
+    return out
+
+
+def test_times_recorded_as_runs_of_a_shared_log_equal_the_times_taken_whole(monkeypatch):
+    """Requests whose last tokens are runs of a decode group's log (simulator.front_end), fed to
+    the TimesRecorder with the log, give the table of their whole times: a head's last time
+    equal to its run's first (one chunk) or not, empty heads, empty runs, two logs, and runs
+    far apart (taken one by one)."""
+    monkeypatch.setattr(request_times_module, "CHUNK_REQUESTS", 7)
+    monkeypatch.setattr(TimesRecorder, "PENDING", 9)
+    rng = random.Random(7)
+    reqs = random_requests(11, n=80)
+    done = [r for r in reqs if r.finish_time is not None]
+    for r in done[:6]:  # the head's last token and the run's first delivered together
+        r.token_times = [r.token_times[0]] * 2 + list(r.token_times[1:])
+        r.num_output_tokens = len(r.token_times)
+    recorder = TimesRecorder(len(reqs))
+    logs: list[list[float]] = [[], []]
+    cut = _as_runs(done, rng, logs)
+    arrays = [np.array(log) for log in logs]
+    for i in range(0, len(cut), 4):
+        batch = cut[i:i + 4]
+        for which in (0, 1):
+            mine = [c for c in batch if c[3] is logs[which]]
+            if mine:
+                recorder.record([c[0].request_id for c in mine], [c[0] for c in mine],
+                                (arrays[which], [(c[1], c[2]) for c in mine]))
+    _same_table(recorder.table(), TimesTable.of([_reference_times(r) for r in reqs]))
+
+
+def test_a_run_that_goes_backwards_is_named():
+    r = req(3, 0.0, 10, [0.5], finished=True)
+    r.num_output_tokens = 4
+    recorder = TimesRecorder(5)
+    recorder.record([3], [r], (np.array([9.0, 1.0, 2.0, 1.5, 3.0]), [(1, 4)]))
+    with pytest.raises(ValueError, match=r"request 3: token_times go backwards \(2.0 then 1.5\)"):
+        recorder.table()
+    short = req(4, 0.0, 10, [0.5], finished=True)
+    short.num_output_tokens = 5
+    recorder = TimesRecorder(5)
+    recorder.record([4], [short], (np.array([1.0, 2.0]), [(0, 2)]))
+    with pytest.raises(ValueError, match="request 4 has 3 token_times but num_output_tokens = 5"):
+        recorder.table()
+
+
 def test_streamed_result_json_is_the_json_of_the_whole_lists(tmp_path, monkeypatch):
     """result.json written with its per-request lists streamed a few requests at a time holds
     the bytes json.dumps gives for the whole lists (chunks joined, empty ITL lists and all)."""
