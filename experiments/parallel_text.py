@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -47,8 +47,8 @@ def num_workers() -> int:
     return min(cpus or 1, MAX_PROCESSES) - 1
 
 
-def rendered(jobs: Sequence[Job], rows: int) -> Iterator[str]:
-    """Each job's text, in order: with ``rows`` (the run's requests) at PARALLEL_MIN_ROWS or
+def rendered(jobs: Iterable[Job], rows: int) -> Iterator[str]:
+    """Each job's text, in order (the jobs taken a few ahead of the text asked for): with ``rows`` (the run's requests) at PARALLEL_MIN_ROWS or
     more, by workers and this process in turn (one job in every workers + 1 is rendered here),
     else here alone (also where the workers cannot start). A job's error is raised here as it
     was raised there; closing the iterator early stops the workers."""

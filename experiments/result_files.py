@@ -10,6 +10,7 @@ import dataclasses
 import enum
 import functools
 import io
+import itertools
 import json
 import math
 import operator
@@ -176,59 +177,72 @@ def _json_pieces(obj: Mapping[str, Any]) -> list[str | PerRequest]:
 
 
 class RequestRows:
-    """requests.csv's rows, a chunk at a time (``job(start, end)``: the job that renders them),
-    from columns taken of the requests once (a worker rendering them gets slices of them)."""
+    """requests.csv's rows, a chunk at a time (``job(start, end)``: the job that renders them,
+    its columns taken of those requests then, so that a worker renders one chunk while the
+    next is taken)."""
 
     def __init__(self, requests: Sequence[Request], replicas: Sequence[int] | None,
                  times: TimesTable | None) -> None:
-        n = len(requests)
-
-        def column(attr: str, dtype: Any) -> np.ndarray:
-            return np.fromiter(map(operator.attrgetter(attr), requests), dtype, n)
-
-        def as_given(attr: str) -> np.ndarray:  # each value's own str(): 0 stays 0, None ""
-            out = np.empty(n, object)
-            out[:] = list(map(operator.attrgetter(attr), requests))
-            return out
-
-        t = times_for(requests, times)
-        self.done = t.completed
-        # REQUEST_CSV_COLUMNS' columns: values, and how each is written ("nan": "" for NaN,
-        # "none": "" for None, "done": "" for a request that did not finish); the times the
-        # requests hold as they hold them (a t = 0 run's clock starts at the int 0)
-        self.columns: list[tuple[np.ndarray, str]] = [
-            (column("request_id", np.int64), ""), (as_given("arrival_time"), ""),
-            (column("prompt_len", np.int64), ""), (column("num_output_tokens", np.int64), ""),
-            (as_given("first_scheduled_time"), "none"), (t.ttft, "done"), (t.e2el, "done"),
-            (t.tpot, "nan"), (t.num_chunks, ""), (column("num_preemptions", np.int64), ""),
-            (as_given("finish_time"), "none"),
-            (np.asarray(replicas, np.int64) if replicas is not None else np.zeros(n, np.int64),
-             ""),
-            (column("num_cached_prompt_tokens", np.int64), "")]
+        self._requests, self._replicas = requests, replicas
+        self._times = times_for(requests, times)
 
     def __len__(self) -> int:
-        return len(self.done)
+        return len(self._requests)
 
     def job(self, start: int, end: int) -> Job:
         """The job (experiments.parallel_text) of rows start..end-1's text."""
-        return _request_rows_text, ([(c[start:end], how) for c, how in self.columns],
-                                    self.done[start:end])
+        reqs = self._requests[start:end]
+        n, t = len(reqs), self._times
+
+        def column(attr: str) -> np.ndarray:
+            return np.fromiter(map(operator.attrgetter(attr), reqs), np.int64, n)
+
+        def as_given(attr: str) -> list[Any]:  # each value's own str(): 0 stays 0, None ""
+            return list(map(operator.attrgetter(attr), reqs))
+
+        replica = (np.asarray(self._replicas[start:end], np.int64)
+                   if self._replicas is not None else np.zeros(n, np.int64))
+        # REQUEST_CSV_COLUMNS' columns, and whether each is empty for a request that did not
+        # finish; the times the requests hold as they hold them (a t = 0 run's clock starts
+        # at the int 0)
+        columns = [(column("request_id"), False), (as_given("arrival_time"), False),
+                   (column("prompt_len"), False), (column("num_output_tokens"), False),
+                   (as_given("first_scheduled_time"), False), (t.ttft[start:end], True),
+                   (t.e2el[start:end], True), (t.tpot[start:end], False),
+                   (t.num_chunks[start:end], False), (column("num_preemptions"), False),
+                   (as_given("finish_time"), False), (replica, False),
+                   (column("num_cached_prompt_tokens"), False)]
+        return _request_rows_text, (columns, t.completed[start:end])
 
 
-def _request_rows_text(columns: list[tuple[np.ndarray, str]], done: np.ndarray) -> str:
+class _Text(dict):
+    """str() of each value asked for, made once a value."""
+
+    def __missing__(self, x: Any) -> str:
+        text = self[x] = "" if x is None or x != x else str(x)
+        return text
+
+
+def _cells(values: list[Any]) -> list[str]:
+    """Each value's str(), "" for None and NaN. Where the values are of one type and repeat
+    (a window's requests share their times), each distinct one is made once: a float's
+    shortest repr is most of a row's cost."""
+    head = values[:256]
+    if len(set(head)) * 2 <= len(head) and len(set(map(type, values))) == 1:
+        return list(map(_Text().__getitem__, values))  # one type: 0 and 0.0 never meet
+    return ["" if x is None or x != x else str(x) for x in values]
+
+
+def _request_rows_text(columns: list[tuple[Sequence[Any], bool]], done: np.ndarray) -> str:
     """requests.csv's lines of these rows: each column made as text at once, the csv module's
-    cells (a number's str, "" for none)."""
-    ok = done.tolist()
+    cells (a number's str, "" for None and NaN; with its flag, "" where not ``done``)."""
     cols = []
-    for values, how in columns:
-        if how == "nan":
-            cols.append(["" if x != x else str(x) for x in values.tolist()])
-        elif how == "none":
-            cols.append(["" if x is None else str(x) for x in values.tolist()])
-        elif how == "done":
-            cols.append([str(x) if d else "" for x, d in zip(values.tolist(), ok)])
-        else:
-            cols.append(list(map(str, values.tolist())))
+    for values, only_done in columns:
+        cells = _cells(values if isinstance(values, list) else values.tolist())
+        if only_done:
+            for i in np.flatnonzero(~done).tolist():
+                cells[i] = ""
+        cols.append(cells)
     return "\n".join(map(",".join, zip(*cols))) + "\n" if len(done) else ""
 
 
@@ -281,17 +295,18 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     run_dir.mkdir(parents=True, exist_ok=True)
     # Everything else is rendered before anything is written: a bad value leaves no new file.
     # The rows (requests.csv's, steps.csv's as StepRows, result.json's per-request lists) are
-    # rendered a chunk at a time as they are written, by worker processes too in a long run
-    # (experiments.parallel_text); a failing chunk removes what was written with the rest.
+    # taken and rendered a chunk at a time as they are written, by worker processes too in a
+    # long run (experiments.parallel_text); a failing chunk removes what was written with the
+    # rest.
     result = _json_pieces({**summary, "schedlab": dict(extra)})
     rows = RequestRows(requests, replicas, times)
-    jobs: list[Job] = []
+    jobs: list[Iterator[Job]] = []
 
     def chunked(job: Callable[[int, int], Job], n: int) -> int:
-        """The jobs of n rows, a chunk at a time; how many."""
-        more = [job(a, b) for a, b in chunk_bounds(n)]
-        jobs.extend(more)
-        return len(more)
+        """The jobs of n rows, a chunk at a time (each made as it is taken); how many."""
+        bounds = list(chunk_bounds(n))
+        jobs.append(job(a, b) for a, b in bounds)
+        return len(bounds)
 
     request_chunks = chunked(rows.job, len(rows))
     texts = []
@@ -304,7 +319,7 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     if summary_text is not None:
         texts.append(("summary.txt", summary_text + "\n"))
     clear_results(run_dir)
-    chunks = rendered(jobs, len(rows))
+    chunks = rendered(itertools.chain.from_iterable(jobs), len(rows))
     try:
         with atomic_text_file(run_dir / "requests.csv") as f:
             f.write(",".join(REQUEST_CSV_COLUMNS) + "\n")

@@ -75,3 +75,31 @@ def test_a_failing_chunk_leaves_no_file(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="row 2[18]"):
         _run(tmp_path, "broken")
     assert not any(n.endswith((".csv", ".json", ".tmp")) for n in os.listdir(tmp_path / "broken"))
+
+
+def test_request_rows_are_the_csv_modules_cells_whatever_repeats():
+    """A chunk's cells, its repeated values made once, are what the csv module writes of the
+    values themselves: equal int and float times keep their own text (0 and 0.0), None and NaN
+    are empty, an unfinished request's times too."""
+    import csv
+    import io
+
+    import numpy as np
+
+    n = 600
+    repeated = [0.25] * 300 + [1 / 3] * 300  # a window's requests share their times
+    mixed = [0] * 300 + [0.0] * 300  # equal, of two types
+    with_none = [None] * 299 + [2.5] * 301
+    tpot = [float("nan")] * 400 + [0.125] * 200
+    done = np.ones(n, bool)
+    done[[5, 450]] = False
+    columns = [(list(range(n)), False), (repeated, False), (mixed, False), (with_none, False),
+               (np.array(repeated), True), (np.array(tpot), False)]
+    text = result_files._request_rows_text(columns, done)
+    expected = io.StringIO()
+    writer = csv.writer(expected, lineterminator="\n")
+    for i in range(n):
+        writer.writerow([i, repeated[i], mixed[i], "" if with_none[i] is None else with_none[i],
+                         repeated[i] if done[i] else "", "" if tpot[i] != tpot[i] else tpot[i]])
+    assert text == expected.getvalue()
+    assert text.splitlines()[0] == "0,0.25,0,,0.25," and text.splitlines()[599].split(",")[2] == "0.0"
