@@ -293,7 +293,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     from experiments.request_times import TimesRecorder, TimesTable
     from experiments.result_files import RESULT_FILES, write_results
     from experiments.scheduling_metrics import scheduling_metrics
-    from experiments.workload import build_workload, load_tokenizer, max_concurrency, to_request
+    from experiments.workload import build_requests, load_tokenizer, max_concurrency
     from experiments.workload.settings import get_float
 
     run_dir = Path(run_dir)
@@ -318,11 +318,10 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     collecting = gc.isenabled()
     gc.disable()
     try:
-        specs = build_workload(workload, vocab_size=model.vocab_size if with_ids else None,
-                               max_model_len=model.max_model_len)
-        num_dropped = specs.num_dropped  # workload.drop_too_long: requests over max_model_len
-        requests = [to_request(spec, i, with_token_ids=with_ids) for i, spec in enumerate(specs)]
-        del specs  # the requests hold what the run needs
+        # num_dropped: workload.drop_too_long's requests over max_model_len
+        requests, num_dropped = build_requests(
+            workload, vocab_size=model.vocab_size if with_ids else None,
+            max_model_len=model.max_model_len)
         limit = max_concurrency(workload)
         tokenizer_id = text_tokenizer_id(workload, model)
         # the real backend's outputs become text: its tokenizer is loaded before the run

@@ -302,3 +302,36 @@ def test_other_kinds_check_the_new_settings_too(extra, match):
     with pytest.raises(ValueError, match=match) as err:
         build_workload({**SYN, **extra})
     assert "\n" not in str(err.value)
+
+
+# --------------------------------------------------------------------------- build_requests
+
+def test_the_run_requests_are_to_request_of_each_spec(sharegpt_file, tmp_path):
+    """build_requests (a run's Requests; a workload of lengths and times alone made with no
+    spec between) equals to_request of each of build_workload's specs, field for field: every
+    kind, t = 0 and Poisson, a shared prefix, classes, turns, hash ids, dropped requests, and
+    the real backend's token ids."""
+    import dataclasses
+
+    from experiments.workload import build_requests, to_request
+
+    csv = tmp_path / "t.csv"
+    csv.write_text("arrival_time,prompt_len,output_len\n0,5,2\n1,7,3\n2.5,900,9\n")
+    classes = {"a": {"share": 0.5, "priority": 0, "ttft_ms": 100}, "b": {"share": 0.5}}
+    kinds = [SYN, {**SYN, "request_rate": 3.0}, {**SYN, "classes": classes},
+             {**SYN, "shared_prefix_len": 16},
+             {"kind": "sharegpt", "dataset_path": str(sharegpt_file), "num_prompts": 3},
+             multiturn(sharegpt_file), {"kind": "trace", "trace_path": str(csv)},
+             {"kind": "trace", "trace_path": str(csv), "drop_too_long": True},  # 909 > 512
+             mooncake(tmp_path, [{"timestamp": 0, "input_length": 600, "output_length": 2,
+                                  "hash_ids": [1, 2]}])]
+    for cfg in kinds:
+        for vocab in (None, 1000):
+            longest = 512 if cfg.get("drop_too_long") else 4096
+            specs = build_workload(cfg, vocab_size=vocab, max_model_len=longest)
+            expected = [to_request(s, i, with_token_ids=vocab is not None)
+                        for i, s in enumerate(specs)]
+            got, dropped = build_requests(cfg, vocab_size=vocab, max_model_len=longest)
+            assert dropped == specs.num_dropped == (1 if cfg.get("drop_too_long") else 0)
+            assert [dataclasses.astuple(r) for r in got] == \
+                [dataclasses.astuple(r) for r in expected], (cfg, vocab)
