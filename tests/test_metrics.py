@@ -469,3 +469,17 @@ def test_the_peaks_computed_a_few_requests_at_a_time_are_the_peaks_of_the_whole_
     assert whole["max_output_tokens_per_s"] > 1
     for key in ("max_output_tokens_per_s", "max_concurrent_requests"):
         assert chunked[key] == whole[key]
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 1000, 100_003])
+def test_a_statistic_is_numpys_to_the_last_bit(n):
+    """_stats_ms works np.std out in its own scratch array and partitions a copy for the order
+    statistics: the numbers numpy gives, exactly."""
+    from experiments.metrics import _stats_ms
+
+    x = np.random.default_rng(n).lognormal(-3, 1.5, n)
+    stats = _stats_ms(x, [50, 90, 99.9])
+    assert stats == {"mean": float(np.mean(x)) * 1000, "median": float(np.median(x)) * 1000,
+                     "std": float(np.std(x)) * 1000, "p50": float(np.percentile(x, 50)) * 1000,
+                     "p90": float(np.percentile(x, 90)) * 1000,
+                     "p99.9": float(np.percentile(x, 99.9)) * 1000}
