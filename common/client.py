@@ -18,6 +18,7 @@ multi-turn benchmark sends a conversation's turns in turn.
 from __future__ import annotations
 
 import heapq
+import operator
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -62,9 +63,10 @@ class Client:
             raise ValueError(f"request {self._followups[min(missing)].request_id} follows "
                              f"request {min(missing)}, which the workload does not have")
         self._due: list[tuple[float, int, Request]] = []  # (due time, id, request), a min-heap
+        by_time = operator.attrgetter("arrival_time")
         self._unsent = deque(sorted((r for r in requests if r.previous_turn is None),
-                                    key=lambda r: r.arrival_time) if self._followups
-                             else sorted(requests, key=lambda r: r.arrival_time))
+                                    key=by_time) if self._followups
+                             else sorted(requests, key=by_time))
         # times at which a slot was freed and not yet taken (a min-heap); every slot is free
         # from the start
         self._free_at: list[float] = [float("-inf")] * (max_concurrency or 0)

@@ -65,6 +65,7 @@ Events are per CPU phase and GPU window (per step and stage when pp > 1), never 
 from __future__ import annotations
 
 import gc
+import operator
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import fields
@@ -130,7 +131,7 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
             raise ValueError(f"simulate needs fresh requests: request {req.request_id} has "
                              "already been served")
     loop = EventLoop()
-    order = sorted(requests, key=lambda r: r.arrival_time)
+    order = sorted(requests, key=operator.attrgetter("arrival_time"))
     client = Client(order, max_concurrency)
     wall = time.perf_counter()
     with tqdm(total=len(requests), disable=not progress, desc="simulating",
@@ -159,10 +160,14 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
     for sim in sims:
         if any(sim.arrivals_left):
             raise RuntimeError(f"replica {sim.index}: requests routed to it never arrived")
-    where = [replica_of[id(r)] for r in requests]
-    routed: list[list[Request]] = [[] for _ in sims]
-    for r, i in zip(requests, where, strict=True):
-        routed[i].append(r)
+    routed: list[list[Request]]
+    if len(sims) == 1:
+        where, routed = [0] * len(requests), [list(requests)]
+    else:
+        where = [replica_of[id(r)] for r in requests]
+        routed = [[] for _ in sims]
+        for r, i in zip(requests, where, strict=True):
+            routed[i].append(r)
     for sim, mine in zip(sims, routed, strict=True):  # the finished ones are final already
         for sched in sim.schedulers:
             sched.settle()

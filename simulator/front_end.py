@@ -31,8 +31,8 @@ def arrivals(shared: Shared, sims: list[ReplicaSim], router: Router,
         for req in client.send_due(now):
             r = 0 if single else router.route(req, loads, now)
             sim = sims[r]
-            replica_of[id(req)] = r
-            if not single:
+            if not single:  # (one replica: every request's)
+                replica_of[id(req)] = r
                 load = sim.load
                 load.outstanding += 1
                 load.outstanding_tokens += req.prompt_len + req.max_tokens
@@ -94,7 +94,11 @@ def client_finished(sim: ReplicaSim, win: Window) -> None:
     shared = sim.shared
     get = sim.delivery.__getitem__
     for r in finished:  # a group member's: its tokens from before it joined
-        r.token_times[:] = map(get, r.token_times)
+        times = r.token_times
+        if len(times) == 1:
+            times[0] = get(times[0])
+        else:
+            times[:] = map(get, times)
         r.finish_time = get(r.finish_time)
     group = win.batch.decodes
     # a member's decode tokens: its run of the group's delivery times
