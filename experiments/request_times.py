@@ -286,8 +286,9 @@ class TimesRecorder:
     """Fills a TimesTable as requests finish (``record``), for requests numbered 0..n-1 by
     position; ``table`` adds the requests that never finished. The times of a few thousand
     finished requests are worked out together (numpy's cost per call is the cost of a few
-    hundred tokens); ITLs are kept as they come (finish order) and put in request order once,
-    at the end."""
+    hundred tokens). ITLs are put in request order a chunk of requests (CHUNK_REQUESTS) at a
+    time, once every request of the chunk and of those before it has finished: requests finish
+    roughly in order, so few are held, and the run's ITLs are never copied whole."""
 
     PENDING = 4096
 
@@ -298,8 +299,15 @@ class TimesRecorder:
         self._e2el = np.zeros(n)
         self._tpot = np.full(n, np.nan)
         self._chunks = np.zeros(n, np.int64)
-        self._first_itl = np.zeros(n, np.int64)  # where its ITLs start in _itls
-        self._itls: array | None = array("d")  # None once table() has taken them
+        self._itls: array | None = array("d")  # in request order; None once table() took them
+        self._itl_start = np.zeros(n + 1, np.int64)
+        self._bounds = list(chunk_bounds(n))
+        self._size = CHUNK_REQUESTS
+        # each chunk's finished requests and their ITLs, held until the chunks before it are
+        # placed: (numbers, ITL counts, ITLs) pieces; how many finished; the next to place
+        self._held: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        self._finished = [0] * len(self._bounds)
+        self._next = 0
         # recorded, not yet worked out: by log (id(log), None for none; each holds its log)
         self._pending: dict[int | None, _Pending] = {}
         self._num_pending = 0
@@ -336,7 +344,7 @@ class TimesRecorder:
             self._work_out()
 
     def _work_out(self) -> None:
-        """The pending requests' columns into the table's arrays."""
+        """The pending requests' columns into the table's arrays, their ITLs held by chunk."""
         batches, self._pending, self._num_pending = self._pending.values(), {}, 0
         for pending in batches:
             if not pending.numbers:
@@ -347,8 +355,44 @@ class TimesRecorder:
             self._output_len[i] = c.output_len
             self._ttft[i], self._e2el[i], self._tpot[i] = c.ttft, c.e2el, c.tpot
             self._chunks[i] = c.num_chunks
-            self._first_itl[i] = len(self._itls) + _starts(c.num_chunks - 1)[:-1]
-            self._itls.frombytes(memoryview(c.itls).cast("B"))
+            self._hold(i, c.num_chunks - 1, c.itls)
+        self._place()
+
+    def _hold(self, numbers: np.ndarray, counts: np.ndarray, itls: np.ndarray) -> None:
+        """Requests ``numbers``' ITLs (``counts`` each, pooled in their order), kept by chunk."""
+        order = np.argsort(numbers, kind="stable")
+        numbers, counts, itls = numbers[order], counts[order], _runs_in(itls, counts, order)
+        where = _starts(counts)
+        chunk = numbers // self._size
+        cut = np.flatnonzero(np.diff(chunk)) + 1
+        for a, b in zip([0, *cut.tolist()], [*cut.tolist(), len(numbers)], strict=True):
+            k = int(chunk[a])
+            self._held.setdefault(k, []).append(
+                (numbers[a:b], counts[a:b], itls[where[a]:where[b]]))
+            self._finished[k] += b - a
+
+    def _place(self, *, all_of_them: bool = False) -> None:
+        """Each chunk whose requests have all finished (``all_of_them``: every chunk, its
+        unfinished requests with no ITL), once those before it are placed: its ITLs appended
+        in request order."""
+        while self._next < len(self._bounds):
+            k = self._next
+            a, b = self._bounds[k]
+            if self._finished[k] < b - a and not all_of_them:
+                return
+            pieces = self._held.pop(k, [])
+            counts = np.zeros(b - a, np.int64)
+            if pieces:
+                numbers = np.concatenate([p[0] for p in pieces])
+                got = np.concatenate([p[1] for p in pieces])
+                counts[numbers - a] = got
+                itls = np.concatenate([p[2] for p in pieces])
+                self._itls.frombytes(memoryview(_runs_in(itls, got, np.argsort(numbers)))
+                                     .cast("B"))
+            base = self._itl_start[a]
+            np.cumsum(counts, out=self._itl_start[a + 1:b + 1])
+            self._itl_start[a + 1:b + 1] += base
+            self._next += 1
 
     def table(self) -> TimesTable:
         """The table of every request (those never recorded: unfinished), made once: the
@@ -356,18 +400,18 @@ class TimesRecorder:
         if self._itls is None:
             raise RuntimeError("TimesRecorder.table called twice: the table is made once")
         self._work_out()
-        done = self._done  # a request never recorded has zeros (and a NaN TPOT) throughout
-        counts = np.maximum(self._chunks - 1, 0)
-        start = _starts(counts)
-        flat = np.frombuffer(self._itls, dtype=float) if len(self._itls) else np.zeros(0)
-        itls = np.empty(start[-1])
-        # position j of the request-order array takes its request's (j - start) th ITL; a
-        # chunk of requests at a time (an index of every ITL would be as large as they are)
-        for a, b in chunk_bounds(len(done)):
-            order = np.repeat(self._first_itl[a:b] - start[a:b], counts[a:b])
-            order += np.arange(start[a], start[b])
-            itls[start[a]:start[b]] = flat[order]
-        del flat
-        self._itls = self._first_itl = None
-        return TimesTable(done, self._output_len, self._ttft, self._e2el, self._tpot,
-                          self._chunks, itls, start)
+        self._place(all_of_them=True)
+        # a request never recorded has zeros (and a NaN TPOT) throughout
+        itls = np.frombuffer(self._itls, dtype=float) if len(self._itls) else np.zeros(0)
+        self._itls = None
+        return TimesTable(self._done, self._output_len, self._ttft, self._e2el, self._tpot,
+                          self._chunks, itls, self._itl_start)
+
+
+def _runs_in(values: np.ndarray, counts: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``values``, runs of ``counts`` each, with the runs put in ``order``."""
+    start = _starts(counts)[:-1]
+    picked = counts[order]
+    index = np.repeat(start[order] - _starts(picked)[:-1], picked)
+    index += np.arange(len(index))
+    return values[index]
