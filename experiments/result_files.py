@@ -223,13 +223,19 @@ class _Text(dict):
         return text
 
 
-def _cells(values: list[Any]) -> list[str]:
+def _cells(values: list[Any] | np.ndarray) -> list[str]:
     """Each value's str(), "" for None and NaN. Where the values are of one type and repeat
     (a window's requests share their times), each distinct one is made once: a float's
     shortest repr is most of a row's cost."""
+    numbers = isinstance(values, np.ndarray) and values.dtype.kind in "iuf"
+    plain = numbers and not (values.dtype.kind == "f" and np.isnan(values).any())
+    if isinstance(values, np.ndarray):
+        values = values.tolist()
     head = values[:256]
-    if len(set(head)) * 2 <= len(head) and len(set(map(type, values))) == 1:
+    if len(set(head)) * 2 <= len(head) and (plain or len(set(map(type, values))) == 1):
         return list(map(_Text().__getitem__, values))  # one type: 0 and 0.0 never meet
+    if plain:  # numbers, none of them NaN
+        return list(map(str, values))
     return ["" if x is None or x != x else str(x) for x in values]
 
 
@@ -238,7 +244,7 @@ def _request_rows_text(columns: list[tuple[Sequence[Any], bool]], done: np.ndarr
     cells (a number's str, "" for None and NaN; with its flag, "" where not ``done``)."""
     cols = []
     for values, only_done in columns:
-        cells = _cells(values if isinstance(values, list) else values.tolist())
+        cells = _cells(values)
         if only_done:
             for i in np.flatnonzero(~done).tolist():
                 cells[i] = ""
