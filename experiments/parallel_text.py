@@ -48,10 +48,11 @@ def num_workers() -> int:
 
 
 def rendered(jobs: Iterable[Job], rows: int) -> Iterator[str]:
-    """Each job's text, in order (the jobs taken a few ahead of the text asked for): with ``rows`` (the run's requests) at PARALLEL_MIN_ROWS or
-    more, by workers and this process in turn (one job in every workers + 1 is rendered here),
-    else here alone (also where the workers cannot start). A job's error is raised here as it
-    was raised there; closing the iterator early stops the workers."""
+    """Each job's text, in order, the jobs taken a few ahead of the text asked for: with
+    ``rows`` (the run's requests) at PARALLEL_MIN_ROWS or more, by workers and this process in
+    turn (one job in every workers + 1 is rendered here), else here alone (also where the
+    workers cannot start). A job's error is raised here as it was raised there; closing the
+    iterator early stops the workers."""
     workers = num_workers() if rows >= PARALLEL_MIN_ROWS and _main_is_importable() else 0
     pool = _start(workers) if workers else None
     if pool is None:
