@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -176,7 +177,8 @@ def summarize(requests: Sequence[Request], duration: float, *,
     t = times_for(requests, times)
     done = t.completed
     num_done = int(done.sum())
-    prompt_lens = np.fromiter((r.prompt_len for r in requests), np.int64, len(requests))
+    prompt_lens = np.fromiter(map(operator.attrgetter("prompt_len"), requests), np.int64,
+                              len(requests))
     total_input = int(prompt_lens[done].sum())
     total_output = int(t.output_len[done].sum())
     pooled = {"ttft": t.ttft[done], "tpot": t.tpots(done), "itl": t.itls,
@@ -194,7 +196,8 @@ def summarize(requests: Sequence[Request], duration: float, *,
         "output_throughput": total_output / duration,
         "total_token_throughput": (total_input + total_output) / duration,
     })
-    arrivals = np.fromiter((r.arrival_time for r in requests), float, len(requests))
+    arrivals = np.fromiter(map(operator.attrgetter("arrival_time"), requests), float,
+                           len(requests))
     if per_request:
         def column(values: np.ndarray) -> Sequence[Any]:
             return PerRequest.of(values) if streamed else values.tolist()
@@ -290,8 +293,9 @@ def _num_good(times: TimesTable, slos_ms: Mapping[str, float]) -> int:
 def prefix_cache_hit_rate(requests: Sequence[Request]) -> float:
     """Prompt tokens found in the prefix cache at each request's first admission, over all
     prompt tokens (vLLM's prefix cache hit rate, by tokens)."""
-    total = sum(r.prompt_len for r in requests)
-    return sum(r.num_cached_prompt_tokens for r in requests) / total if total else 0.0
+    total = sum(map(operator.attrgetter("prompt_len"), requests))
+    return (sum(map(operator.attrgetter("num_cached_prompt_tokens"), requests)) / total
+            if total else 0.0)
 
 
 def save_result_metadata(*, backend: str, model_id: str, tokenizer_id: str | None,

@@ -5,6 +5,7 @@ over slowdowns, and the longest time a request waited in the queue (docs/policie
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,7 +55,8 @@ def scheduling_metrics(requests: Sequence[Request], duration: float,
     t = times_for(requests, times)
     done = t.completed
     out: dict[str, Any] = {
-        "max_queueing_delay_ms": max((r.max_wait for r in requests), default=0.0) * 1e3}
+        "max_queueing_delay_ms": max(map(operator.attrgetter("max_wait"), requests),
+                                     default=0.0) * 1e3}
     for name, values in (("ttft", t.ttft[done]), ("e2el", t.e2el[done]),
                          ("tpot", t.tpots(done))):
         out.update({k: v for k, v in _tails(values, name).items() if not k.startswith("median")})
@@ -65,7 +67,7 @@ def scheduling_metrics(requests: Sequence[Request], duration: float,
         out.update(mean_slowdown=float(slow.mean()), p99_slowdown=float(np.percentile(slow, 99)),
                    jain_fairness_slowdown=jain_index(slow))
     classes: dict[str, dict[str, Any]] = {}
-    names = sorted({r.slo_class for r in requests if r.slo_class is not None})
+    names = sorted(set(map(operator.attrgetter("slo_class"), requests)) - {None})
     if names:
         labels = np.array([r.slo_class for r in requests], dtype=object)
         met = done & _meets(t, _targets(requests, "ttft_slo_ms"), _targets(requests, "tpot_slo_ms"))
