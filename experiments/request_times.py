@@ -354,6 +354,11 @@ class TimesRecorder:
                 continue
             c = pending.columns()
             i = np.asarray(pending.numbers, np.int64)
+            again = i[self._done[i]]
+            if len(again) or len(np.unique(i)) < len(i):
+                twice = int(again[0]) if len(again) else \
+                    int(next(n for n, k in zip(*np.unique(i, return_counts=True)) if k > 1))
+                raise ValueError(f"request number {twice} was recorded as finished twice")
             self._done[i] = True
             self._output_len[i] = c.output_len
             self._ttft[i], self._e2el[i], self._tpot[i] = c.ttft, c.e2el, c.tpot

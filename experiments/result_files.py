@@ -202,50 +202,68 @@ class RequestRows:
 
         replica = (np.asarray(self._replicas[start:end], np.int64)
                    if self._replicas is not None else np.zeros(n, np.int64))
-        # REQUEST_CSV_COLUMNS' columns, and whether each is empty for a request that did not
-        # finish; the times the requests hold as they hold them (a t = 0 run's clock starts
-        # at the int 0)
-        columns = [(column("request_id"), False), (as_given("arrival_time"), False),
-                   (column("prompt_len"), False), (column("num_output_tokens"), False),
-                   (as_given("first_scheduled_time"), False), (t.ttft[start:end], True),
-                   (t.e2el[start:end], True), (t.tpot[start:end], False),
-                   (t.num_chunks[start:end], False), (column("num_preemptions"), False),
-                   (as_given("finish_time"), False), (replica, False),
-                   (column("num_cached_prompt_tokens"), False)]
+        # REQUEST_CSV_COLUMNS' columns, and what of each is written empty ("nan": NaN,
+        # "none": None, "done": a request that did not finish); the times the requests hold as
+        # they hold them (a t = 0 run's clock starts at the int 0)
+        columns = [(column("request_id"), ""), (as_given("arrival_time"), ""),
+                   (column("prompt_len"), ""), (column("num_output_tokens"), ""),
+                   (as_given("first_scheduled_time"), "none"), (t.ttft[start:end], "done"),
+                   (t.e2el[start:end], "done"), (t.tpot[start:end], "nan"),
+                   (t.num_chunks[start:end], ""), (column("num_preemptions"), ""),
+                   (as_given("finish_time"), "none"), (replica, ""),
+                   (column("num_cached_prompt_tokens"), "")]
         return _request_rows_text, (columns, t.completed[start:end])
 
 
-class _Text(dict):
-    """str() of each value asked for, made once a value."""
+def _text(x: Any, how: str) -> str:
+    """A cell: the value's str(), empty for None in a "none" column, NaN in a "nan" one."""
+    return "" if (how == "none" and x is None) or (how == "nan" and x != x) else str(x)
+
+
+class _Texts(dict):
+    """The cell of each value asked for (``_text``), made once a value."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
 
     def __missing__(self, x: Any) -> str:
-        text = self[x] = "" if x is None or x != x else str(x)
+        text = self[x] = _text(x, self.how)
         return text
 
 
-def _cells(values: list[Any] | np.ndarray) -> list[str]:
-    """Each value's str(), "" for None and NaN. Where the values are of one type and repeat
-    (a window's requests share their times), each distinct one is made once: a float's
-    shortest repr is most of a row's cost."""
+def _cells(values: list[Any] | np.ndarray, how: str) -> list[str]:
+    """Each value's cell (``_text``). Where the values are of one type and repeat (a window's
+    requests share their times), each distinct one is made once: a float's shortest repr is
+    most of a row's cost."""
     numbers = isinstance(values, np.ndarray) and values.dtype.kind in "iuf"
     plain = numbers and not (values.dtype.kind == "f" and np.isnan(values).any())
     if isinstance(values, np.ndarray):
         values = values.tolist()
     head = values[:256]
     if len(set(head)) * 2 <= len(head) and (plain or len(set(map(type, values))) == 1):
-        return list(map(_Text().__getitem__, values))  # one type: 0 and 0.0 never meet
-    if plain:  # numbers, none of them NaN
+        texts = _Texts(how)  # one type: 0 and 0.0 never meet
+        cells = list(map(texts.__getitem__, values))
+        zero = next((x for x in texts if x == 0), None)
+        if isinstance(zero, float):  # 0.0 and -0.0 are one key: each zero its own sign
+            sign = math.copysign(1.0, zero)
+            for i, x in enumerate(values):
+                if x == 0 and math.copysign(1.0, x) != sign:
+                    cells[i] = _text(x, how)
+        return cells
+    if plain or how in ("", "done"):
         return list(map(str, values))
-    return ["" if x is None or x != x else str(x) for x in values]
+    return [_text(x, how) for x in values]
 
 
-def _request_rows_text(columns: list[tuple[Sequence[Any], bool]], done: np.ndarray) -> str:
+def _request_rows_text(columns: list[tuple[Sequence[Any], str]], done: np.ndarray) -> str:
     """requests.csv's lines of these rows: each column made as text at once, the csv module's
-    cells (a number's str, "" for None and NaN; with its flag, "" where not ``done``)."""
+    cells (a number's str; "" for None in a "none" column, NaN in a "nan" one, and in a "done"
+    one where the request did not finish)."""
     cols = []
-    for values, only_done in columns:
-        cells = _cells(values)
-        if only_done:
+    for values, how in columns:
+        cells = _cells(values, how)
+        if how == "done":
             for i in np.flatnonzero(~done).tolist():
                 cells[i] = ""
         cols.append(cells)
@@ -302,8 +320,8 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     # Everything else is rendered before anything is written: a bad value leaves no new file.
     # The rows (requests.csv's, steps.csv's as StepRows, result.json's per-request lists) are
     # taken and rendered a chunk at a time as they are written, by worker processes too in a
-    # long run (experiments.parallel_text); a failing chunk removes what was written with the
-    # rest.
+    # long run (experiments.parallel_text): a failing chunk removes what was written with the
+    # rest (the previous run's files are gone by then).
     result = _json_pieces({**summary, "schedlab": dict(extra)})
     rows = RequestRows(requests, replicas, times)
     jobs: list[Iterator[Job]] = []

@@ -366,11 +366,12 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
 
             # Each request's times are taken as it finishes, and its lists let go (its token
             # times, its freed block table, the output ids a simulated request never has: empty
-            # tuples, as nothing grows a finished request's lists again): a 1M-request run keeps
-            # a few numbers a request, not every token's time or three empty lists.
+            # tuples, which the simulator leaves as they are): a 1M-request run keeps a few
+            # numbers a request, not every token's time or three empty lists.
             recorder = TimesRecorder(len(requests))
 
-            def keep_times(finished: list[Request], replica: int, runs: Any) -> None:
+            def keep_times(finished: list[Request], replica: int,
+                           runs: tuple[Any, list[tuple[int, int]]] | None) -> None:
                 mine = [i for i, r in enumerate(finished)
                         if r.request_id < len(requests) and requests[r.request_id] is r]
                 if len(mine) < len(finished):

@@ -48,7 +48,8 @@ most that processing. Delivery can end after ``update()`` ran (and
 after the next window was scheduled), so ``update()`` records each step's GPU completion time,
 which is unique to the step, and a finished request's token_times and finish_time are
 mapped to their steps' delivery times once its last window is delivered (then ``on_finish``
-takes it; a policy reading token_times during the run sees GPU times). Requests arrive from
+takes it, a decode group member's last tokens as its run of the group's delivery log:
+``replica_state.FinishHook``; a policy reading token_times during the run sees GPU times). Requests arrive from
 one process, sent as the benchmark client sends them (``common.client``: at their arrival times, with ``max_concurrency`` a request waits for
 an unfinished one's last token to be delivered), pass through the front end's per-request
 work (``api_per_request_us``: on the engine thread, or on the API-server process) and go
@@ -111,7 +112,8 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
     ``make_scheduler(num_blocks)`` builds one virtual engine's scheduler; ``max_model_len``
     (default: the model's) is only used to check that the KV cache holds one such request.
     With ``max_concurrency`` a request's arrival_time becomes the time the client sent it.
-    ``on_finish(request, 0)`` is called as each request's token times become final.
+    ``on_finish(requests, 0, runs)`` is called with each window's finished requests as their
+    token times become final (``replica_state.FinishHook``).
     """
     spec = ReplicaSpec(make_scheduler, model, hw, overhead, block_size, gpu_memory_utilization,
                        max_model_len, num_blocks, stream_per_step, time_scale,

@@ -31,7 +31,7 @@ def arrivals(shared: Shared, sims: list[ReplicaSim], router: Router,
         for req in client.send_due(now):
             r = 0 if single else router.route(req, loads, now)
             sim = sims[r]
-            if not single:  # (one replica: every request's)
+            if not single:  # (one replica needs no map: every request is its)
                 replica_of[id(req)] = r
                 load = sim.load
                 load.outstanding += 1
@@ -93,7 +93,7 @@ def client_finished(sim: ReplicaSim, win: Window) -> None:
     assert finished is not None
     shared = sim.shared
     get = sim.delivery.__getitem__
-    for r in finished:  # a group member's: its tokens from before it joined
+    for r in finished:  # (a decode group member's: its tokens from before it joined)
         times = r.token_times
         if len(times) == 1:
             times[0] = get(times[0])
@@ -109,7 +109,8 @@ def client_finished(sim: ReplicaSim, win: Window) -> None:
         log, spans = runs
         for r, (start, end) in zip(finished, spans, strict=True):
             if isinstance(r.token_times, list):  # the hook has not let go of it
-                r.token_times += log[start:end].tolist()
+                # a new list: the hook may keep the one it was given
+                r.token_times = r.token_times + log[start:end].tolist()
     client = shared.client
     loop = sim.loop
     if client.max_concurrency is None:  # no slot waits on a finish; a later turn may

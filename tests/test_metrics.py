@@ -483,3 +483,15 @@ def test_a_statistic_is_numpys_to_the_last_bit(n):
                      "std": float(np.std(x)) * 1000, "p50": float(np.percentile(x, 50)) * 1000,
                      "p90": float(np.percentile(x, 90)) * 1000,
                      "p99.9": float(np.percentile(x, 99.9)) * 1000}
+
+
+def test_a_request_recorded_twice_is_an_error():
+    reqs = random_requests(2, n=10)
+    done = [i for i, r in enumerate(reqs) if r.finish_time is not None][:2]
+    for batches in ([done, done[:1]], [done + done[:1]]):  # in two work-outs, or in one
+        recorder = TimesRecorder(len(reqs))
+        with pytest.raises(ValueError, match=f"request number {done[0]} was recorded as "
+                                             "finished twice"):
+            for batch in batches:
+                recorder.record(batch, [reqs[i] for i in batch])
+                recorder._work_out()

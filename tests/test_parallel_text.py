@@ -79,8 +79,9 @@ def test_a_failing_chunk_leaves_no_file(tmp_path, monkeypatch):
 
 def test_request_rows_are_the_csv_modules_cells_whatever_repeats():
     """A chunk's cells, its repeated values made once, are what the csv module writes of the
-    values themselves: equal int and float times keep their own text (0 and 0.0), None and NaN
-    are empty, an unfinished request's times too."""
+    values themselves: equal values keep their own text (0 and 0.0, 0.0 and -0.0), None and
+    NaN are empty where their column says so ("nan" elsewhere), an unfinished request's times
+    too."""
     import csv
     import io
 
@@ -93,13 +94,17 @@ def test_request_rows_are_the_csv_modules_cells_whatever_repeats():
     tpot = [float("nan")] * 400 + [0.125] * 200
     done = np.ones(n, bool)
     done[[5, 450]] = False
-    columns = [(list(range(n)), False), (repeated, False), (mixed, False), (with_none, False),
-               (np.array(repeated), True), (np.array(tpot), False)]
+    signed = [0.0] * 300 + [-0.0] * 300  # equal, of one type: each keeps its sign
+    columns = [(list(range(n)), ""), (repeated, ""), (mixed, ""), (with_none, "none"),
+               (np.array(repeated), "done"), (np.array(tpot), "nan"), (signed, ""),
+               (signed[::-1], ""), (np.array(tpot), "done")]
     text = result_files._request_rows_text(columns, done)
     expected = io.StringIO()
     writer = csv.writer(expected, lineterminator="\n")
     for i in range(n):
         writer.writerow([i, repeated[i], mixed[i], "" if with_none[i] is None else with_none[i],
-                         repeated[i] if done[i] else "", "" if tpot[i] != tpot[i] else tpot[i]])
+                         repeated[i] if done[i] else "", "" if tpot[i] != tpot[i] else tpot[i],
+                         signed[i], signed[::-1][i], tpot[i] if done[i] else ""])
     assert text == expected.getvalue()
-    assert text.splitlines()[0] == "0,0.25,0,,0.25," and text.splitlines()[599].split(",")[2] == "0.0"
+    assert text.splitlines()[0] == "0,0.25,0,,0.25,,0.0,-0.0,nan"
+    assert text.splitlines()[599].split(",")[2] == "0.0"

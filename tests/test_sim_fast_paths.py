@@ -127,3 +127,36 @@ def test_fast_paths_match_the_reference(name):
 
 if __name__ == "__main__" and "--write" in sys.argv:
     REFERENCE.write_text(json.dumps({name: run_case(name) for name in CASES}) + "\n")
+
+
+def test_a_finish_hook_that_keeps_the_lists_changes_nothing(monkeypatch):
+    """A finish hook that records each window's finished requests (a decode group's with their
+    runs of its delivery log) and keeps their lists: its table is the table of the requests'
+    final token times, and those are the reference's."""
+    import numpy as np
+
+    from experiments.request_times import TimesRecorder, TimesTable
+
+    seen = {}
+    real_simulate = simulate
+
+    def simulate_recording(requests, *args, **kwargs):
+        recorder = seen["recorder"] = TimesRecorder(len(requests))
+        seen["requests"], seen["runs"] = requests, 0
+
+        def hook(finished, replica, runs):
+            seen["runs"] += runs is not None
+            recorder.record([r.request_id for r in finished], finished, runs)
+
+        return real_simulate(requests, *args, on_finish=hook, **kwargs)
+
+    monkeypatch.setattr(sys.modules[__name__], "simulate", simulate_recording)
+    name = "multi_step-poisson-blocking"
+    got, ref = run_case(name), json.loads(REFERENCE.read_text())[name]
+    assert seen["runs"] > 10  # the decode group's windows handed their runs over
+    assert [g[0] for g in got["requests"]] == [r[0] for r in ref["requests"]]
+    assert all(_close(g[4], r[4]) for g, r in zip(got["requests"], ref["requests"], strict=True))
+    table, whole = seen["recorder"].table(), TimesTable.of_requests(seen["requests"])
+    for column in ("completed", "output_len", "num_chunks", "itl_start", "ttft", "e2el"):
+        assert np.array_equal(getattr(table, column), getattr(whole, column)), column
+    assert np.array_equal(table.itls, whole.itls)

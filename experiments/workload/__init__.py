@@ -52,8 +52,8 @@ from policies.request import Request
 
 __all__ = [
     "CACHE_FORMAT_VERSION", "DEFAULT_TOKENIZER", "KINDS", "MIN_SHAREGPT_LEN", "RequestSpec",
-    "Workload", "arrival_times", "build_requests", "build_workload", "bundled_sharegpt_path", "cache_dir",
-    "iter_json_array", "load_tokenizer", "read_record_at", "read_trace", "sample_sharegpt",
+    "Workload", "arrival_times", "build_requests", "build_workload", "bundled_sharegpt_path",
+    "cache_dir", "iter_json_array", "load_tokenizer", "read_record_at", "read_trace", "sample_sharegpt",
     "sharegpt_prompt_token_ids", "sharegpt_token_counts", "synthetic_lengths", "to_request",
     "trace_arrival_times", "max_concurrency", "TraceRequest", "TRACE_FORMATS",
 ]
@@ -113,7 +113,8 @@ def build_requests(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
     """The run's Requests, ``to_request`` of each of build_workload's specs (with their prompt
     token ids given ``vocab_size``), and how many ``workload.drop_too_long`` dropped. A
     workload of lengths and send times alone (no token ids, shared prefix, classes, turns or
-    block hashes) becomes its Requests with no spec made between (1.2 s less at 1M)."""
+    block hashes) becomes its Requests directly: a spec each would take longer to make than
+    the requests themselves."""
     drawn = _draw(cfg, vocab_size, max_model_len)
     with_ids = vocab_size is not None
     if drawn.plain():
@@ -309,7 +310,6 @@ def _draw(cfg: Mapping[str, Any], vocab_size: int | None,
     return _Drawn(arrivals, prompt_lens, output_lens, keep, token_ids, system_ids, prefix_len,
                   segments, hash_ids, slo, conversations, previous, think, multiturn,
                   max_model_len)
-
 
 
 def _fitting(prompt_lens: list[int], output_lens: list[int], prefix_len: int,
