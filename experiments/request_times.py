@@ -272,12 +272,14 @@ class _Pending:
         self.ends: list[int] = []
 
     def columns(self) -> _Columns:
+        """Their times worked out (runs far apart in the log: each request's times made whole,
+        rather than the gaps of all the log between them)."""
         if self.log is None:
             return _finished_columns(self.ids, self.arrival, self.outputs, self.times)
         starts, ends = np.asarray(self.starts, np.int64), np.asarray(self.ends, np.int64)
         joined = ends > starts
         span = int(ends[joined].max() - starts[joined].min()) if joined.any() else 0
-        if span > 2 * int((ends - starts).sum()) + 4096:  # runs far apart: their own times
+        if span > 2 * int((ends - starts).sum()) + 4096:
             times = [np.concatenate((t, self.log[a:b]))
                      for t, a, b in zip(self.times, self.starts, self.ends, strict=True)]
             return _finished_columns(self.ids, self.arrival, self.outputs, times)
@@ -323,6 +325,8 @@ class TimesRecorder:
         group's step log: simulator.replica_state.FinishHook)."""
         if self._itls is None:
             raise RuntimeError("TimesRecorder.record after table(): the table is made once")
+        if runs is not None and len(runs[1]) != len(reqs):
+            raise ValueError(f"{len(runs[1])} runs for {len(reqs)} requests")
         log = None if runs is None else runs[0]
         key = None if log is None else id(log)
         pending = self._pending.get(key)
@@ -337,8 +341,6 @@ class TimesRecorder:
             outputs.append(r.num_output_tokens)
             times.append(r.token_times)
         if runs is not None:
-            if len(runs[1]) != len(reqs):
-                raise ValueError(f"{len(runs[1])} runs for {len(reqs)} requests")
             for a, b in runs[1]:
                 pending.starts.append(a)
                 pending.ends.append(b)

@@ -44,16 +44,16 @@ queue and needs no event. The exceptions book a step's output processing for whe
 step ends, ahead of now: a single engine's async output processing (its whole window is known
 when it starts) and, with overlap, the steps after the next window's launch; work that arrives
 in between (a request's front-end parse) then queues behind it, which overstates its wait by at
-most that processing. Delivery can end after ``update()`` ran (and
-after the next window was scheduled), so ``update()`` records each step's GPU completion time,
-which is unique to the step, and a finished request's token_times and finish_time are
-mapped to their steps' delivery times once its last window is delivered (then ``on_finish``
-takes it, a decode group member's last tokens as its run of the group's delivery log:
-``replica_state.FinishHook``; a policy reading token_times during the run sees GPU times). Requests arrive from
-one process, sent as the benchmark client sends them (``common.client``: at their arrival times, with ``max_concurrency`` a request waits for
-an unfinished one's last token to be delivered), pass through the front end's per-request
-work (``api_per_request_us``: on the engine thread, or on the API-server process) and go
-round-robin to the virtual engines.
+most that processing. Delivery can end after ``update()`` ran (and after the next window was
+scheduled), so ``update()`` records each step's GPU completion time, which is unique to the
+step, and a finished request's token_times and finish_time are mapped to their steps' delivery
+times once its last window is delivered (then ``on_finish`` takes it, a decode group member's
+last tokens as its run of the group's delivery log: ``replica_state.FinishHook``; a policy
+reading token_times during the run sees GPU times). Requests arrive from one process, sent as
+the benchmark client sends them (``common.client``: at their arrival times, with
+``max_concurrency`` a request waits for an unfinished one's last token to be delivered), pass
+through the front end's per-request work (``api_per_request_us``: on the engine thread, or on
+the API-server process) and go round-robin to the virtual engines.
 Events are per CPU phase and GPU window (per step and stage when pp > 1), never per token.
 
 8. A cluster (``simulate_cluster``) is replicas on one event heap, each a whole engine as above
