@@ -152,14 +152,10 @@ def _with_run_itls(ids: Sequence[int], log: np.ndarray, run_start: np.ndarray,
                          f"({log[j]} then {log[j + 1]})")
     more = new[b] - new[a]  # each request's ITLs in its run
     own = num_chunks - 1
-    out_start = _starts(own + more)
-    out = np.empty(int(out_start[-1]))
-    at = np.arange(len(out))
-    # position p of request i's ITLs: its own for p < own[i], then its run's
-    is_own = (at - np.repeat(out_start[:-1], own + more)) < np.repeat(own, own + more)
-    out[is_own] = itls
-    picked = np.repeat(new[a] - _starts(more)[:-1], more) + np.arange(int(more.sum()))
-    out[~is_own] = gaps[gaps != 0][picked]
+    # each request's run's ITLs (the log's nonzero gaps from new[a[i]] on), its own before them
+    picked = np.repeat(new[a] - _starts(more)[:-1], more)
+    picked += np.arange(len(picked))
+    out = np.insert(gaps[gaps != 0][picked], np.repeat(_starts(more)[:-1], own), itls)
     return num_chunks + more, out
 
 
