@@ -321,8 +321,9 @@ class TimesRecorder:
         group's step log: simulator.replica_state.FinishHook)."""
         if self._itls is None:
             raise RuntimeError("TimesRecorder.record after table(): the table is made once")
-        if runs is not None and len(runs[1]) != len(reqs):
-            raise ValueError(f"{len(runs[1])} runs for {len(reqs)} requests")
+        if len(index) != len(reqs) or (runs is not None and len(runs[1]) != len(reqs)):
+            raise ValueError(f"{len(index)} numbers and {len(runs[1]) if runs else 'no'} runs "
+                             f"for {len(reqs)} requests")
         log = None if runs is None else runs[0]
         key = None if log is None else id(log)
         pending = self._pending.get(key)
