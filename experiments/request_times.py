@@ -123,7 +123,8 @@ def _finished_columns(ids: Sequence[int], arrival: Sequence[float], outputs: Seq
     itls = gaps[step]
     if runs is not None:
         last[joined] = log[run_end[joined] - 1]
-        num_chunks, itls = _with_run_itls(ids, log, run_start, run_end, num_chunks, itls)
+        num_chunks, itls = _with_run_itls(ids, log, run_start, run_end, joined, num_chunks,
+                                          itls)
     ttft, e2el = first - arrival, last - arrival
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(total > 1, (e2el - ttft) / (total - 1), np.nan)
@@ -131,11 +132,11 @@ def _finished_columns(ids: Sequence[int], arrival: Sequence[float], outputs: Seq
 
 
 def _with_run_itls(ids: Sequence[int], log: np.ndarray, run_start: np.ndarray,
-                   run_end: np.ndarray, num_chunks: np.ndarray, itls: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray]:
+                   run_end: np.ndarray, joined: np.ndarray, num_chunks: np.ndarray,
+                   itls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The chunk counts and pooled ITLs of requests whose times so far end with their run's
-    first time, with the rest of their runs' gaps added after each one's own."""
-    joined = run_end > run_start
+    first time (those whose run is not empty: ``joined``), with the rest of their runs' gaps
+    added after each one's own."""
     lo = int(run_start[joined].min()) if joined.any() else 0
     hi = int(run_end[joined].max()) if joined.any() else 0
     gaps = np.diff(log[lo:hi])  # gap j: log[lo + j + 1] - log[lo + j]
@@ -153,9 +154,8 @@ def _with_run_itls(ids: Sequence[int], log: np.ndarray, run_start: np.ndarray,
     more = new[b] - new[a]  # each request's ITLs in its run
     own = num_chunks - 1
     # each request's run's ITLs (the log's nonzero gaps from new[a[i]] on), its own before them
-    picked = np.repeat(new[a] - _starts(more)[:-1], more)
-    picked += np.arange(len(picked))
-    out = np.insert(gaps[gaps != 0][picked], np.repeat(_starts(more)[:-1], own), itls)
+    out = np.insert(gaps[gaps != 0][_run_index(new[a], more)],
+                    np.repeat(_starts(more)[:-1], own), itls)
     return num_chunks + more, out
 
 
@@ -417,8 +417,12 @@ class TimesRecorder:
 
 def _runs_in(values: np.ndarray, counts: np.ndarray, order: np.ndarray) -> np.ndarray:
     """``values``, runs of ``counts`` each, with the runs put in ``order``."""
-    start = _starts(counts)[:-1]
-    picked = counts[order]
-    index = np.repeat(start[order] - _starts(picked)[:-1], picked)
+    return values[_run_index(_starts(counts)[:-1][order], counts[order])]
+
+
+def _run_index(first: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The positions of runs one after another: first[i], first[i] + 1, ..., counts[i] of
+    them, for each i in turn."""
+    index = np.repeat(first - _starts(counts)[:-1], counts)
     index += np.arange(len(index))
-    return values[index]
+    return index

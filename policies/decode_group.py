@@ -50,16 +50,16 @@ class DecodeGroup:
     """The members' shared position, their blocks by offset, their ends, and the step log."""
 
     __slots__ = ("block_size", "position", "log", "members", "_by_offset", "_offset_sum",
-                 "_longest", "_ends", "_joined", "_by_order")
+                 "_longest", "_ends", "_joined")
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self.position = 0  # decode positions so far: each group window adds its k
         self.log: list[float] = []  # the step time of every position (update()'s step_times)
-        # request -> (offset: its computed tokens less the position, the position it joined
-        # at, its output tokens then), in join order (a member leaves only at its end or when
-        # all do)
-        self.members: dict[Request, tuple[int, int, int]] = {}
+        # join order -> (request, offset: its computed tokens less the position, the position
+        # it joined at, its output tokens then), in join order (a member leaves only at its end
+        # or when all do)
+        self.members: dict[int, tuple[Request, int, int, int]] = {}
         self._by_offset = [0] * block_size  # members by offset mod block_size
         self._offset_sum = 0
         # heaps of int keys (a number times _ORDER plus the join order: one int compares
@@ -67,17 +67,15 @@ class DecodeGroup:
         self._longest: list[int] = []
         self._ends: list[int] = []
         self._joined = 0
-        self._by_order: dict[int, Request] = {}  # the members by join order
 
     def join(self, req: Request) -> None:
         """``req`` decodes from here on; its computed tokens fill exactly its block table."""
         offset = req.num_computed_tokens - self.position
         order = self._joined
         self._joined += 1
-        self.members[req] = (offset, self.position, req.num_output_tokens)
+        self.members[order] = (req, offset, self.position, req.num_output_tokens)
         self._by_offset[offset % self.block_size] += 1
         self._offset_sum += offset
-        self._by_order[order] = req
         heapq.heappush(self._longest, -offset * _ORDER + order)
         heapq.heappush(self._ends, (self.position + req.max_tokens - req.num_output_tokens)
                        * _ORDER + order)
@@ -85,7 +83,7 @@ class DecodeGroup:
     def members_at(self, win: DecodeWindow) -> list[tuple[Request, int]]:
         """The members of ``win`` (before its update()) in join order with their cached
         tokens: the sequences a per-sequence decode window would list."""
-        return [(req, offset + win.start) for req, (offset, _, _) in self.members.items()]
+        return [(req, offset + win.start) for req, offset, _, _ in self.members.values()]
 
     def blocks_needed(self, k: int) -> int:
         """New KV blocks the members take to reserve k slots each: a member holding c tokens
@@ -101,15 +99,15 @@ class DecodeGroup:
         """The next window of k steps (its blocks already taken); its finishing members leave
         the end heap now."""
         pos = self.position
-        longest, by_order = self._longest, self._by_order
-        while longest[0] % _ORDER not in by_order:
+        longest, members = self._longest, self.members
+        while longest[0] % _ORDER not in members:
             heapq.heappop(longest)
         ends, finishing = self._ends, []
         limit = (pos + k + 1) * _ORDER  # an end at or before the window's last position
         while ends and ends[0] < limit:
             end, order = divmod(heapq.heappop(ends), _ORDER)
-            finishing.append((end, order, by_order[order]))
-        n = len(self.members)
+            finishing.append((end, order, members[order][0]))
+        n = len(members)
         if len(finishing) > 1:
             finishing.sort(key=_join_order)
         return DecodeWindow(pos, n, self._offset_sum + n * (pos + 1),
@@ -127,10 +125,8 @@ class DecodeGroup:
         finished: list[Request] = []
         wasted = 0
         members, bs = self.members, self.block_size
-        by_order = self._by_order
         for end, order, req in win.finishing:
-            offset, joined, _ = members.pop(req)
-            del by_order[order]
+            _, offset, joined, _ = members.pop(order)
             self._by_offset[offset % bs] -= 1
             self._offset_sum -= offset
             owed = end - pos
@@ -147,13 +143,12 @@ class DecodeGroup:
         group; the members, in join order (their blocks by count are the caller's to assign)."""
         pos, log = self.position, self.log
         out = []
-        for req, (offset, joined, outputs) in self.members.items():
+        for req, offset, joined, outputs in self.members.values():
             req.num_computed_tokens = offset + pos
             req.num_output_tokens = outputs + pos - joined
             req.token_times.extend(log[joined:pos])
             out.append(req)
         self.members.clear()
-        self._by_order.clear()
         self._by_offset = [0] * self.block_size
         self._offset_sum = 0
         self._longest.clear()

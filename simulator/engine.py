@@ -66,7 +66,6 @@ Events are per CPU phase and GPU window (per step and stage when pp > 1), never 
 from __future__ import annotations
 
 import gc
-import operator
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import fields
@@ -133,8 +132,7 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
             raise ValueError(f"simulate needs fresh requests: request {req.request_id} has "
                              "already been served")
     loop = EventLoop()
-    order = sorted(requests, key=operator.attrgetter("arrival_time"))
-    client = Client(order, max_concurrency)
+    client = Client(requests, max_concurrency)  # (it sends them in arrival order)
     wall = time.perf_counter()
     with tqdm(total=len(requests), disable=not progress, desc="simulating",
               bar_format=PROGRESS_BAR_FORMAT) as bar:

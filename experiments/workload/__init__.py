@@ -36,7 +36,7 @@ from experiments.workload.sharegpt import (
     sharegpt_prompt_token_ids,
     sharegpt_token_counts,
 )
-from experiments.workload.spec import RequestSpec, to_request
+from experiments.workload.spec import RequestSpec, plain_requests, to_request
 from experiments.workload.synthetic import (
     SYNTHETIC_KEYS,
     SYSTEM_PROMPT_KEY,
@@ -53,7 +53,8 @@ from policies.request import Request
 __all__ = [
     "CACHE_FORMAT_VERSION", "DEFAULT_TOKENIZER", "KINDS", "MIN_SHAREGPT_LEN", "RequestSpec",
     "Workload", "arrival_times", "build_requests", "build_workload", "bundled_sharegpt_path",
-    "cache_dir", "iter_json_array", "load_tokenizer", "read_record_at", "read_trace", "sample_sharegpt",
+    "cache_dir", "iter_json_array", "load_tokenizer", "read_record_at", "read_trace",
+    "sample_sharegpt",
     "sharegpt_prompt_token_ids", "sharegpt_token_counts", "synthetic_lengths", "to_request",
     "trace_arrival_times", "max_concurrency", "TraceRequest", "TRACE_FORMATS",
 ]
@@ -118,8 +119,7 @@ def build_requests(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
     drawn = _draw(cfg, vocab_size, max_model_len)
     with_ids = vocab_size is not None
     if drawn.plain():
-        return [Request(i, a, p, o, output_token_ids=()) for i, (a, p, o)
-                in enumerate(zip(drawn.arrivals, drawn.prompt_lens, drawn.output_lens))], 0
+        return plain_requests(drawn.arrivals, drawn.prompt_lens, drawn.output_lens), 0
     specs = drawn.specs()
     return ([to_request(spec, i, with_token_ids=with_ids) for i, spec in enumerate(specs)],
             specs.num_dropped)

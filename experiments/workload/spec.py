@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from experiments.workload.classes import SLOClass
@@ -80,3 +81,12 @@ def to_request(spec: RequestSpec, request_id: int, with_token_ids: bool) -> Requ
         req.priority, req.slo_class = c.priority, c.name
         req.ttft_slo_ms, req.tpot_slo_ms = c.ttft_ms, c.tpot_ms
     return req
+
+
+def plain_requests(arrivals: Sequence[float], prompt_lens: Sequence[int],
+                   output_lens: Sequence[int]) -> list[Request]:
+    """``to_request(RequestSpec(a, p, o), i, with_token_ids=False)`` of each i, with no spec
+    made between (a million frozen specs cost more than the requests): for a workload of
+    lengths and send times alone, checked as RequestSpec checks them."""
+    return [Request(i, a, p, o, output_token_ids=())
+            for i, (a, p, o) in enumerate(zip(arrivals, prompt_lens, output_lens, strict=True))]
