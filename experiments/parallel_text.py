@@ -5,7 +5,9 @@ after the simulation, and a chunk's text depends on its own rows alone.
 
 A job is a module-level function and its chunk's data (numpy slices, a few thousand rows),
 which a worker receives pickled and renders; the text comes back in job order, a few jobs
-ahead at most. The workers start from a fresh process (``forkserver``), not as copies of this
+ahead at most (``rendered``). Rows that are final before the run ends (requests.csv's, in a
+simulation) are given to the workers as they become final (``Texts.put``), so that they are
+rendered beside the simulation rather than after it. The workers start from a fresh process (``forkserver``), not as copies of this
 one: a copy would share this process's pages until either side wrote to them, and both do as
 they allocate, so a forked worker grows by the pages this process frees and reuses. One worker
 fewer than the CPUs, this process rendering its share, keeps it to one worker on two CPUs.
@@ -47,38 +49,111 @@ def num_workers() -> int:
     return min(cpus or 1, MAX_PROCESSES) - 1
 
 
+def workers_for(rows: int) -> int:
+    """Workers for a run of ``rows`` requests' text: none below PARALLEL_MIN_ROWS, nor where
+    a worker could not import this program's main module."""
+    return num_workers() if rows >= PARALLEL_MIN_ROWS and _main_is_importable() else 0
+
+
 def rendered(jobs: Iterable[Job], rows: int) -> Iterator[str]:
     """Each job's text, in order, the jobs taken a few ahead of the text asked for: with
     ``rows`` (the run's requests) at PARALLEL_MIN_ROWS or more, by workers and this process in
     turn (one job in every workers + 1 is rendered here), else here alone (also where the
     workers cannot start). A job's error is raised here as it was raised there; closing the
     iterator early stops the workers."""
-    workers = num_workers() if rows >= PARALLEL_MIN_ROWS and _main_is_importable() else 0
-    pool = _start(workers) if workers else None
-    if pool is None:
-        for fn, args in jobs:
-            yield fn(*args)
-        return
+    texts = Texts(workers_for(rows))
     try:
-        queued = iter(enumerate(jobs))
-        ahead: deque = deque()  # (job, its future; None: rendered here when its turn comes)
+        yield from texts.rest(jobs)
+    finally:
+        texts.close()
+
+
+class Texts:
+    """Jobs' texts in the order the jobs come: given one by one as a run goes on (``put``:
+    rendered by the workers, their texts taken as they are done, ``ready``), then the rest
+    (``rest``: this process rendering its share). The workers start in the background, so
+    that a run does not wait for them; with none (``workers`` 0, or where they cannot start)
+    every job is rendered here when its text is asked for."""
+
+    def __init__(self, workers: int) -> None:
+        self._workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._starting: threading.Thread | None = None
+        if self._workers:
+            self._starting = threading.Thread(target=self._start, daemon=True)
+            self._starting.start()
+        # (job, its future; None: rendered here when its turn comes), in order
+        self._queue: deque[tuple[Job, Any]] = deque()
+
+    def _start(self) -> None:
+        self._pool = _start(self._workers)
+
+    def _started(self) -> ProcessPoolExecutor | None:
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
+        return self._pool
+
+    @property
+    def parallel(self) -> bool:
+        """Whether workers render the jobs (waits for them to start)."""
+        return self._started() is not None
+
+    def put(self, job: Job) -> None:
+        """A job, given to a worker now (where there is none: kept to be rendered here)."""
+        pool = self._started()
+        self._queue.append((job, None if pool is None else self._submit(pool, job)))
+
+    def ready(self) -> Iterator[str]:
+        """The texts at the head of the order that workers have done; none is waited for."""
+        queue = self._queue
+        while queue and queue[0][1] is not None and queue[0][1].done():
+            yield self._result(queue.popleft()[1])
+
+    def rest(self, jobs: Iterable[Job]) -> Iterator[str]:
+        """Every text not taken yet, in order: the jobs given so far, then ``jobs``' (taken a
+        few ahead of the text asked for, one in every workers + 1 rendered here)."""
+        pool, queue = self._started(), self._queue
+        taken = iter(enumerate(jobs))
+        workers = self._workers if pool is not None else 0
 
         def fill() -> None:
-            while len(ahead) <= 2 * workers and (nxt := next(queued, None)) is not None:
-                i, (fn, args) = nxt
-                ahead.append((fn, args, None if i % (workers + 1) == 0
-                              else pool.submit(fn, *args)))
+            while len(queue) <= 2 * workers and (nxt := next(taken, None)) is not None:
+                i, job = nxt
+                queue.append((job, None if pool is None or i % (workers + 1) == 0
+                              else self._submit(pool, job)))
 
         fill()
-        while ahead:
-            fn, args, future = ahead.popleft()
+        while queue:
+            (fn, args), future = queue.popleft()
             fill()  # the workers go on while this one renders its share
-            yield fn(*args) if future is None else future.result()
-    except BrokenProcessPool as err:
-        raise RuntimeError(f"a worker process rendering the result files exited unexpectedly "
-                           f"({err}); its error, if any, is on stderr above") from err
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+            yield fn(*args) if future is None else self._result(future)
+
+    @staticmethod
+    def _submit(pool: ProcessPoolExecutor, job: Job) -> Any:
+        try:
+            return pool.submit(job[0], *job[1])
+        except BrokenProcessPool as err:
+            raise _broken(err) from err
+
+    @staticmethod
+    def _result(future: Any) -> str:
+        try:
+            return future.result()
+        except BrokenProcessPool as err:
+            raise _broken(err) from err
+
+    def close(self) -> None:
+        """Stop the workers (the jobs not done are dropped)."""
+        pool = self._started()
+        self._queue.clear()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _broken(err: BrokenProcessPool) -> RuntimeError:
+    return RuntimeError(f"a worker process rendering the result files exited unexpectedly "
+                        f"({err}); its error, if any, is on stderr above")
 
 
 def _start(workers: int) -> ProcessPoolExecutor | None:

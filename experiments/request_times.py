@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -294,6 +294,11 @@ class TimesRecorder:
     PENDING = 4096
 
     def __init__(self, n: int) -> None:
+        # called with (start, end) of each chunk placed whose requests have all finished, in
+        # order, until a chunk is placed with one unfinished (the rows final so far: result
+        # files written as the run goes on, experiments.result_files.StreamedRows)
+        self.on_placed: Callable[[int, int], None] | None = None
+        self._all_final = True
         self._done = np.zeros(n, bool)
         self._output_len = np.zeros(n, np.int64)
         self._ttft = np.zeros(n)
@@ -400,6 +405,15 @@ class TimesRecorder:
             np.cumsum(counts, out=self._itl_start[a + 1:b + 1])
             self._itl_start[a + 1:b + 1] += base
             self._next += 1
+            self._all_final = self._all_final and self._finished[k] == b - a
+            if self._all_final and self.on_placed is not None:
+                self.on_placed(a, b)
+
+    def columns(self) -> TimesTable:
+        """The table's columns as they stand, without ITLs: the rows of the chunks placed so
+        far (``on_placed``) are final; the arrays are the table's (``table``) own."""
+        return TimesTable(self._done, self._output_len, self._ttft, self._e2el, self._tpot,
+                          self._chunks, np.zeros(0), np.zeros(len(self._done) + 1, np.int64))
 
     def table(self) -> TimesTable:
         """The table of every request (those never recorded: unfinished), made once: the

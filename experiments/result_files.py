@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from experiments.files import atomic_text_file, write_text_atomic
-from experiments.parallel_text import Job, rendered
+from experiments.parallel_text import Job, Texts, workers_for
 from experiments.request_times import TimesTable, chunk_bounds, runs_as_lists, times_for
 from policies.request import Request
 
@@ -215,6 +215,69 @@ class RequestRows:
         return _request_rows_text, (columns, t.completed[start:end])
 
 
+class StreamedRows:
+    """requests.csv written while a long run goes on: a chunk of rows is given to worker
+    processes (experiments.parallel_text) as soon as its requests have all finished, and its
+    text goes into the file's temporary copy, in order, once rendered; ``write_results`` writes
+    the rest and puts the file in place with the others. ``start`` gives None where there would
+    be no workers (too few rows, one CPU): the file is then written whole at the end. Used as a
+    context manager: leaving it on an error removes the copy and stops the workers."""
+
+    BATCH_ROWS = 20_000
+
+    def __init__(self, run_dir: Path, rows: RequestRows, texts: Texts) -> None:
+        self._rows, self.texts = rows, texts
+        self._stack = contextlib.ExitStack()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.file = self._stack.enter_context(atomic_text_file(run_dir / "requests.csv"))
+        self.file.write(",".join(REQUEST_CSV_COLUMNS) + "\n")
+        self.rows_final = 0  # rows 0..rows_final-1 are final
+        self.rows_given = 0  # rows 0..rows_given-1 are given to the workers
+        self.pending = 0  # jobs given whose text is not written yet
+
+    @classmethod
+    def start(cls, run_dir: str | os.PathLike[str], rows: RequestRows) -> StreamedRows | None:
+        """The stream of these rows into run_dir/requests.csv, its workers starting (without
+        waiting for them), or None where there would be none."""
+        workers = workers_for(len(rows))
+        return cls(Path(run_dir), rows, Texts(workers)) if workers else None
+
+    def add(self, start: int, end: int) -> None:
+        """Rows start..end-1 are final (the next ones after those given before): given to the
+        workers with those before them not given yet, BATCH_ROWS or more at a time (a job costs
+        this process a few thread wakeups); the texts rendered by now are written."""
+        if start != self.rows_final:
+            raise ValueError(f"requests.csv's rows {start}..{end - 1} came after rows up to "
+                             f"{self.rows_final - 1}")
+        self.rows_final = end
+        if end - self.rows_given >= self.BATCH_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Give the workers every final row not given yet; write the texts rendered by now."""
+        if self.rows_final > self.rows_given and self.texts.parallel:
+            # (where the workers could not start, the rows are left to be written at the end)
+            self.texts.put(self._rows.job(self.rows_given, self.rows_final))
+            self.rows_given = self.rows_final
+            self.pending += 1
+        for text in self.texts.ready():
+            self.file.write(text)
+            self.pending -= 1
+
+    def __enter__(self) -> StreamedRows:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """The copy put in place (write_results goes on with the workers), or on an error
+        removed and the workers stopped; once."""
+        stack, self._stack = self._stack, contextlib.ExitStack()
+        try:
+            stack.__exit__(*exc)
+        finally:
+            if exc[0] is not None:
+                self.texts.close()
+
+
 def _text(x: Any, how: str) -> str:
     """A cell: the value's str(), empty for None in a "none" column, NaN in a "nan" one."""
     return "" if (how == "none" and x is None) or (how == "nan" and x != x) else str(x)
@@ -308,13 +371,14 @@ def clear_results(run_dir: str | os.PathLike[str]) -> None:
 def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
                   requests: Sequence[Request], extra: Mapping[str, Any], *,
                   steps: Any = None, summary_text: str | None = None,
-                  replicas: Sequence[int] | None = None, times: TimesTable | None = None
-                  ) -> Path:
+                  replicas: Sequence[int] | None = None, times: TimesTable | None = None,
+                  streamed: StreamedRows | None = None) -> Path:
     """Write run_dir/result.json (summary + {"schedlab": extra}), requests.csv and, given
     per-step records, steps.csv, given the printout, summary.txt, as one unit: a previous run's
     files are removed first, each file is written atomically, result.json last, and if any write
     fails (or is interrupted) none of them is left. Returns result.json's path. ``times``: the
-    requests' TimesTable, when the caller has it already."""
+    requests' TimesTable, when the caller has it already. ``streamed``: requests.csv's rows so
+    far, written while the run went on (its rows after those are written here)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     # Everything else is rendered before anything is written: a bad value leaves no new file.
@@ -326,13 +390,16 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     rows = RequestRows(requests, replicas, times)
     jobs: list[Iterator[Job]] = []
 
-    def chunked(job: Callable[[int, int], Job], n: int) -> int:
-        """The jobs of n rows, a chunk at a time (each made as it is taken); how many."""
-        bounds = list(chunk_bounds(n))
+    def chunked(job: Callable[[int, int], Job], n: int, first: int = 0) -> int:
+        """The jobs of rows first..n-1, a chunk at a time (each made as it is taken); how
+        many."""
+        bounds = [(a, b) for a, b in chunk_bounds(n) if a >= first]
         jobs.append(job(a, b) for a, b in bounds)
         return len(bounds)
 
-    request_chunks = chunked(rows.job, len(rows))
+    if streamed is not None:
+        streamed.flush()
+    request_chunks = chunked(rows.job, len(rows), streamed.rows_given if streamed else 0)
     texts = []
     step_chunks = None
     if hasattr(steps, "csv_job"):  # simulator.outcome.StepRows: rows rendered like requests
@@ -343,10 +410,17 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     if summary_text is not None:
         texts.append(("summary.txt", summary_text + "\n"))
     clear_results(run_dir)
-    chunks = rendered(itertools.chain.from_iterable(jobs), len(rows))
+    renderer = streamed.texts if streamed is not None else Texts(workers_for(len(rows)))
+    chunks = renderer.rest(itertools.chain.from_iterable(jobs))
     try:
-        with atomic_text_file(run_dir / "requests.csv") as f:
-            f.write(",".join(REQUEST_CSV_COLUMNS) + "\n")
+        with contextlib.ExitStack() as requests_csv:
+            if streamed is None:
+                f = requests_csv.enter_context(atomic_text_file(run_dir / "requests.csv"))
+                f.write(",".join(REQUEST_CSV_COLUMNS) + "\n")
+            else:  # its copy is put in place here, with the rows given before
+                f = streamed.file
+                requests_csv.push(streamed)
+                request_chunks += streamed.pending
             for _ in range(request_chunks):
                 f.write(next(chunks))
         if step_chunks is not None:
@@ -374,6 +448,7 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
             clear_results(run_dir)
         raise
     finally:
-        chunks.close()  # stops the workers
+        chunks.close()
+        renderer.close()  # stops the workers
     _fsync_dir(run_dir)
     return run_dir / "result.json"

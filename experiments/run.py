@@ -96,6 +96,12 @@ CUDA_ONLY_FIELDS = ("cuda_graph_sizes", "prefill_graphs", "prefill_graph_replays
 # doing meanwhile.
 LONG_WRITE_REQUESTS = 10_000
 
+# A single run of the command line leaves its objects (a 1M-request run's millions) to the
+# operating system when the process ends, rather than Python freeing them one by one (a
+# second at 1M): main() sets LEAVE_TO_EXIT, run() keeps them here, main() ends the process.
+LEAVE_TO_EXIT = False
+_left_to_exit: list[Any] = []
+
 # The run's lines for its run.log (Hydra's job log); the console gets them from print. Its
 # handlers are Hydra's file handlers, attached by the app for each job (log_to_run_log).
 _RUN_LOG = logging.getLogger("schedlab.run")
@@ -291,7 +297,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         summarize,
     )
     from experiments.request_times import TimesRecorder, TimesTable
-    from experiments.result_files import RESULT_FILES, write_results
+    from experiments.result_files import RESULT_FILES, RequestRows, StreamedRows, write_results
     from experiments.scheduling_metrics import scheduling_metrics
     from experiments.workload import build_requests, load_tokenizer, max_concurrency
     from experiments.workload.settings import get_float
@@ -331,6 +337,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     finally:
         if collecting:
             gc.enable()
+    streamed = None
     try:
         time_scale = float(backend.get("time_scale", 1.0))  # the simulator's
         progress = bool(cfg.get("progress", True))
@@ -362,6 +369,8 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
 
         wall0 = time.perf_counter()
         if backend["name"] == "sim":
+            import numpy as np
+
             from simulator.engine import simulate, simulate_cluster
 
             # Each request's times are taken as it finishes, and its lists let go (its token
@@ -369,6 +378,13 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             # tuples, which the simulator leaves as they are): a 1M-request run keeps a few
             # numbers a request, not every token's time or three empty lists.
             recorder = TimesRecorder(len(requests))
+            # requests.csv's rows written as the run goes, by worker processes beside it: the
+            # rows of each chunk of requests once they have all finished (a long run)
+            routed_to = np.zeros(len(requests), np.int64) if cluster.size > 1 else None
+            streamed = StreamedRows.start(run_dir, RequestRows(requests, routed_to,
+                                                               recorder.columns()))
+            if streamed is not None:
+                recorder.on_placed = streamed.add
 
             def keep_times(finished: list[Request], replica: int,
                            runs: tuple[Any, list[tuple[int, int]]] | None) -> None:
@@ -377,7 +393,10 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
                 if len(mine) < len(finished):
                     finished = [finished[i] for i in mine]
                     runs = None if runs is None else (runs[0], [runs[1][i] for i in mine])
-                recorder.record([r.request_id for r in finished], finished, runs)
+                numbers = [r.request_id for r in finished]
+                if routed_to is not None:
+                    routed_to[numbers] = replica
+                recorder.record(numbers, finished, runs)
                 for r in finished:
                     r.token_times = r.block_table = r.output_token_ids = ()
 
@@ -469,7 +488,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         text = format_summary(result, {k: v for k, v in extra.items() if k not in hidden},
                               shown=results.shown)
         write_results(run_dir, result, requests, extra, steps=getattr(outcome, "steps", None),
-                      summary_text=text, replicas=replica_of, times=times)
+                      summary_text=text, replicas=replica_of, times=times, streamed=streamed)
         record(run_dir, [name for name in RESULT_FILES if (run_dir / name).is_file()])
         if sweep_label is None:
             say(text)
@@ -477,7 +496,13 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         else:
             say(text, console=False)
             say(sweep_line(sweep_label, result, run_dir))
+        if LEAVE_TO_EXIT and sweep_label is None and len(requests) >= LONG_WRITE_REQUESTS:
+            _left_to_exit.append((requests, outcome, times))
         return {**result, "schedlab": extra}
+    except BaseException:
+        if streamed is not None:  # its file's copy removed, its workers stopped
+            streamed.__exit__(*sys.exc_info())
+        raise
     finally:
         gc.unfreeze()
 
@@ -551,6 +576,8 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     refuse_moved_settings(sys.argv[1:])
+    global LEAVE_TO_EXIT
+    LEAVE_TO_EXIT = True
     try:
         _app()
     except RunExit as err:  # a run of a submitit sweep failed (RunFailed)
@@ -560,6 +587,24 @@ def main() -> None:
         # The run's result files are written as one unit, so none of them is left.
         print("interrupted: no result written", file=sys.stderr)
         sys.exit(128 + signal.SIGTERM if terminated else 130)
+    if _left_to_exit:
+        exit_leaving_objects()
+
+
+def exit_leaving_objects() -> None:
+    """End the process as Python would (exit status 0, every atexit handler run, stdout and
+    stderr flushed) but without freeing its objects one by one: the operating system takes
+    the memory back at once. Not where a thread other than daemons is still running."""
+    import atexit
+    import threading
+
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate()
+           if t is not threading.main_thread()):
+        return
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,52 @@ def test_workers_write_the_files_one_process_writes(tmp_path, monkeypatch):
 
 
 @needs_workers
+def test_rows_written_as_the_run_goes_are_the_rows_written_at_its_end(tmp_path, monkeypatch):
+    """requests.csv's rows given to the workers while the simulation runs (each chunk once its
+    requests have all finished) make the file that is written whole at the end, byte for byte,
+    with the replica each request went to."""
+    monkeypatch.setattr(request_times, "CHUNK_REQUESTS", 7)
+    monkeypatch.setattr(request_times.TimesRecorder, "PENDING", 5)  # chunks placed mid-run
+    here = _run(tmp_path, "here")  # 60 rows: too few to stream
+    monkeypatch.setattr(parallel_text, "PARALLEL_MIN_ROWS", 1)
+    monkeypatch.setattr(result_files.StreamedRows, "BATCH_ROWS", 10)
+    given: list[int] = []
+    real_flush = result_files.StreamedRows.flush
+
+    def flush(self):
+        real_flush(self)
+        given.append(self.rows_given)
+
+    monkeypatch.setattr(result_files.StreamedRows, "flush", flush)
+    there = _run(tmp_path, "streamed")
+    assert there == here
+    assert 0 < given[0] < 60 and given[0] % 7 == 0  # the first given during the run
+    assert {line.split(",")[11] for line in here["requests.csv"].splitlines()[1:]} == {"0", "1"}
+
+
+@needs_workers
+def test_a_run_failing_after_rows_were_streamed_leaves_no_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(request_times, "CHUNK_REQUESTS", 7)
+    monkeypatch.setattr(request_times.TimesRecorder, "PENDING", 5)
+    monkeypatch.setattr(parallel_text, "PARALLEL_MIN_ROWS", 1)
+    monkeypatch.setattr(result_files.StreamedRows, "BATCH_ROWS", 7)
+    real_record = request_times.TimesRecorder.record
+    calls = []
+
+    def record(self, *args, **kwargs):
+        if self.on_placed.__self__.rows_given > 0:  # once rows were given to the workers
+            calls.append(1)
+            raise ValueError("the run fails here")
+        real_record(self, *args, **kwargs)
+
+    monkeypatch.setattr(request_times.TimesRecorder, "record", record)
+    with pytest.raises(ValueError, match="the run fails here"):
+        _run(tmp_path, "broken")
+    assert calls
+    assert not any(n.endswith((".csv", ".json", ".tmp")) for n in os.listdir(tmp_path / "broken"))
+
+
+@needs_workers
 def test_a_job_failing_in_a_worker_is_raised_there(monkeypatch):
     monkeypatch.setattr(parallel_text, "PARALLEL_MIN_ROWS", 1)
     jobs = [(str, (1,)), (int, ("not a number",)), (str, (3,))]  # the second goes to a worker
@@ -69,10 +115,10 @@ def test_a_failing_chunk_leaves_no_file(tmp_path, monkeypatch):
     real_job = result_files.RequestRows.job
 
     def broken(self, start, end):  # the worker is given a job that fails
-        return (int, (f"row {start}",)) if start >= 21 else real_job(self, start, end)
+        return (int, (f"rows {start}..",)) if end > 21 else real_job(self, start, end)
 
     monkeypatch.setattr(result_files.RequestRows, "job", broken)
-    with pytest.raises(ValueError, match="row 2[18]"):
+    with pytest.raises(ValueError, match=r"rows \d+\.\."):
         _run(tmp_path, "broken")
     assert not any(n.endswith((".csv", ".json", ".tmp")) for n in os.listdir(tmp_path / "broken"))
 

@@ -236,6 +236,43 @@ def test_a_long_write_is_announced(tmp_path, monkeypatch, capsys):
     assert "writing results" not in capsys.readouterr().out
 
 
+def test_a_long_run_ends_its_process_without_freeing_its_objects(tmp_path):
+    """The command line's long run leaves its objects to the OS at exit: its files are whole,
+    the atexit handlers run, stdout is flushed and the status is 0; a run inside a program that
+    goes on (run() called) keeps nothing."""
+    code = (
+        "import atexit, sys\n"
+        "import experiments.run as r\n"
+        "r.LONG_WRITE_REQUESTS = 12\n"
+        "atexit.register(lambda: print('left', len(r._left_to_exit)))\n"
+        f"sys.argv = ['run', *{SMALL!r}, 'hydra.run.dir={tmp_path}']\n"
+        "r.main()\n"
+        "print('not reached')\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.endswith("left 1\n") and "not reached" not in p.stdout
+    assert f"results: {tmp_path}" in p.stdout
+    assert json.loads((tmp_path / "result.json").read_text())["completed"] == 12
+    assert "results:" in (tmp_path / "run.log").read_text()
+    run(composed(*SMALL), tmp_path / "in-process")
+    assert not run_module._left_to_exit
+
+
+def test_a_thread_still_running_keeps_the_normal_exit():
+    code = ("import threading, time\n"
+            "from experiments.run import exit_leaving_objects\n"
+            "done = threading.Event()\n"
+            "t = threading.Thread(target=lambda: (done.wait(), print('thread ended')))\n"
+            "t.start()\n"
+            "exit_leaving_objects()\n"
+            "print('went on')\n"
+            "done.set()\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert (p.returncode, p.stdout) == (0, "went on\nthread ended\n"), p.stderr[-2000:]
+
+
 def test_vllm_files_goodput_key_is_read(tmp_path):
     """vLLM writes 'request_goodput:' (its key has a colon); the table reads it."""
     (tmp_path / "a").mkdir()
