@@ -14,8 +14,9 @@ import numpy as np
 from experiments.request_times import TimesTable, times_for
 from policies.request import Request
 
-# GPU seconds of a request served alone on an idle engine: its prefill then its decode steps
-ServiceTimeFn = Callable[[Request], float]
+# GPU seconds of requests served alone on an idle engine (their prefill then their decode
+# steps), from their prompt lengths and max tokens
+ServiceTimeFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def _tails(values: Sequence[float] | np.ndarray, name: str) -> dict[str, float]:
@@ -61,8 +62,10 @@ def scheduling_metrics(requests: Sequence[Request], duration: float,
                          ("tpot", t.tpots(done))):
         out.update({k: v for k, v in _tails(values, name).items() if not k.startswith("median")})
     if service_time is not None and done.any():
-        alone = np.fromiter((service_time(r) for r, ok in zip(requests, done.tolist()) if ok),
-                            float)
+        n = len(requests)
+        alone = service_time(
+            np.fromiter(map(operator.attrgetter("prompt_len"), requests), np.int64, n)[done],
+            np.fromiter(map(operator.attrgetter("max_tokens"), requests), np.int64, n)[done])
         slow = t.e2el[done] / alone
         out.update(mean_slowdown=float(slow.mean()), p99_slowdown=float(np.percentile(slow, 99)),
                    jain_fairness_slowdown=jain_index(slow))

@@ -53,6 +53,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from common.model_spec import ModelSpec
 from common.parallel import kv_heads_per_rank
 from common.step_sizes import (
@@ -280,23 +282,19 @@ def step_time_fn(model: ModelSpec, hw: HardwareSpec) -> StepTimeFn:
 
 
 def service_time_fn(model: ModelSpec, hw: HardwareSpec):
-    """GPU seconds of a request served alone on an idle engine: its prompt in one prefill step,
-    then one decode step per further token at batch 1 (priced at the middle context; a decode
-    step's time is close to linear in its context). Slowdown's denominator."""
+    """GPU seconds of requests served alone on an idle engine, from their prompt lengths and
+    max tokens (arrays): the prompt in one prefill step, then one decode step per further token
+    at batch 1 (priced at the middle context; a decode step's time is close to linear in its
+    context). Slowdown's denominator."""
     first = step_time_fn(model, hw)
-    # a step's price depends on the prompt or the context alone: each priced once (a run of
-    # 1M requests has a few thousand of each)
-    prefills: dict[int, float] = {}
-    decodes: dict[int, float] = {}
 
-    def alone(req) -> float:
-        prefill = prefills.get(req.prompt_len)
-        if prefill is None:
-            prefill = prefills[req.prompt_len] = first(0, 0, 0, [(req.prompt_len, 0, True)])
-        mid = req.prompt_len + req.max_tokens // 2
-        decode = decodes.get(mid)
-        if decode is None:
-            decode = decodes[mid] = first(1, mid, mid, ())
-        return prefill + (req.max_tokens - 1) * decode
+    def alone(prompt_len: np.ndarray, max_tokens: np.ndarray) -> np.ndarray:
+        # a step's price depends on the prompt or the context alone: each distinct one priced
+        # once (a run of 1M requests has a few thousand of each)
+        prompts, which_prompt = np.unique(prompt_len, return_inverse=True)
+        mids, which_mid = np.unique(prompt_len + max_tokens // 2, return_inverse=True)
+        prefill = np.array([first(0, 0, 0, [(p, 0, True)]) for p in prompts.tolist()], float)
+        decode = np.array([first(1, m, m, ()) for m in mids.tolist()], float)
+        return prefill[which_prompt] + (max_tokens - 1) * decode[which_mid]
 
     return alone

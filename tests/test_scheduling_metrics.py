@@ -159,3 +159,35 @@ def test_each_request_is_judged_against_its_own_targets():
     assert classes["a"]["num_requests"] == 4 and classes["a"]["slo_attainment"] == 0.5
     assert classes["a"]["request_goodput"] == 1.0 and classes["a"]["ttft_slo_ms"] == 300
     assert classes["b"]["num_requests"] == 1 and classes["b"]["slo_attainment"] == 1.0
+
+
+def test_service_time_alone_prices_each_request_by_its_own_steps():
+    """Slowdown's denominator, taken for many requests at once (each distinct prompt and
+    context priced once), is each request's own prefill step plus max_tokens - 1 decode steps
+    at its middle context, to the last bit; a run's mean slowdown divides E2EL by it."""
+    import numpy as np
+
+    from common.model_spec import ModelSpec
+    from simulator.cost_model import service_time_fn, step_time_fn
+    from simulator.hardware import HardwareSpec
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose("config")
+    model = ModelSpec.from_dict(dict(cfg["model"]))
+    hw = HardwareSpec.from_dict(dict(cfg["hardware"]))
+    step = step_time_fn(model, hw)
+    prompts = np.array([7, 300, 7, 1024, 300, 5])
+    outputs = np.array([1, 20, 9, 256, 20, 2])
+    got = service_time_fn(model, hw)(prompts, outputs)
+    for p, o, t in zip(prompts.tolist(), outputs.tolist(), got.tolist(), strict=True):
+        mid = p + o // 2
+        assert t == step(0, 0, 0, [(p, 0, True)]) + (o - 1) * step(1, mid, mid, ())
+    reqs = [Request(i, 0.0, p, o) for i, (p, o) in enumerate(zip(prompts.tolist(),
+                                                                  outputs.tolist()))]
+    for r, e2el in zip(reqs, [0.5, 1.0, 2.0, 4.0, 1.0, 0.25]):
+        r.first_scheduled_time, r.finish_time = 0.0, e2el
+        r.num_output_tokens = r.max_tokens
+        r.token_times = [e2el] * r.max_tokens
+    out = scheduling_metrics(reqs, 4.0, service_time_fn(model, hw))
+    assert out["mean_slowdown"] == pytest.approx(
+        np.mean(np.array([0.5, 1.0, 2.0, 4.0, 1.0, 0.25]) / got))
