@@ -289,6 +289,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     Every setting is checked, and every input read, before run_dir is touched; then a previous
     run's result files go, if schedlab wrote them there (run_dir's manifest lists them): a file
     of that name it did not write, or an input the run would overwrite, is refused."""
+    from experiments.finished_requests import FinishedRequests
     from experiments.metrics import (
         format_summary,
         prefix_cache_hit_rate,
@@ -296,8 +297,8 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         save_result_metadata,
         summarize,
     )
-    from experiments.request_times import TimesRecorder, TimesTable
-    from experiments.result_files import RESULT_FILES, RequestRows, StreamedRows, write_results
+    from experiments.request_times import TimesTable
+    from experiments.result_files import RESULT_FILES, write_results
     from experiments.scheduling_metrics import scheduling_metrics
     from experiments.workload import build_requests, load_tokenizer, max_concurrency
     from experiments.workload.settings import get_float
@@ -369,37 +370,10 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
 
         wall0 = time.perf_counter()
         if backend["name"] == "sim":
-            import numpy as np
-
             from simulator.engine import simulate, simulate_cluster
 
-            # Each request's times are taken as it finishes, and its lists let go (its token
-            # times, its freed block table, the output ids a simulated request never has: empty
-            # tuples, which the simulator leaves as they are): a 1M-request run keeps a few
-            # numbers a request, not every token's time or three empty lists.
-            recorder = TimesRecorder(len(requests))
-            # requests.csv's rows written as the run goes, by worker processes beside it: the
-            # rows of each chunk of requests once they have all finished (a long run)
-            routed_to = np.zeros(len(requests), np.int64) if cluster.size > 1 else None
-            streamed = StreamedRows.start(run_dir, RequestRows(requests, routed_to,
-                                                               recorder.columns()))
-            if streamed is not None:
-                recorder.on_placed = streamed.add
-
-            def keep_times(finished: list[Request], replica: int,
-                           runs: tuple[Any, list[tuple[int, int]]] | None) -> None:
-                mine = [i for i, r in enumerate(finished)
-                        if r.request_id < len(requests) and requests[r.request_id] is r]
-                if len(mine) < len(finished):
-                    finished = [finished[i] for i in mine]
-                    runs = None if runs is None else (runs[0], [runs[1][i] for i in mine])
-                numbers = [r.request_id for r in finished]
-                if routed_to is not None:
-                    routed_to[numbers] = replica
-                recorder.record(numbers, finished, runs)
-                for r in finished:
-                    r.token_times = r.block_table = r.output_token_ids = ()
-
+            finishes = FinishedRequests(requests, run_dir, cluster=cluster.size > 1)
+            streamed = finishes.streamed
             if replica_specs is None:
                 outcome = simulate(requests, choice.new_scheduler, model, hardware, overhead,
                                    block_size=choice.scheduler.block_size,
@@ -407,11 +381,11 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
                                    stream_per_step=bool(backend.get("stream_per_step", False)),
                                    num_blocks=num_blocks,
                                    time_scale=time_scale, max_concurrency=limit, progress=progress,
-                                   on_finish=keep_times)
+                                   on_finish=finishes)
             else:
                 cluster_outcome = simulate_cluster(requests, replica_specs, cluster.router,
                                                    max_concurrency=limit, progress=progress,
-                                                   on_finish=keep_times)
+                                                   on_finish=finishes)
                 outcome = cluster_outcome.total
         else:
             from real_backend.engine import run_real
@@ -425,7 +399,8 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             say(f"writing results to {run_dir} ...", console=sweep_label is None)
         texts = generated_texts(requests, tokenizer) if tokenizer is not None else None
         # once, for every metric and file below (the simulator's: taken as each request finished)
-        times = recorder.table() if backend["name"] == "sim" else TimesTable.of_requests(requests)
+        times = finishes.table() if backend["name"] == "sim" else \
+            TimesTable.of_requests(requests)
         summary = summarize(requests, outcome.duration, percentiles=results.percentiles,
                             goodput=results.goodput, generated_texts=texts,
                             per_request=results.save_per_request, times=times, streamed=True)
