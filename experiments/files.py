@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import tempfile
 from collections.abc import Iterator
@@ -37,6 +38,13 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def stale_copies(path: str | os.PathLike[str]) -> list[Path]:
+    """The temporary copies of ``path`` that atomic writes left beside it when their process
+    was killed (SIGKILL, the OOM killer) before it could remove them."""
+    path = Path(path)
+    return sorted(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
 
 
 @contextmanager

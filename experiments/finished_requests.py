@@ -39,7 +39,7 @@ class FinishedRequests:
         requests = self._requests
         mine = [i for i, r in enumerate(finished)
                 if r.request_id < len(requests) and requests[r.request_id] is r]
-        if len(mine) < len(finished):  # (a later turn the client made is not one of them)
+        if len(mine) < len(finished):  # (a request that is not one of the run's)
             finished = [finished[i] for i in mine]
             runs = None if runs is None else (runs[0], [runs[1][i] for i in mine])
         numbers = [r.request_id for r in finished]

@@ -5,11 +5,13 @@ after the simulation, and a chunk's text depends on its own rows alone.
 
 A job is a module-level function and its chunk's data (numpy slices, a few thousand rows),
 which a worker receives pickled and renders; the text comes back in job order, a few jobs
-ahead at most (``rendered``). Rows that are final before the run ends (requests.csv's, in a
-simulation) are given to the workers as they become final (``Texts.put``), so that they are
-rendered beside the simulation rather than after it. The workers start from a fresh process (``forkserver``), not as copies of this
-one: a copy would share this process's pages until either side wrote to them, and both do as
-they allocate, so a forked worker grows by the pages this process frees and reuses. One worker
+ahead at most (``Texts.rest``). Rows that are final before the run ends (requests.csv's, in
+a simulation) are given to the workers as they become final (``Texts.put``): they are
+rendered beside the simulation rather than after it.
+
+The workers start from a fresh process (``forkserver``), not as copies of this one: a copy
+would share this process's pages until either side wrote to them, and both do as they
+allocate, so a forked worker grows by the pages this process frees and reuses. One worker
 fewer than the CPUs, this process rendering its share, keeps it to one worker on two CPUs.
 """
 
@@ -19,6 +21,7 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
 import sys
 import threading
 from collections import deque
@@ -55,19 +58,6 @@ def workers_for(rows: int) -> int:
     return num_workers() if rows >= PARALLEL_MIN_ROWS and _main_is_importable() else 0
 
 
-def rendered(jobs: Iterable[Job], rows: int) -> Iterator[str]:
-    """Each job's text, in order, the jobs taken a few ahead of the text asked for: with
-    ``rows`` (the run's requests) at PARALLEL_MIN_ROWS or more, by workers and this process in
-    turn (one job in every workers + 1 is rendered here), else here alone (also where the
-    workers cannot start). A job's error is raised here as it was raised there; closing the
-    iterator early stops the workers."""
-    texts = Texts(workers_for(rows))
-    try:
-        yield from texts.rest(jobs)
-    finally:
-        texts.close()
-
-
 class Texts:
     """Jobs' texts in the order the jobs come: given one by one as a run goes on (``put``:
     rendered by the workers, their texts taken as they are done, ``ready``), then the rest
@@ -78,6 +68,7 @@ class Texts:
     def __init__(self, workers: int) -> None:
         self._workers = workers
         self._pool: ProcessPoolExecutor | None = None
+        self._failed: BaseException | None = None
         self._starting: threading.Thread | None = None
         if self._workers:
             self._starting = threading.Thread(target=self._start, daemon=True)
@@ -86,12 +77,17 @@ class Texts:
         self._queue: deque[tuple[Job, Any]] = deque()
 
     def _start(self) -> None:
-        self._pool = _start(self._workers)
+        try:
+            self._pool = _start(self._workers)
+        except BaseException as err:  # raised in the run's thread, when the pool is asked for
+            self._failed = err
 
     def _started(self) -> ProcessPoolExecutor | None:
         if self._starting is not None:
             self._starting.join()
             self._starting = None
+            if self._failed is not None:
+                raise self._failed
         return self._pool
 
     @property
@@ -182,7 +178,9 @@ def _main_is_importable() -> bool:
 
 def _exit_with_parent() -> None:
     """A worker's initializer: it exits when the run's process does, killed or not (a worker
-    would otherwise wait for jobs for ever)."""
+    would otherwise wait for jobs for ever), and leaves Ctrl-C to the run (a terminal sends it
+    to every process of the run: the run says in one line that it was interrupted)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = multiprocessing.parent_process()
     if parent is None:
         return

@@ -15,6 +15,7 @@ import json
 import math
 import operator
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -228,9 +229,13 @@ class StreamedRows:
     def __init__(self, run_dir: Path, rows: RequestRows, texts: Texts) -> None:
         self._rows, self.texts = rows, texts
         self._stack = contextlib.ExitStack()
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.file = self._stack.enter_context(atomic_text_file(run_dir / "requests.csv"))
-        self.file.write(",".join(REQUEST_CSV_COLUMNS) + "\n")
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self.file = self._stack.enter_context(atomic_text_file(run_dir / "requests.csv"))
+            self.file.write(",".join(REQUEST_CSV_COLUMNS) + "\n")
+        except BaseException:
+            self.__exit__(*sys.exc_info())
+            raise
         self.rows_final = 0  # rows 0..rows_final-1 are final
         self.rows_given = 0  # rows 0..rows_given-1 are given to the workers
         self.pending = 0  # jobs given whose text is not written yet

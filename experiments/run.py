@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import math
@@ -338,7 +339,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     finally:
         if collecting:
             gc.enable()
-    streamed = None
+    streamed = cluster_outcome = None
     try:
         time_scale = float(backend.get("time_scale", 1.0))  # the simulator's
         progress = bool(cfg.get("progress", True))
@@ -472,11 +473,12 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             say(text, console=False)
             say(sweep_line(sweep_label, result, run_dir))
         if LEAVE_TO_EXIT and sweep_label is None and len(requests) >= LONG_WRITE_REQUESTS:
-            _left_to_exit.append((requests, outcome, times))
+            _left_to_exit.append((requests, outcome, cluster_outcome, times))
         return {**result, "schedlab": extra}
     except BaseException:
         if streamed is not None:  # its file's copy removed, its workers stopped
-            streamed.__exit__(*sys.exc_info())
+            with contextlib.suppress(OSError):  # the run's own error is the one to report
+                streamed.__exit__(*sys.exc_info())
         raise
     finally:
         gc.unfreeze()
@@ -569,16 +571,22 @@ def main() -> None:
 def exit_leaving_objects() -> None:
     """End the process as Python would (exit status 0, every atexit handler run, stdout and
     stderr flushed) but without freeing its objects one by one: the operating system takes
-    the memory back at once. Not where a thread other than daemons is still running."""
+    the memory back at once. Not where a thread other than daemons is still running, nor under
+    a profiler, tracer or debugger (``python -m cProfile``, coverage), whose own work at exit
+    would be lost."""
     import atexit
     import threading
 
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate()
-           if t is not threading.main_thread()):
+    if sys.getprofile() is not None or sys.gettrace() is not None or \
+            any(t.is_alive() and not t.daemon for t in threading.enumerate()
+                if t is not threading.main_thread()):
         return
     atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:  # a closed pipe: Python's own exit status for it
+        os._exit(120)
     os._exit(0)
 
 

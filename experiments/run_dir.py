@@ -17,7 +17,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.files import write_text_atomic
+from experiments.files import stale_copies, write_text_atomic
 
 # Settings that change how a run is driven, never its result. They name no run directory
 # (conf/config.yaml lists them in override_dirname.exclude_keys, a test checks it) and are left
@@ -215,8 +215,8 @@ def unrecorded(directory: str | os.PathLike[str], names: Iterable[str]) -> list[
 def remove_recorded(directory: str | os.PathLike[str], names: Sequence[str],
                     setting: str) -> None:
     """Remove a previous run's ``names`` from ``directory`` (in their order), if schedlab wrote
-    every one of them there; one it did not (or that changed since) is a RunDirError naming it,
-    before anything is removed."""
+    every one of them there, and the temporary copies of them a killed run left; one it did not
+    write (or that changed since) is a RunDirError naming it, before anything is removed."""
     directory = Path(directory)
     foreign = unrecorded(directory, names)
     if foreign:
@@ -226,6 +226,8 @@ def remove_recorded(directory: str | os.PathLike[str], names: Sequence[str],
                           f"move {them} away or choose another {setting}")
     for name in names:
         (directory / name).unlink(missing_ok=True)
+        for copy in stale_copies(directory / name):  # of a run killed while it wrote them
+            copy.unlink(missing_ok=True)
     record(directory, [])
 
 

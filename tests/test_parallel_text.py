@@ -3,7 +3,10 @@ rendered in one process, byte for byte, and a worker's failure is raised and lea
 
 from __future__ import annotations
 
+import errno
+import multiprocessing
 import os
+import signal
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -77,35 +80,54 @@ def test_rows_written_as_the_run_goes_are_the_rows_written_at_its_end(tmp_path, 
 
 
 @needs_workers
-def test_a_run_failing_after_rows_were_streamed_leaves_no_file(tmp_path, monkeypatch):
+@pytest.mark.parametrize("error", [ValueError("the run fails here"),
+                                   OSError(errno.EIO, "the disk fails here")])
+def test_a_run_failing_after_rows_were_streamed_leaves_no_file(tmp_path, monkeypatch, error):
+    """The run's own error is raised (an OSError too: not one naming requests.csv), its file's
+    copy is removed and its workers are stopped."""
     monkeypatch.setattr(request_times, "CHUNK_REQUESTS", 7)
     monkeypatch.setattr(request_times.TimesRecorder, "PENDING", 5)
     monkeypatch.setattr(parallel_text, "PARALLEL_MIN_ROWS", 1)
     monkeypatch.setattr(result_files.StreamedRows, "BATCH_ROWS", 7)
     real_record = request_times.TimesRecorder.record
-    calls = []
 
     def record(self, *args, **kwargs):
         if self.on_placed.__self__.rows_given > 0:  # once rows were given to the workers
-            calls.append(1)
-            raise ValueError("the run fails here")
+            raise error
         real_record(self, *args, **kwargs)
 
     monkeypatch.setattr(request_times.TimesRecorder, "record", record)
-    with pytest.raises(ValueError, match="the run fails here"):
+    with pytest.raises(type(error)) as raised:
         _run(tmp_path, "broken")
-    assert calls
+    assert raised.value is error
     assert not any(n.endswith((".csv", ".json", ".tmp")) for n in os.listdir(tmp_path / "broken"))
+    assert not multiprocessing.active_children()
+
+
+@needs_workers
+def test_workers_leave_ctrl_c_to_the_run():
+    """A terminal's Ctrl-C reaches every process of the run: a worker ignores it (the run says
+    in one line that it was interrupted, and its workers end with it)."""
+    texts = parallel_text.Texts(1)
+    try:
+        assert texts.parallel
+        texts.put((signal.getsignal, (signal.SIGINT,)))
+        assert list(texts.rest([])) == [signal.SIG_IGN]
+    finally:
+        texts.close()
 
 
 @needs_workers
 def test_a_job_failing_in_a_worker_is_raised_there(monkeypatch):
     monkeypatch.setattr(parallel_text, "PARALLEL_MIN_ROWS", 1)
     jobs = [(str, (1,)), (int, ("not a number",)), (str, (3,))]  # the second goes to a worker
+    texts = parallel_text.Texts(parallel_text.workers_for(3))
     with pytest.raises(ValueError, match="not a number"):
-        list(parallel_text.rendered(jobs, rows=3))
-    assert list(parallel_text.rendered([(str, (i,)) for i in range(5)], rows=5)) == \
-        ["0", "1", "2", "3", "4"]
+        list(texts.rest(jobs))
+    texts.close()
+    texts = parallel_text.Texts(parallel_text.workers_for(5))
+    assert list(texts.rest([(str, (i,)) for i in range(5)])) == ["0", "1", "2", "3", "4"]
+    texts.close()
 
 
 @needs_workers

@@ -255,8 +255,35 @@ def test_a_long_run_ends_its_process_without_freeing_its_objects(tmp_path):
     assert f"results: {tmp_path}" in p.stdout
     assert json.loads((tmp_path / "result.json").read_text())["completed"] == 12
     assert "results:" in (tmp_path / "run.log").read_text()
-    run(composed(*SMALL), tmp_path / "in-process")
+
+
+def test_only_a_long_single_run_of_the_command_line_is_left_to_exit(tmp_path, monkeypatch):
+    """run() keeps nothing unless the command line will end the process after it: not in a
+    program that goes on, not a run of a sweep, not a short run."""
+    monkeypatch.setattr(run_module, "LONG_WRITE_REQUESTS", 12)
+    run(composed(*SMALL), tmp_path / "a")
+    assert not run_module._left_to_exit  # main() was not called
+    monkeypatch.setattr(run_module, "LEAVE_TO_EXIT", True)
+    monkeypatch.setattr(run_module, "_left_to_exit", [])
+    run(composed(*SMALL), tmp_path / "b", sweep_label="x=1")
+    run(composed(*SMALL, "workload.num_prompts=11"), tmp_path / "c")
     assert not run_module._left_to_exit
+    run(composed(*SMALL), tmp_path / "d")
+    assert len(run_module._left_to_exit) == 1
+
+
+def test_a_profiled_run_exits_normally():
+    """Under a profiler or tracer (python -m cProfile, coverage) the process exits as usual:
+    the profiler writes its report at exit."""
+    code = ("import sys\n"
+            "from experiments.run import exit_leaving_objects\n"
+            "sys.setprofile(lambda *args: None)\n"
+            "exit_leaving_objects()\n"
+            "sys.setprofile(None)\n"
+            "print('went on')\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert (p.returncode, p.stdout) == (0, "went on\n"), p.stderr[-2000:]
 
 
 def test_a_thread_still_running_keeps_the_normal_exit():

@@ -95,6 +95,20 @@ def test_a_rerun_removes_only_what_the_previous_run_recorded(tmp_path):
     assert files(tmp_path) == before
 
 
+def test_a_rerun_removes_the_copies_a_killed_run_left(tmp_path):
+    """A run killed while it wrote (SIGKILL, the OOM killer: a long simulation writes
+    requests.csv as it goes) leaves its files' temporary copies; the next run in the directory
+    removes them, and nothing else of that look."""
+    cfg = composed(*SMALL, *SYNTHETIC)
+    (tmp_path / ".requests.csv.k1ll3d.tmp").write_text("request_id,arrival_time\n0,0.0\n")
+    (tmp_path / ".result.json.k1ll3d.tmp").write_text("{")
+    (tmp_path / ".notes.txt.mine.tmp").write_text("kept\n")
+    run(cfg, tmp_path)
+    assert not (tmp_path / ".requests.csv.k1ll3d.tmp").exists()
+    assert not (tmp_path / ".result.json.k1ll3d.tmp").exists()
+    assert (tmp_path / ".notes.txt.mine.tmp").read_text() == "kept\n"
+
+
 def test_an_input_the_run_would_overwrite_is_refused(tmp_path):
     """A trace named like a result, in the run dir: the user's own, or a previous run's
     requests.csv (schedlab's, recorded) replayed as a trace."""

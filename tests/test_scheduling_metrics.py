@@ -188,6 +188,10 @@ def test_service_time_alone_prices_each_request_by_its_own_steps():
         r.first_scheduled_time, r.finish_time = 0.0, e2el
         r.num_output_tokens = r.max_tokens
         r.token_times = [e2el] * r.max_tokens
+    reqs[2].finish_time = None  # unfinished: no slowdown
+    reqs[2].num_output_tokens, reqs[2].token_times = 3, [2.0] * 3
     out = scheduling_metrics(reqs, 4.0, service_time_fn(model, hw))
-    assert out["mean_slowdown"] == pytest.approx(
-        np.mean(np.array([0.5, 1.0, 2.0, 4.0, 1.0, 0.25]) / got))
+    e2el = np.array([0.5, 1.0, 2.0, 4.0, 1.0, 0.25])
+    done = np.array([True, True, False, True, True, True])
+    assert out["mean_slowdown"] == pytest.approx(np.mean(e2el[done] / got[done]))
+    assert len(service_time_fn(model, hw)(prompts[:0], outputs[:0])) == 0
