@@ -484,6 +484,22 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         gc.unfreeze()
 
 
+def no_huge_pages() -> None:
+    """Ask numpy not to request transparent huge pages for its large arrays (what
+    NUMPY_MADVISE_HUGEPAGE=0 sets when numpy is imported; a value given in the environment is
+    kept). Where the kernel compacts memory to find huge pages for a region that asks
+    (transparent_hugepage/defrag = madvise, a common default), a long run's first arrays of
+    tens of MB cost about a second of system time (1M requests: 17.9 -> 16.6 s)."""
+    if "NUMPY_MADVISE_HUGEPAGE" in os.environ:
+        return
+    import numpy as np
+
+    core = getattr(np, "_core", None) or getattr(np, "core", None)
+    setting = getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
+    if setting is not None:
+        setting(False)
+
+
 def _written(run_dir: Path) -> list[str]:
     from experiments.result_files import RESULT_FILES
 
@@ -499,6 +515,7 @@ def _app(cfg: DictConfig) -> str | None:
     from hydra.types import RunMode
 
     stop_with_sweep()
+    no_huge_pages()
     log_to_run_log()
     warnings.formatwarning = one_line_warning
     hydra_cfg = HydraConfig.get()

@@ -351,3 +351,19 @@ def test_loadgen_result_uses_vllm_s_names():
     # chunks at 0.5, 1.0, 1.5 (request 0) and 1.0 (request 1) after the first send: seconds
     # 0 and 1 hold 1 and 3; both requests are active in seconds 0 and 1
     assert s["max_output_tokens_per_s"] == 3.0 and s["max_concurrent_requests"] == 2
+
+
+def test_a_run_asks_numpy_for_no_huge_pages_unless_the_environment_says(monkeypatch):
+    import numpy as np
+
+    setting = np._core.multiarray._set_madvise_hugepage  # returns the setting it replaces
+    before = setting(True)
+    try:
+        monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")
+        run_module.no_huge_pages()
+        assert setting(True) is True  # the user's choice kept
+        monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE")
+        run_module.no_huge_pages()
+        assert setting(True) is False
+    finally:
+        setting(before)
