@@ -51,7 +51,7 @@ traffic: at decode sizes they stay in L2, and at prefill sizes the compute term 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -289,12 +289,18 @@ def service_time_fn(model: ModelSpec, hw: HardwareSpec):
     first = step_time_fn(model, hw)
 
     def alone(prompt_len: np.ndarray, max_tokens: np.ndarray) -> np.ndarray:
-        # a step's price depends on the prompt or the context alone: each distinct one priced
-        # once (a run of 1M requests has a few thousand of each)
-        prompts, which_prompt = np.unique(prompt_len, return_inverse=True)
-        mids, which_mid = np.unique(prompt_len + max_tokens // 2, return_inverse=True)
-        prefill = np.array([first(0, 0, 0, [(p, 0, True)]) for p in prompts.tolist()], float)
-        decode = np.array([first(1, m, m, ()) for m in mids.tolist()], float)
-        return prefill[which_prompt] + (max_tokens - 1) * decode[which_mid]
+        prefill = _priced(prompt_len, lambda p: first(0, 0, 0, [(p, 0, True)]))
+        decode = _priced(prompt_len + max_tokens // 2, lambda m: first(1, m, m, ()))
+        return prefill + (max_tokens - 1) * decode
 
     return alone
+
+
+def _priced(values: np.ndarray, price: Callable[[int], float]) -> np.ndarray:
+    """``price`` of each of these token counts (ints >= 0), each distinct one priced once: a
+    step's price depends on the prompt or the context alone, and a run of 1M requests has a
+    few thousand of each."""
+    seen = np.flatnonzero(np.bincount(values))
+    table = np.zeros(int(seen[-1]) + 1 if len(seen) else 0)
+    table[seen] = [price(v) for v in seen.tolist()]
+    return table[values]
