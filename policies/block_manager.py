@@ -91,8 +91,14 @@ class BlockManager:
 
     def can_allocate(self, num_tokens: int, hits: list[int] | None = None) -> bool:
         """Whether a new request holding ``num_tokens`` slots, of which the cached blocks
-        ``hits`` come first, can be admitted (watermark kept)."""
-        return self.num_free_blocks - self.blocks_needed(num_tokens, hits) >= self.watermark_blocks
+        ``hits`` come first, can be admitted (watermark kept): num_free_blocks less
+        blocks_needed, written out (every admission asks, and a full cache asks every window)."""
+        if hits:
+            need = self.blocks_needed(num_tokens, hits)
+        else:
+            need = -(-num_tokens // self.block_size)
+        return (len(self._returned) + self.num_blocks - self._next_fresh + len(self._evictable)
+                - self.unassigned - need >= self.watermark_blocks)
 
     def blocks_freed_by(self, req: Request) -> int:
         """Blocks that freeing ``req`` would return: those no other request holds."""
