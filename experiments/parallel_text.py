@@ -143,6 +143,7 @@ class Texts:
         """Stop the workers (the jobs not done are dropped)."""
         pool = self._started()
         self._queue.clear()
+        self._pool = None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 

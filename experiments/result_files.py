@@ -219,10 +219,12 @@ class RequestRows:
 class StreamedRows:
     """requests.csv written while a long run goes on: a chunk of rows is given to worker
     processes (experiments.parallel_text) as soon as its requests have all finished, and its
-    text goes into the file's temporary copy, in order, once rendered; ``write_results`` writes
-    the rest and puts the file in place with the others. ``start`` gives None where there would
-    be no workers (too few rows, one CPU): the file is then written whole at the end. Used as a
-    context manager: leaving it on an error removes the copy and stops the workers."""
+    text goes into the file's temporary copy, in order, once rendered. ``finish`` ends it as
+    the simulation ends (the workers stopped: their memory is back before the metrics, the
+    run's peak); ``write_results`` writes the rest and puts the file in place with the others.
+    ``start`` gives None where there would be no workers (too few rows, one CPU): the file is
+    then written whole at the end. Used as a context manager: leaving it on an error removes
+    the copy and stops the workers."""
 
     BATCH_ROWS = 20_000
 
@@ -238,7 +240,7 @@ class StreamedRows:
             raise
         self.rows_final = 0  # rows 0..rows_final-1 are final
         self.rows_given = 0  # rows 0..rows_given-1 are given to the workers
-        self.pending = 0  # jobs given whose text is not written yet
+        self.finished = False
 
     @classmethod
     def start(cls, run_dir: str | os.PathLike[str], rows: RequestRows) -> StreamedRows | None:
@@ -251,36 +253,39 @@ class StreamedRows:
         """Rows start..end-1 are final (the next ones after those given before): given to the
         workers with those before them not given yet, BATCH_ROWS or more at a time (a job costs
         this process a few thread wakeups); the texts rendered by now are written."""
+        if self.finished:  # the rest is write_results'
+            return
         if start != self.rows_final:
             raise ValueError(f"requests.csv's rows {start}..{end - 1} came after rows up to "
                              f"{self.rows_final - 1}")
         self.rows_final = end
-        if end - self.rows_given >= self.BATCH_ROWS:
-            self.flush()
-
-    def flush(self) -> None:
-        """Give the workers every final row not given yet; write the texts rendered by now."""
-        if self.rows_final > self.rows_given and self.texts.parallel:
+        if end - self.rows_given >= self.BATCH_ROWS and self.texts.parallel:
             # (where the workers could not start, the rows are left to be written at the end)
-            self.texts.put(self._rows.job(self.rows_given, self.rows_final))
-            self.rows_given = self.rows_final
-            self.pending += 1
+            self.texts.put(self._rows.job(self.rows_given, end))
+            self.rows_given = end
         for text in self.texts.ready():
             self.file.write(text)
-            self.pending -= 1
+
+    def finish(self) -> None:
+        """No more rows are given: the texts of those given are written (waited for) and the
+        workers stopped; rows_given.. are write_results'. Once."""
+        if self.finished:
+            return
+        self.finished = True
+        for text in self.texts.rest(()):
+            self.file.write(text)
+        self.texts.close()
 
     def __enter__(self) -> StreamedRows:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        """The copy put in place (write_results goes on with the workers), or on an error
-        removed and the workers stopped; once."""
+        """The copy put in place, or on an error removed; the workers stopped; once."""
         stack, self._stack = self._stack, contextlib.ExitStack()
         try:
             stack.__exit__(*exc)
         finally:
-            if exc[0] is not None:
-                self.texts.close()
+            self.texts.close()
 
 
 def _text(x: Any, how: str) -> str:
@@ -403,7 +408,7 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
         return len(bounds)
 
     if streamed is not None:
-        streamed.flush()
+        streamed.finish()
     request_chunks = chunked(rows.job, len(rows), streamed.rows_given if streamed else 0)
     texts = []
     step_chunks = None
@@ -415,17 +420,16 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     if summary_text is not None:
         texts.append(("summary.txt", summary_text + "\n"))
     clear_results(run_dir)
-    renderer = streamed.texts if streamed is not None else Texts(workers_for(len(rows)))
+    renderer = Texts(workers_for(len(rows)))
     chunks = renderer.rest(itertools.chain.from_iterable(jobs))
     try:
         with contextlib.ExitStack() as requests_csv:
             if streamed is None:
                 f = requests_csv.enter_context(atomic_text_file(run_dir / "requests.csv"))
                 f.write(",".join(REQUEST_CSV_COLUMNS) + "\n")
-            else:  # its copy is put in place here, with the rows given before
+            else:  # its copy is put in place here, with the rows written before
                 f = streamed.file
                 requests_csv.push(streamed)
-                request_chunks += streamed.pending
             for _ in range(request_chunks):
                 f.write(next(chunks))
         if step_chunks is not None:

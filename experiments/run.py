@@ -388,6 +388,8 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
                                                    max_concurrency=limit, progress=progress,
                                                    on_finish=finishes)
                 outcome = cluster_outcome.total
+            if streamed is not None:  # its workers' memory back before the metrics' peak
+                streamed.finish()
         else:
             from real_backend.engine import run_real
 
