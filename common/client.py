@@ -91,6 +91,9 @@ class Client:
         sent = []
         unsent, due = self._unsent, self._due
         limited = self.max_concurrency is not None
+        if not limited and not due:  # every slot free, no later turn due: the loop below, bare
+            while unsent and unsent[0].arrival_time <= now:
+                sent.append(unsent.popleft())
         while self._slot_free(now):
             if due and due[0][0] <= now and (not unsent or due[0][0] <= unsent[0].arrival_time):
                 req = heapq.heappop(due)[2]

@@ -27,8 +27,21 @@ def arrivals(shared: Shared, sims: list[ReplicaSim], router: Router,
     single = len(sims) == 1
     fronts = [request_time(sim.overhead) for sim in sims]
     now = loop.now
+    # one engine that takes requests as they come (no front-end time, one virtual engine):
+    # each burst reaches its scheduler at once, as _enter would take it one by one
+    direct = sims[0].schedulers[0] if single and fronts[0] <= 0.0 \
+        and len(sims[0].schedulers) == 1 else None
     while client.num_unsent:
-        for req in client.send_due(now):
+        sent = client.send_due(now)
+        if direct is not None and sent:
+            for req in sent:
+                direct.add_request(req)
+            sims[0].num_sent += len(sent)
+            if (wake := sims[0].wake[0]) is not None:
+                sims[0].wake[0] = None
+                wake.fire()
+            sent = []
+        for req in sent:
             r = 0 if single else router.route(req, loads, now)
             sim = sims[r]
             if not single:  # (one replica needs no map: every request is its)
