@@ -144,7 +144,7 @@ class Scheduler:
                 f"scheduler.max_num_batched_tokens {self.max_num_batched_tokens} and policy "
                 f"{self.policy.name} does not chunk prefills")
         bm = self.block_manager
-        need = bm.blocks_for(total + self.policy.max_steps)
+        need = -(-(total + self.policy.max_steps) // bm.block_size)  # bm.blocks_for's
         if need > bm.num_blocks - bm.watermark_blocks:
             raise ValueError(
                 f"request {req.request_id} needs {need} KV blocks but the cache has "
@@ -442,17 +442,18 @@ class Scheduler:
             # a preempted request recomputes its outputs too; a cached prefix is not computed
             hits = bm.match(req) if req.prefix_segments is not None else None
             cached = len(hits) * bm.block_size if hits else 0
-            num_new = req.seq_len - cached
+            seq_len = req.prompt_len + req.num_output_tokens  # req.seq_len
+            num_new = seq_len - cached
             q = policy.chunk_size(req, num_new, budget, self)
             if q <= 0:
                 break
-            reserve = req.seq_len + (steps - 1 if q == num_new else 0)
+            reserve = seq_len + (steps - 1 if q == num_new else 0)
             if not bm.can_allocate(reserve, hits):
                 break
             if hits:
                 bm.take_hits(req, hits)
             if self._grouped:  # by count, as the group it joins once its prefill is done
-                bm.unassigned += bm.blocks_for(reserve)
+                bm.unassigned += -(-reserve // bm.block_size)  # bm.blocks_for's
             else:
                 bm.ensure_slots(req, reserve)
             if i == 0:
@@ -611,8 +612,8 @@ class Scheduler:
         """Give a finished request's blocks back, those taken by count (grouped) included:
         its reservation covered its computed tokens exactly."""
         bm = self.block_manager
-        if self._grouped:
-            bm.unassigned -= bm.blocks_for(req.num_computed_tokens) - len(req.block_table)
+        if self._grouped:  # (bm.blocks_for's rounding)
+            bm.unassigned -= -(-req.num_computed_tokens // bm.block_size) - len(req.block_table)
         bm.free(req)
 
     def _settle_placeholders(self, batch: Batch, step_times: Sequence[float],
