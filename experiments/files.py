@@ -42,9 +42,11 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 def stale_copies(path: str | os.PathLike[str]) -> list[Path]:
     """The temporary copies of ``path`` that atomic writes left beside it when their process
-    was killed (SIGKILL, the OOM killer) before it could remove them."""
+    was killed (SIGKILL, the OOM killer) before it could remove them: files named as
+    ``atomic_path`` names them (mkstemp's eight characters between)."""
     path = Path(path)
-    return sorted(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
+    return sorted(p for p in path.parent.glob(f".{glob.escape(path.name)}.{'?' * 8}.tmp")
+                  if p.is_file() and not p.is_symlink())
 
 
 @contextmanager

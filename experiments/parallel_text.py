@@ -83,12 +83,16 @@ class Texts:
             self._failed = err
 
     def _started(self) -> ProcessPoolExecutor | None:
+        self._join()
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
+        return self._pool
+
+    def _join(self) -> None:
         if self._starting is not None:
             self._starting.join()
             self._starting = None
-            if self._failed is not None:
-                raise self._failed
-        return self._pool
 
     @property
     def parallel(self) -> bool:
@@ -140,8 +144,10 @@ class Texts:
             raise _broken(err) from err
 
     def close(self) -> None:
-        """Stop the workers (the jobs not done are dropped)."""
-        pool = self._started()
+        """Stop the workers (the jobs not done are dropped); a failure to start them is not
+        raised here (an error being handled is the one to report)."""
+        self._join()
+        pool = self._pool
         self._queue.clear()
         self._pool = None
         if pool is not None:
@@ -166,6 +172,9 @@ def _start(workers: int) -> ProcessPoolExecutor | None:
         log.warning("rendering the result files in one process: its workers cannot start (%s)",
                     err)
         return None
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
     return pool
 
 
@@ -180,7 +189,8 @@ def _main_is_importable() -> bool:
 def _exit_with_parent() -> None:
     """A worker's initializer: it exits when the run's process does, killed or not (a worker
     would otherwise wait for jobs for ever), and leaves Ctrl-C to the run (a terminal sends it
-    to every process of the run: the run says in one line that it was interrupted)."""
+    to every process of the run: the run says in one line that it was interrupted, and its
+    workers end with it). SIGTERM still ends it: the pool stops a broken worker's siblings so."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = multiprocessing.parent_process()
     if parent is None:

@@ -230,10 +230,12 @@ class StreamedRows:
 
     def __init__(self, run_dir: Path, rows: RequestRows, texts: Texts) -> None:
         self._rows, self.texts = rows, texts
+        self.path = run_dir / "requests.csv"
+        self.parallel = False  # whether its workers rendered rows (known once finished)
         self._stack = contextlib.ExitStack()
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
-            self.file = self._stack.enter_context(atomic_text_file(run_dir / "requests.csv"))
+            self.file = self._stack.enter_context(atomic_text_file(self.path))
             self.file.write(",".join(REQUEST_CSV_COLUMNS) + "\n")
         except BaseException:
             self.__exit__(*sys.exc_info())
@@ -264,7 +266,7 @@ class StreamedRows:
             self.texts.put(self._rows.job(self.rows_given, end))
             self.rows_given = end
         for text in self.texts.ready():
-            self.file.write(text)
+            self._write(text)
 
     def finish(self) -> None:
         """No more rows are given: the texts of those given are written (waited for) and the
@@ -272,9 +274,18 @@ class StreamedRows:
         if self.finished:
             return
         self.finished = True
+        self.parallel = self.texts.parallel
         for text in self.texts.rest(()):
-            self.file.write(text)
+            self._write(text)
         self.texts.close()
+
+    def _write(self, text: str) -> None:
+        try:
+            self.file.write(text)
+        except OSError as err:  # a full disk names no file: this one's
+            if err.filename is not None or err.errno is None:
+                raise
+            raise OSError(err.errno, err.strerror, str(self.path)) from err
 
     def __enter__(self) -> StreamedRows:
         return self
@@ -420,7 +431,8 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     if summary_text is not None:
         texts.append(("summary.txt", summary_text + "\n"))
     clear_results(run_dir)
-    renderer = Texts(workers_for(len(rows)))
+    # (workers that could not start for the stream are not tried again)
+    renderer = Texts(workers_for(len(rows)) if streamed is None or streamed.parallel else 0)
     chunks = renderer.rest(itertools.chain.from_iterable(jobs))
     try:
         with contextlib.ExitStack() as requests_csv:

@@ -87,3 +87,25 @@ def test_a_real_cache_larger_than_the_host_is_refused(tmp_path) -> None:
                  "workload.num_prompts=2", "backend.num_blocks=2000000000")
     assert str(err.value).startswith("backend.num_blocks 2000000000 needs 16384.0 GB of KV cache "
                                      "but the host has"), err.value
+
+
+def test_can_allocate_is_the_free_blocks_less_those_needed() -> None:
+    """can_allocate, written out for speed, is num_free_blocks - blocks_needed >= the
+    watermark: over free, fresh, returned, evictable and unassigned blocks and every kind of
+    prefix-cache hit (none, empty, held and evictable blocks, one not in the cache)."""
+    rng = random.Random(0)
+    for _ in range(1500):
+        bm = BlockManager(rng.randint(1, 60), rng.choice([1, 4, 16]),
+                          rng.choice([0.0, 0.01, 0.2, 0.5]))
+        bm._next_fresh = rng.randint(0, bm.num_blocks)
+        used = list(range(bm._next_fresh))
+        rng.shuffle(used)
+        k = rng.randint(0, len(used))
+        bm._returned, rest = used[:k], used[k:]
+        for b in rest[:rng.randint(0, len(rest))]:
+            bm._evictable[b] = None
+        bm.unassigned = rng.randint(0, 5)
+        for hits in (None, [], rest[:rng.randint(0, len(rest))], [10**6]):
+            for n in (0, 1, 15, 16, 17, rng.randint(0, 2000)):
+                expected = bm.num_free_blocks - bm.blocks_needed(n, hits) >= bm.watermark_blocks
+                assert bm.can_allocate(n, hits) == expected

@@ -66,17 +66,41 @@ def test_rows_written_as_the_run_goes_are_the_rows_written_at_its_end(tmp_path, 
     monkeypatch.setattr(parallel_text, "PARALLEL_MIN_ROWS", 1)
     monkeypatch.setattr(result_files.StreamedRows, "BATCH_ROWS", 10)
     given: list[int] = []
-    real_add = result_files.StreamedRows.add
+    real_add, real_finish = result_files.StreamedRows.add, result_files.StreamedRows.finish
+    workers_after_finish = []
 
     def add(self, start, end):
         real_add(self, start, end)
         given.append(self.rows_given)
 
+    def finish(self):
+        real_finish(self)
+        workers_after_finish.append(len(multiprocessing.active_children()))
+
     monkeypatch.setattr(result_files.StreamedRows, "add", add)
+    monkeypatch.setattr(result_files.StreamedRows, "finish", finish)
     there = _run(tmp_path, "streamed")
     assert there == here
     assert 0 < max(given) < 60 and max(given) % 7 == 0  # given during the run, not all
+    assert given[-1] == max(given)  # none given once finished (the rest: write_results')
+    # the stream ends with the simulation, its workers stopped before the metrics
+    assert workers_after_finish[0] == 0 and len(workers_after_finish) == 2
     assert {line.split(",")[11] for line in here["requests.csv"].splitlines()[1:]} == {"0", "1"}
+
+
+def test_a_full_disk_while_streaming_names_requests_csv(tmp_path):
+    rows = result_files.RequestRows([], None, request_times.TimesRecorder(0).columns())
+    streamed = result_files.StreamedRows(tmp_path, rows, parallel_text.Texts(0))
+
+    class Full:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    streamed.file = Full()
+    with pytest.raises(OSError, match=r"No space left on device: '.*requests\.csv'"):
+        streamed._write("0,0.0\n")
+    streamed.__exit__(OSError, None, None)
+    assert not os.listdir(tmp_path)
 
 
 @needs_workers

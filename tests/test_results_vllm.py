@@ -272,14 +272,18 @@ def test_only_a_long_single_run_of_the_command_line_is_left_to_exit(tmp_path, mo
     assert len(run_module._left_to_exit) == 1
 
 
-def test_a_profiled_run_exits_normally():
-    """Under a profiler or tracer (python -m cProfile, coverage) the process exits as usual:
-    the profiler writes its report at exit."""
+@pytest.mark.parametrize("watch", ["cProfile", "trace"])
+def test_a_profiled_run_exits_normally(watch):
+    """Under a profiler or tracer (python -m cProfile, coverage, pdb) the process exits as
+    usual: the profiler writes its report at exit."""
+    start, stop = {"cProfile": ("import cProfile; p = cProfile.Profile(); p.enable()",
+                                "p.disable()"),
+                   "trace": ("sys.settrace(lambda *args: None)", "sys.settrace(None)")}[watch]
     code = ("import sys\n"
             "from experiments.run import exit_leaving_objects\n"
-            "sys.setprofile(lambda *args: None)\n"
+            f"{start}\n"
             "exit_leaving_objects()\n"
-            "sys.setprofile(None)\n"
+            f"{stop}\n"
             "print('went on')\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
@@ -356,7 +360,8 @@ def test_loadgen_result_uses_vllm_s_names():
 def test_a_run_asks_numpy_for_no_huge_pages_unless_the_environment_says(monkeypatch):
     import numpy as np
 
-    setting = np._core.multiarray._set_madvise_hugepage  # returns the setting it replaces
+    core = getattr(np, "_core", None) or np.core  # numpy 2, numpy 1
+    setting = core.multiarray._set_madvise_hugepage  # returns the setting it replaces
     before = setting(True)
     try:
         monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")

@@ -100,13 +100,17 @@ def test_a_rerun_removes_the_copies_a_killed_run_left(tmp_path):
     requests.csv as it goes) leaves its files' temporary copies; the next run in the directory
     removes them, and nothing else of that look."""
     cfg = composed(*SMALL, *SYNTHETIC)
-    (tmp_path / ".requests.csv.k1ll3d.tmp").write_text("request_id,arrival_time\n0,0.0\n")
-    (tmp_path / ".result.json.k1ll3d.tmp").write_text("{")
-    (tmp_path / ".notes.txt.mine.tmp").write_text("kept\n")
+    (tmp_path / ".requests.csv.k1ll3d_x.tmp").write_text("request_id,arrival_time\n0,0.0\n")
+    (tmp_path / ".result.json.k1ll3d_x.tmp").write_text("{")
+    (tmp_path / ".notes.txt.k1ll3d_x.tmp").write_text("kept\n")  # not a result file's
+    (tmp_path / ".requests.csv.mine.tmp").write_text("kept\n")  # not named as a copy is
+    (tmp_path / ".steps.csv.abcd1234.tmp").mkdir()  # a directory
     run(cfg, tmp_path)
-    assert not (tmp_path / ".requests.csv.k1ll3d.tmp").exists()
-    assert not (tmp_path / ".result.json.k1ll3d.tmp").exists()
-    assert (tmp_path / ".notes.txt.mine.tmp").read_text() == "kept\n"
+    assert not (tmp_path / ".requests.csv.k1ll3d_x.tmp").exists()
+    assert not (tmp_path / ".result.json.k1ll3d_x.tmp").exists()
+    assert (tmp_path / ".notes.txt.k1ll3d_x.tmp").read_text() == "kept\n"
+    assert (tmp_path / ".requests.csv.mine.tmp").read_text() == "kept\n"
+    assert (tmp_path / ".steps.csv.abcd1234.tmp").is_dir()
 
 
 def test_an_input_the_run_would_overwrite_is_refused(tmp_path):
