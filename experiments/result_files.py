@@ -414,7 +414,7 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     def chunked(job: Callable[[int, int], Job], n: int, first: int = 0) -> int:
         """The jobs of rows first..n-1, a chunk at a time (each made as it is taken); how
         many."""
-        bounds = [(a, b) for a, b in chunk_bounds(n) if a >= first]
+        bounds = [(max(a, first), b) for a, b in chunk_bounds(n) if b > first]
         jobs.append(job(a, b) for a, b in bounds)
         return len(bounds)
 
