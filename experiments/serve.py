@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import hydra
 from omegaconf import DictConfig
 
-from experiments.run import CONF_DIR, PolicyChoice, known_settings, plain, refuse_moved_settings
+from experiments.choices import PolicyChoice, known_settings, plain
+from experiments.run import CONF_DIR, refuse_moved_settings
 from policies import ModelSpec
 from policies.base import check_int, check_settings
 from policies.scheduler import Scheduler
