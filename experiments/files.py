@@ -11,6 +11,12 @@ from pathlib import Path
 from typing import IO
 
 
+def _copy_affixes(path: Path) -> tuple[str, str]:
+    """How a temporary copy of ``path`` is named: its start and end (mkstemp puts eight
+    characters between)."""
+    return f".{path.name}.", ".tmp"
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary path beside ``path`` (same directory, so the rename is atomic) that replaces
@@ -20,7 +26,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     path = Path(path)
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        prefix, suffix = _copy_affixes(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=suffix)
         os.close(fd)
         umask = os.umask(0)
         os.umask(umask)
@@ -45,7 +52,8 @@ def stale_copies(path: str | os.PathLike[str]) -> list[Path]:
     was killed (SIGKILL, the OOM killer) before it could remove them: files named as
     ``atomic_path`` names them (mkstemp's eight characters between)."""
     path = Path(path)
-    return sorted(p for p in path.parent.glob(f".{glob.escape(path.name)}.{'?' * 8}.tmp")
+    prefix, suffix = _copy_affixes(path)
+    return sorted(p for p in path.parent.glob(glob.escape(prefix) + "?" * 8 + suffix)
                   if p.is_file() and not p.is_symlink())
 
 

@@ -30,6 +30,7 @@ from policies.request import Request
 REQUEST_CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len",
                        "first_scheduled_time", "ttft", "e2el", "tpot", "num_chunks",
                        "num_preemptions", "finish_time", "replica", "num_cached_tokens")
+_REQUEST_CSV_HEADER = ",".join(REQUEST_CSV_COLUMNS) + "\n"
 
 
 def _jsonable(x: Any) -> Any:
@@ -236,7 +237,7 @@ class StreamedRows:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
             self.file = self._stack.enter_context(atomic_text_file(self.path))
-            self.file.write(",".join(REQUEST_CSV_COLUMNS) + "\n")
+            self.file.write(_REQUEST_CSV_HEADER)
         except BaseException:
             self.__exit__(*sys.exc_info())
             raise
@@ -438,7 +439,7 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
         with contextlib.ExitStack() as requests_csv:
             if streamed is None:
                 f = requests_csv.enter_context(atomic_text_file(run_dir / "requests.csv"))
-                f.write(",".join(REQUEST_CSV_COLUMNS) + "\n")
+                f.write(_REQUEST_CSV_HEADER)
             else:  # its copy is put in place here, with the rows written before
                 f = streamed.file
                 requests_csv.push(streamed)

@@ -442,7 +442,7 @@ class Scheduler:
             # a preempted request recomputes its outputs too; a cached prefix is not computed
             hits = bm.match(req) if req.prefix_segments is not None else None
             cached = len(hits) * bm.block_size if hits else 0
-            seq_len = req.prompt_len + req.num_output_tokens  # req.seq_len
+            seq_len = req.seq_len  # (read once)
             num_new = seq_len - cached
             q = policy.chunk_size(req, num_new, budget, self)
             if q <= 0:

@@ -37,9 +37,7 @@ def arrivals(shared: Shared, sims: list[ReplicaSim], router: Router,
             for req in sent:
                 direct.add_request(req)
             sims[0].num_sent += len(sent)
-            if (wake := sims[0].wake[0]) is not None:
-                sims[0].wake[0] = None
-                wake.fire()
+            _wake_engine(sims[0], 0)
             sent = []
         for req in sent:
             r = 0 if single else router.route(req, loads, now)
@@ -92,6 +90,11 @@ def _enter(sim: ReplicaSim, req: Request, v: int) -> None:
     """``req`` reaches virtual engine ``v``'s scheduler, which wakes if it was idle."""
     sim.schedulers[v].add_request(req)
     sim.arrivals_left[v] -= 1
+    _wake_engine(sim, v)
+
+
+def _wake_engine(sim: ReplicaSim, v: int) -> None:
+    """Virtual engine ``v`` resumes now if it was idle (waiting for work)."""
     wake = sim.wake[v]
     if wake is not None:
         sim.wake[v] = None
