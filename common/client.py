@@ -50,15 +50,13 @@ class Client:
         self.max_concurrency = max_concurrency
         # later turns wait for their previous turn (by its request id), then for their due time
         self._followups: dict[int, Request] = {}
-        ids = set()
-        for r in requests:
-            ids.add(r.request_id)
-            if r.previous_turn is not None:
-                if r.previous_turn in self._followups:
-                    raise ValueError(f"requests {self._followups[r.previous_turn].request_id} and "
-                                     f"{r.request_id} both follow request {r.previous_turn}")
-                self._followups[r.previous_turn] = r
-        missing = set(self._followups) - ids
+        for r in [r for r in requests if r.previous_turn is not None]:
+            if r.previous_turn in self._followups:
+                raise ValueError(f"requests {self._followups[r.previous_turn].request_id} and "
+                                 f"{r.request_id} both follow request {r.previous_turn}")
+            self._followups[r.previous_turn] = r
+        missing = set(self._followups).difference(
+            map(operator.attrgetter("request_id"), requests)) if self._followups else ()
         if missing:
             raise ValueError(f"request {self._followups[min(missing)].request_id} follows "
                              f"request {min(missing)}, which the workload does not have")

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 from policies.request import Request
+
+_ARRIVAL = operator.attrgetter("arrival_time")
+_OUTPUTS, _TOKEN_TIMES = operator.attrgetter("num_output_tokens"), operator.attrgetter("token_times")
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 
 # A long run's per-request work (reordering, the peaks, the result files) is done this many
 # requests at a time: its temporaries are a chunk's, not the whole run's.
@@ -255,11 +260,11 @@ class _Pending:
     """Requests recorded, not yet worked out: their numbers, ids, arrivals, output counts and
     token times, and with a ``log``, each one's run of it (start, end) after its times."""
 
-    __slots__ = ("numbers", "ids", "arrival", "outputs", "times", "log", "starts", "ends")
+    __slots__ = ("numbers", "reqs", "arrival", "outputs", "times", "log", "starts", "ends")
 
     def __init__(self, log: np.ndarray | None) -> None:
         self.numbers: list[int] = []
-        self.ids: list[int] = []
+        self.reqs: list[Request] = []  # (their ids are read only to name one in an error)
         self.arrival: list[float] = []
         self.outputs: list[int] = []
         self.times: list[Sequence[float]] = []
@@ -270,17 +275,31 @@ class _Pending:
     def columns(self) -> _Columns:
         """Their times worked out (runs far apart in the log: each request's times made whole,
         rather than the gaps of all the log between them)."""
+        ids = _Ids(self.reqs)
         if self.log is None:
-            return _finished_columns(self.ids, self.arrival, self.outputs, self.times)
+            return _finished_columns(ids, self.arrival, self.outputs, self.times)
         starts, ends = np.asarray(self.starts, np.int64), np.asarray(self.ends, np.int64)
         joined = ends > starts
         span = int(ends[joined].max() - starts[joined].min()) if joined.any() else 0
         if span > 2 * int((ends - starts).sum()) + 4096:
             times = [np.concatenate((t, self.log[a:b]))
                      for t, a, b in zip(self.times, self.starts, self.ends, strict=True)]
-            return _finished_columns(self.ids, self.arrival, self.outputs, times)
-        return _finished_columns(self.ids, self.arrival, self.outputs, self.times,
+            return _finished_columns(ids, self.arrival, self.outputs, times)
+        return _finished_columns(ids, self.arrival, self.outputs, self.times,
                                  (self.log, starts, ends))
+
+
+class _Ids(Sequence[int]):
+    """The request ids of requests, each read when asked for."""
+
+    def __init__(self, reqs: Sequence[Request]) -> None:
+        self._reqs = reqs
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._reqs[i].request_id
 
 
 class TimesRecorder:
@@ -300,6 +319,7 @@ class TimesRecorder:
         self.on_placed: Callable[[int, int], None] | None = None
         self._all_final = True
         self._done = np.zeros(n, bool)
+        self._num_done = 0  # numbers recorded (each once: checked)
         self._output_len = np.zeros(n, np.int64)
         self._ttft = np.zeros(n)
         self._e2el = np.zeros(n)
@@ -335,17 +355,13 @@ class TimesRecorder:
         if pending is None:
             pending = self._pending[key] = _Pending(log)
         pending.numbers += index
-        ids, arrival, outputs, times = pending.ids, pending.arrival, pending.outputs, \
-            pending.times
-        for r in reqs:
-            ids.append(r.request_id)
-            arrival.append(r.arrival_time)
-            outputs.append(r.num_output_tokens)
-            times.append(r.token_times)
+        pending.reqs += reqs
+        pending.arrival += map(_ARRIVAL, reqs)
+        pending.outputs += map(_OUTPUTS, reqs)
+        pending.times += map(_TOKEN_TIMES, reqs)
         if runs is not None:
-            for a, b in runs[1]:
-                pending.starts.append(a)
-                pending.ends.append(b)
+            pending.starts += map(_FIRST, runs[1])
+            pending.ends += map(_SECOND, runs[1])
         self._num_pending += len(index)
         if self._num_pending >= self.PENDING:
             self._work_out()
@@ -359,11 +375,13 @@ class TimesRecorder:
             c = pending.columns()
             i = np.asarray(pending.numbers, np.int64)
             again = i[self._done[i]]
-            if len(again) or len(np.unique(i)) < len(i):
+            self._done[i] = True
+            self._num_done += len(i)
+            # (a number given twice in one batch is counted twice, marked once)
+            if len(again) or np.count_nonzero(self._done) < self._num_done:
                 twice = int(again[0]) if len(again) else \
                     int(next(n for n, k in zip(*np.unique(i, return_counts=True)) if k > 1))
                 raise ValueError(f"request number {twice} was recorded as finished twice")
-            self._done[i] = True
             self._output_len[i] = c.output_len
             self._ttft[i], self._e2el[i], self._tpot[i] = c.ttft, c.e2el, c.tpot
             self._chunks[i] = c.num_chunks

@@ -18,7 +18,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,10 +27,13 @@ from experiments.parallel_text import Job, Texts, workers_for
 from experiments.request_times import TimesTable, chunk_bounds, runs_as_lists, times_for
 from policies.request import Request
 
+if TYPE_CHECKING:
+    from experiments.streamed_files import StreamedRows
+
 REQUEST_CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len",
                        "first_scheduled_time", "ttft", "e2el", "tpot", "num_chunks",
                        "num_preemptions", "finish_time", "replica", "num_cached_tokens")
-_REQUEST_CSV_HEADER = ",".join(REQUEST_CSV_COLUMNS) + "\n"
+REQUEST_CSV_HEADER = ",".join(REQUEST_CSV_COLUMNS) + "\n"
 
 
 def _jsonable(x: Any) -> Any:
@@ -217,89 +220,6 @@ class RequestRows:
         return _request_rows_text, (columns, t.completed[start:end])
 
 
-class StreamedRows:
-    """requests.csv written while a long run goes on: a chunk of rows is given to worker
-    processes (experiments.parallel_text) as soon as its requests have all finished, and its
-    text goes into the file's temporary copy, in order, once rendered. ``finish`` ends it as
-    the simulation ends (the workers stopped: their memory is back before the metrics, the
-    run's peak); ``write_results`` writes the rest and puts the file in place with the others.
-    ``start`` gives None where there would be no workers (too few rows, one CPU): the file is
-    then written whole at the end. Used as a context manager: leaving it on an error removes
-    the copy and stops the workers."""
-
-    BATCH_ROWS = 20_000
-
-    def __init__(self, run_dir: Path, rows: RequestRows, texts: Texts) -> None:
-        self._rows, self.texts = rows, texts
-        self.path = run_dir / "requests.csv"
-        self.parallel = False  # whether its workers rendered rows (known once finished)
-        self._stack = contextlib.ExitStack()
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            self.file = self._stack.enter_context(atomic_text_file(self.path))
-            self.file.write(_REQUEST_CSV_HEADER)
-        except BaseException:
-            self.__exit__(*sys.exc_info())
-            raise
-        self.rows_final = 0  # rows 0..rows_final-1 are final
-        self.rows_given = 0  # rows 0..rows_given-1 are given to the workers
-        self.finished = False
-
-    @classmethod
-    def start(cls, run_dir: str | os.PathLike[str], rows: RequestRows) -> StreamedRows | None:
-        """The stream of these rows into run_dir/requests.csv, its workers starting (without
-        waiting for them), or None where there would be none."""
-        workers = workers_for(len(rows))
-        return cls(Path(run_dir), rows, Texts(workers)) if workers else None
-
-    def add(self, start: int, end: int) -> None:
-        """Rows start..end-1 are final (the next ones after those given before): given to the
-        workers with those before them not given yet, BATCH_ROWS or more at a time (a job costs
-        this process a few thread wakeups); the texts rendered by now are written."""
-        if self.finished:  # the rest is write_results'
-            return
-        if start != self.rows_final:
-            raise ValueError(f"requests.csv's rows {start}..{end - 1} came after rows up to "
-                             f"{self.rows_final - 1}")
-        self.rows_final = end
-        if end - self.rows_given >= self.BATCH_ROWS and self.texts.parallel:
-            # (where the workers could not start, the rows are left to be written at the end)
-            self.texts.put(self._rows.job(self.rows_given, end))
-            self.rows_given = end
-        for text in self.texts.ready():
-            self._write(text)
-
-    def finish(self) -> None:
-        """No more rows are given: the texts of those given are written (waited for) and the
-        workers stopped; rows_given.. are write_results'. Once."""
-        if self.finished:
-            return
-        self.finished = True
-        self.parallel = self.texts.parallel
-        for text in self.texts.rest(()):
-            self._write(text)
-        self.texts.close()
-
-    def _write(self, text: str) -> None:
-        try:
-            self.file.write(text)
-        except OSError as err:  # a full disk names no file: this one's
-            if err.filename is not None or err.errno is None:
-                raise
-            raise OSError(err.errno, err.strerror, str(self.path)) from err
-
-    def __enter__(self) -> StreamedRows:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        """The copy put in place, or on an error removed; the workers stopped; once."""
-        stack, self._stack = self._stack, contextlib.ExitStack()
-        try:
-            stack.__exit__(*exc)
-        finally:
-            self.texts.close()
-
-
 def _text(x: Any, how: str) -> str:
     """A cell: the value's str(), empty for None in a "none" column, NaN in a "nan" one."""
     return "" if (how == "none" and x is None) or (how == "nan" and x != x) else str(x)
@@ -399,8 +319,9 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     per-step records, steps.csv, given the printout, summary.txt, as one unit: a previous run's
     files are removed first, each file is written atomically, result.json last, and if any write
     fails (or is interrupted) none of them is left. Returns result.json's path. ``times``: the
-    requests' TimesTable, when the caller has it already. ``streamed``: requests.csv's rows so
-    far, written while the run went on (its rows after those are written here)."""
+    requests' TimesTable, when the caller has it already. ``streamed``: requests.csv's rows
+    so far, and steps.csv's where it streamed ``steps``, written while the run went on (the
+    rows after those are written here)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     # Everything else is rendered before anything is written: a bad value leaves no new file.
@@ -411,21 +332,29 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     result = _json_pieces({**summary, "schedlab": dict(extra)})
     rows = RequestRows(requests, replicas, times)
     jobs: list[Iterator[Job]] = []
+    left = 0  # rows to render
 
     def chunked(job: Callable[[int, int], Job], n: int, first: int = 0) -> int:
         """The jobs of rows first..n-1, a chunk at a time (each made as it is taken); how
         many."""
+        nonlocal left
         bounds = [(max(a, first), b) for a, b in chunk_bounds(n) if b > first]
         jobs.append(job(a, b) for a, b in bounds)
+        left += max(n - first, 0)
         return len(bounds)
 
+    streamed_steps = None
     if streamed is not None:
         streamed.finish()
+        streamed_steps = streamed.steps
+        if streamed_steps is not None and streamed.step_rows is not steps:
+            raise ValueError("write_results: steps are not the rows streamed into steps.csv")
     request_chunks = chunked(rows.job, len(rows), streamed.rows_given if streamed else 0)
     texts = []
     step_chunks = None
     if hasattr(steps, "csv_job"):  # simulator.outcome.StepRows: rows rendered like requests
-        step_chunks = chunked(steps.csv_job, len(steps))
+        step_chunks = chunked(steps.csv_job, len(steps),
+                              streamed_steps.rows_given if streamed_steps else 0)
     elif steps is not None:
         texts.append(("steps.csv", steps_csv(steps)))
     list_chunks = [chunked(p.json_job, len(p)) for p in result if isinstance(p, PerRequest)]
@@ -433,21 +362,26 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
         texts.append(("summary.txt", summary_text + "\n"))
     clear_results(run_dir)
     # (workers that could not start for the stream are not tried again)
-    renderer = Texts(workers_for(len(rows)) if streamed is None or streamed.parallel else 0)
+    renderer = Texts(workers_for(left) if streamed is None or streamed.parallel else 0)
     chunks = renderer.rest(itertools.chain.from_iterable(jobs))
     try:
         with contextlib.ExitStack() as requests_csv:
             if streamed is None:
                 f = requests_csv.enter_context(atomic_text_file(run_dir / "requests.csv"))
-                f.write(_REQUEST_CSV_HEADER)
+                f.write(REQUEST_CSV_HEADER)
             else:  # its copy is put in place here, with the rows written before
-                f = streamed.file
-                requests_csv.push(streamed)
+                f = streamed.requests.file
+                requests_csv.push(streamed.requests)
             for _ in range(request_chunks):
                 f.write(next(chunks))
         if step_chunks is not None:
-            with atomic_text_file(run_dir / "steps.csv") as f:
-                f.write(",".join(steps.columns) + "\n")
+            with contextlib.ExitStack() as steps_file:
+                if streamed_steps is None:
+                    f = steps_file.enter_context(atomic_text_file(run_dir / "steps.csv"))
+                    f.write(",".join(steps.columns) + "\n")
+                else:
+                    f = streamed_steps.file
+                    steps_file.push(streamed_steps)
                 for _ in range(step_chunks):
                     f.write(next(chunks))
         for name, text in texts:
@@ -466,7 +400,10 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
                         sep = ", "
                 f.write("]")
     except BaseException:
-        with contextlib.suppress(OSError):  # the write's own error is the one to report
+        if streamed is not None:  # the copies it has not put in place removed
+            with contextlib.suppress(OSError):  # the write's own error is the one to report
+                streamed.__exit__(*sys.exc_info())
+        with contextlib.suppress(OSError):
             clear_results(run_dir)
         raise
     finally:

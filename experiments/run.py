@@ -251,8 +251,11 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         wall0 = time.perf_counter()
         if backend["name"] == "sim":
             from simulator.engine import simulate, simulate_cluster
+            from simulator.outcome import StepRows
 
-            finishes = FinishedRequests(requests, run_dir, cluster=cluster.size > 1)
+            # one replica's steps.csv rows are written as the run goes, with requests.csv's
+            steps = StepRows(False) if replica_specs is None else None
+            finishes = FinishedRequests(requests, run_dir, cluster=cluster.size > 1, steps=steps)
             streamed = finishes.streamed
             if replica_specs is None:
                 outcome = simulate(requests, choice.new_scheduler, model, hardware, overhead,
@@ -261,7 +264,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
                                    stream_per_step=bool(backend.get("stream_per_step", False)),
                                    num_blocks=num_blocks,
                                    time_scale=time_scale, max_concurrency=limit, progress=progress,
-                                   on_finish=finishes)
+                                   on_finish=finishes, steps=steps)
             else:
                 cluster_outcome = simulate_cluster(requests, replica_specs, cluster.router,
                                                    max_concurrency=limit, progress=progress,

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from policies.prefix_cache import block_hashes
 from policies.request import Request
@@ -172,13 +172,16 @@ class BlockManager:
         the table's tail, least likely shared, is evicted first)."""
         refs = self._refs
         table = req.block_table
-        req.block_table = []
+        if table:
+            req.block_table = []
         req.num_hashed_blocks = 0
         req.block_hashes = None  # a finished request's memory; recomputed if it is re-admitted
         if not self._hash_of:  # nothing indexed, so nothing shared: back to the free stack
-            for block in table:
-                if refs.pop(block, None) is None:
-                    raise RuntimeError(f"block {block} of request {req.request_id} freed twice")
+            try:
+                deque(map(refs.pop, table), maxlen=0)  # (each popped, in C)
+            except KeyError as err:
+                raise RuntimeError(f"block {err.args[0]} of request {req.request_id} freed "
+                                   "twice") from None
             self._returned.extend(reversed(table))
             return
         for block in table:

@@ -428,6 +428,12 @@ class Scheduler:
         policy = self.policy
         waiting, running = self.waiting, self.running
         forming = self.forming
+        # the policy's hooks, where it has its own (the base's written out below: every
+        # request admitted asks them)
+        kind = type(policy)
+        admit = None if kind.admit is Policy.admit else policy.admit
+        chunk_size = None if kind.chunk_size is Policy.chunk_size and not policy.chunk_prefills \
+            else policy.chunk_size
         i = 0
         while i < len(waiting) and budget > 0 and len(running) < max_seqs:
             req = waiting[i]
@@ -436,15 +442,18 @@ class Scheduler:
                     break  # preempted while in flight: its tokens are not all known yet
                 i += 1
                 continue
-            if not policy.admit(req, self):
+            if admit is not None and not admit(req, self):
                 i += 1
                 continue
             # a preempted request recomputes its outputs too; a cached prefix is not computed
             hits = bm.match(req) if req.prefix_segments is not None else None
             cached = len(hits) * bm.block_size if hits else 0
-            seq_len = req.seq_len  # (read once)
+            seq_len = req.prompt_len + req.num_output_tokens  # (req.seq_len)
             num_new = seq_len - cached
-            q = policy.chunk_size(req, num_new, budget, self)
+            if chunk_size is not None:
+                q = chunk_size(req, num_new, budget, self)
+            else:  # (Policy.chunk_size without chunked prefill)
+                q = num_new if num_new <= budget else 0
             if q <= 0:
                 break
             reserve = seq_len + (steps - 1 if q == num_new else 0)

@@ -105,28 +105,39 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
              max_model_len: int | None = None, num_blocks: int | None = None,
              stream_per_step: bool = False, time_scale: float = 1.0,
              max_concurrency: int | None = None, progress: bool = True,
-             on_finish: FinishHook | None = None, group_decodes: bool = True) -> SimResult:
+             on_finish: FinishHook | None = None, group_decodes: bool = True,
+             steps: StepRows | None = None) -> SimResult:
     """Serve ``requests`` (fresh ones: their timings are filled in) and return the run's summary.
 
     ``make_scheduler(num_blocks)`` builds one virtual engine's scheduler; ``max_model_len``
     (default: the model's) is only used to check that the KV cache holds one such request.
     With ``max_concurrency`` a request's arrival_time becomes the time the client sent it.
     ``on_finish(requests, 0, runs)`` is called with each window's finished requests as their
-    token times become final (``replica_state.FinishHook``).
+    token times become final (``replica_state.FinishHook``). ``steps``: an empty StepRows that
+    gets each window's row as it closes (a caller may read them while the run goes on); the
+    result's ``steps``.
     """
     spec = ReplicaSpec(make_scheduler, model, hw, overhead, block_size, gpu_memory_utilization,
                        max_model_len, num_blocks, stream_per_step, time_scale,
                        group_decodes=group_decodes)
     return simulate_cluster(requests, [spec], RoundRobin(), max_concurrency=max_concurrency,
-                            progress=progress, on_finish=on_finish).total
+                            progress=progress, on_finish=on_finish,
+                            steps=None if steps is None else [steps]).total
 
 
 def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], router: Router,
                      *, max_concurrency: int | None = None, progress: bool = True,
-                     on_finish: FinishHook | None = None) -> ClusterResult:
-    """Serve ``requests`` on the replicas, each request sent to the one ``router`` picks."""
+                     on_finish: FinishHook | None = None,
+                     steps: Sequence[StepRows] | None = None) -> ClusterResult:
+    """Serve ``requests`` on the replicas, each request sent to the one ``router`` picks.
+    ``steps``: each replica's StepRows to fill (as ``simulate``'s)."""
     if not replicas:
         raise ValueError("cluster.num_replicas must be >= 1, got 0")
+    cluster = len(replicas) > 1
+    if steps is not None and (len(steps) != len(replicas)
+                              or any(len(s) or s.cluster != cluster for s in steps)):
+        raise ValueError(f"simulate: steps must be {len(replicas)} empty StepRows"
+                         f"{' for a cluster' if cluster else ''}, one a replica")
     for req in requests:
         if req.state is not RequestState.WAITING or req.token_times or req.num_output_tokens:
             raise ValueError(f"simulate needs fresh requests: request {req.request_id} has "
@@ -136,8 +147,9 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
     wall = time.perf_counter()
     with tqdm(total=len(requests), disable=not progress, desc="simulating",
               bar_format=PROGRESS_BAR_FORMAT) as bar:
-        shared = Shared(loop, client, bar, on_finish, len(replicas) > 1)
-        sims = [_replica(shared, i, spec) for i, spec in enumerate(replicas)]
+        shared = Shared(loop, client, bar, on_finish, cluster)
+        sims = [_replica(shared, i, spec, StepRows(cluster) if steps is None else steps[i])
+                for i, spec in enumerate(replicas)]
         replica_of: dict[int, int] = {}
         loop.process(arrivals(shared, sims, router, replica_of))
         for sim in sims:
@@ -178,7 +190,7 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
     return ClusterResult(total, per, where, list(replicas))
 
 
-def _replica(shared: Shared, index: int, spec: ReplicaSpec) -> ReplicaSim:
+def _replica(shared: Shared, index: int, spec: ReplicaSpec, steps: StepRows) -> ReplicaSim:
     num_blocks = spec.num_blocks
     if num_blocks is None:
         num_blocks = blocks_per_engine(spec.model, spec.hw, block_size=spec.block_size,
@@ -205,7 +217,7 @@ def _replica(shared: Shared, index: int, spec: ReplicaSpec) -> ReplicaSim:
                       schedulers, spec.model, spec.hw, overhead, spec.stream_per_step,
                       [None] * pp, PowerClock(spec.model, spec.hw), time_scale,
                       ReplicaLoad(index, schedulers, spec.group), num_blocks, [0] * pp,
-                      steps=StepRows(shared.cluster), group_delivery=[np.zeros(0)] * pp)
+                      steps=steps, group_delivery=[np.zeros(0)] * pp)
 
 
 def _result(sim: ReplicaSim, requests: list[Request], wall: float) -> SimResult:

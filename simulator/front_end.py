@@ -6,6 +6,7 @@ delivered (simulator/engine.py's module doc: the timeline)."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Generator
 from typing import Any
 
@@ -16,6 +17,8 @@ from policies.routers import Router
 from simulator.events import Signal
 from simulator.overhead import api_time, request_time
 from simulator.replica_state import ReplicaSim, Shared, Window
+
+_FINISH_TIME = operator.attrgetter("finish_time")
 
 
 def arrivals(shared: Shared, sims: list[ReplicaSim], router: Router,
@@ -130,7 +133,7 @@ def client_finished(sim: ReplicaSim, win: Window) -> None:
     client = shared.client
     loop = sim.loop
     if client.max_concurrency is None:  # no slot waits on a finish; a later turn may
-        for due in client.finished(finished, [r.finish_time for r in finished]):
+        for due in client.finished(finished, map(_FINISH_TIME, finished)):
             loop.at(max(due, loop.now), lambda: _wake_client(shared))
         return
     at: dict[float, list[Request]] = {}

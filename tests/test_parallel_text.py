@@ -12,8 +12,9 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 from hydra import compose, initialize_config_dir
 
-from experiments import parallel_text, request_times, result_files
+from experiments import parallel_text, request_times, result_files, streamed_files
 from experiments.run import CONF_DIR, run
+from simulator.outcome import StepRows
 
 RUN = ["backend=sim", "workload=synthetic", "workload.num_prompts=60", "model=tiny",
        "hardware=cpu", "overhead=none", "progress=false", "metrics.save_per_request=true",
@@ -23,9 +24,9 @@ needs_workers = pytest.mark.skipif(not parallel_text.num_workers(),
                                    reason="needs two CPUs and a forkserver")
 
 
-def _run(tmp_path, name: str) -> dict[str, str]:
+def _run(tmp_path, name: str, *more: str) -> dict[str, str]:
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        cfg = compose("config", overrides=RUN)
+        cfg = compose("config", overrides=[*RUN, *more])
     run(cfg, tmp_path / name)
     files = {f: (tmp_path / name / f).read_text() for f in ("requests.csv", "steps.csv")}
     text = (tmp_path / name / "result.json").read_text()
@@ -56,49 +57,63 @@ def test_workers_write_the_files_one_process_writes(tmp_path, monkeypatch):
 
 
 @needs_workers
-def test_rows_written_as_the_run_goes_are_the_rows_written_at_its_end(tmp_path, monkeypatch):
+@pytest.mark.parametrize("replicas", [2, 1])
+def test_rows_written_as_the_run_goes_are_the_rows_written_at_its_end(tmp_path, monkeypatch,
+                                                                      replicas):
     """requests.csv's rows given to the workers while the simulation runs (each chunk once its
-    requests have all finished) make the file that is written whole at the end, byte for byte,
-    with the replica each request went to."""
+    requests have all finished), and one replica's steps.csv rows with them, make the files
+    that are written whole at the end, byte for byte, with the replica each request went to."""
+    more = [f"cluster.num_replicas={replicas}"]
     monkeypatch.setattr(request_times, "CHUNK_REQUESTS", 7)
     monkeypatch.setattr(request_times.TimesRecorder, "PENDING", 5)  # chunks placed mid-run
-    here = _run(tmp_path, "here")  # 60 rows: too few to stream
+    here = _run(tmp_path, "here", *more)  # 60 rows: too few to stream
     monkeypatch.setattr(parallel_text, "PARALLEL_MIN_ROWS", 1)
-    monkeypatch.setattr(result_files.StreamedRows, "BATCH_ROWS", 10)
+    monkeypatch.setattr(streamed_files.StreamedRows, "BATCH_ROWS", 10)
     given: list[int] = []
-    real_add, real_finish = result_files.StreamedRows.add, result_files.StreamedRows.finish
+    steps_given: list[int] = []
+    real_add, real_finish = streamed_files.StreamedRows.add, streamed_files.StreamedRows.finish
     workers_after_finish = []
 
     def add(self, start, end):
         real_add(self, start, end)
         given.append(self.rows_given)
+        steps_given.append(self.steps.rows_given if self.steps is not None else 0)
 
     def finish(self):
         real_finish(self)
         workers_after_finish.append(len(multiprocessing.active_children()))
 
-    monkeypatch.setattr(result_files.StreamedRows, "add", add)
-    monkeypatch.setattr(result_files.StreamedRows, "finish", finish)
-    there = _run(tmp_path, "streamed")
+    monkeypatch.setattr(streamed_files.StreamedRows, "add", add)
+    monkeypatch.setattr(streamed_files.StreamedRows, "finish", finish)
+    there = _run(tmp_path, "streamed", *more)
     assert there == here
     assert 0 < max(given) < 60 and max(given) % 7 == 0  # given during the run, not all
     assert given[-1] == max(given)  # none given once finished (the rest: write_results')
+    windows = here["steps.csv"].count("\n") - 1
+    if replicas == 1:  # steps.csv's rows given too, not all (a cluster's: at its end)
+        assert 0 < max(steps_given) < windows and steps_given[-1] == max(steps_given)
+    else:
+        assert not any(steps_given)
     # the stream ends with the simulation, its workers stopped before the metrics
     assert workers_after_finish[0] == 0 and len(workers_after_finish) == 2
-    assert {line.split(",")[11] for line in here["requests.csv"].splitlines()[1:]} == {"0", "1"}
+    replica_column = {line.split(",")[11] for line in here["requests.csv"].splitlines()[1:]}
+    assert replica_column == ({"0", "1"} if replicas == 2 else {"0"})
 
 
-def test_a_full_disk_while_streaming_names_requests_csv(tmp_path):
+@pytest.mark.parametrize("name", ["requests.csv", "steps.csv"])
+def test_a_full_disk_while_streaming_names_the_file(tmp_path, name):
     rows = result_files.RequestRows([], None, request_times.TimesRecorder(0).columns())
-    streamed = result_files.StreamedRows(tmp_path, rows, parallel_text.Texts(0))
+    streamed = streamed_files.StreamedRows(tmp_path, rows, parallel_text.Texts(0), StepRows(False))
+    assert sorted(n.split(".")[1] for n in os.listdir(tmp_path)) == ["requests", "steps"]
 
     class Full:
         def write(self, text):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-    streamed.file = Full()
-    with pytest.raises(OSError, match=r"No space left on device: '.*requests\.csv'"):
-        streamed._write("0,0.0\n")
+    file = streamed.requests if name == "requests.csv" else streamed.steps
+    file.file = Full()
+    with pytest.raises(OSError, match=rf"No space left on device: '.*{name}'"):
+        file.write("0,0.0\n")
     streamed.__exit__(OSError, None, None)
     assert not os.listdir(tmp_path)
 
@@ -106,13 +121,16 @@ def test_a_full_disk_while_streaming_names_requests_csv(tmp_path):
 @needs_workers
 @pytest.mark.parametrize("error", [ValueError("the run fails here"),
                                    OSError(errno.EIO, "the disk fails here")])
-def test_a_run_failing_after_rows_were_streamed_leaves_no_file(tmp_path, monkeypatch, error):
-    """The run's own error is raised (an OSError too: not one naming requests.csv), its file's
-    copy is removed and its workers are stopped."""
+@pytest.mark.parametrize("replicas", [2, 1])
+def test_a_run_failing_after_rows_were_streamed_leaves_no_file(tmp_path, monkeypatch, error,
+                                                               replicas):
+    """The run's own error is raised (an OSError too: not one naming requests.csv), its files'
+    copies are removed (steps.csv's too, streamed with one replica) and its workers are
+    stopped."""
     monkeypatch.setattr(request_times, "CHUNK_REQUESTS", 7)
     monkeypatch.setattr(request_times.TimesRecorder, "PENDING", 5)
     monkeypatch.setattr(parallel_text, "PARALLEL_MIN_ROWS", 1)
-    monkeypatch.setattr(result_files.StreamedRows, "BATCH_ROWS", 7)
+    monkeypatch.setattr(streamed_files.StreamedRows, "BATCH_ROWS", 7)
     real_record = request_times.TimesRecorder.record
 
     def record(self, *args, **kwargs):
@@ -122,7 +140,7 @@ def test_a_run_failing_after_rows_were_streamed_leaves_no_file(tmp_path, monkeyp
 
     monkeypatch.setattr(request_times.TimesRecorder, "record", record)
     with pytest.raises(type(error)) as raised:
-        _run(tmp_path, "broken")
+        _run(tmp_path, "broken", f"cluster.num_replicas={replicas}")
     assert raised.value is error
     assert not any(n.endswith((".csv", ".json", ".tmp")) for n in os.listdir(tmp_path / "broken"))
     assert not multiprocessing.active_children()
