@@ -172,10 +172,11 @@ class BlockManager:
         the table's tail, least likely shared, is evicted first)."""
         refs = self._refs
         table = req.block_table
-        if table:
-            req.block_table = []
         req.num_hashed_blocks = 0
         req.block_hashes = None  # a finished request's memory; recomputed if it is re-admitted
+        if not table:  # (a decode group's blocks are counted, not listed)
+            return
+        req.block_table = []
         if not self._hash_of:  # nothing indexed, so nothing shared: back to the free stack
             try:
                 deque(map(refs.pop, table), maxlen=0)  # (each popped, in C)

@@ -5,12 +5,12 @@ In vLLM V0's separate batches every running request of a decode window decodes i
 a window is the same for all of them but those that finish in it. A ``DecodeGroup`` keeps them
 by where they stand against one position counter that each decode window moves by k: a member's
 computed and output tokens are where it joined plus the positions since, its blocks a count
-fixed by its offset within a block, its end a key in a heap, and its decode tokens' times a
-slice of the log of the group's step times. The scheduler keeps the group in step with its
-per-sequence windows (the same windows, blocks and times: tests/test_decode_group.py) and
-gives it up (``settle``: every member's fields written back) where a window needs a request's
-own state: a shortage of blocks, a budget below the running count (docs/policies.md).
-"""
+fixed by its offset within a block, its end a position the group reaches, and its decode
+tokens' times a slice of the log of the group's step times. The scheduler keeps the group in
+step with its per-sequence windows (the same windows, blocks and times:
+tests/test_decode_group.py) and gives it up (``settle``: every member's fields written back)
+where a window needs a request's own state: a shortage of blocks, a budget below the running
+count (docs/policies.md)."""
 
 from __future__ import annotations
 
@@ -62,10 +62,11 @@ class DecodeGroup:
         self.members: dict[int, tuple[Request, int, int, int]] = {}
         self._by_offset = [0] * block_size  # members by offset mod block_size
         self._offset_sum = 0
-        # heaps of int keys (a number times _ORDER plus the join order: one int compares
-        # faster than a tuple): -offset (stale kept), end position
+        # a heap of int keys, -offset times _ORDER plus the join order (one int compares
+        # faster than a tuple; stale ones kept), and the members by end position (join orders;
+        # a window takes the positions it covers)
         self._longest: list[int] = []
-        self._ends: list[int] = []
+        self._ends: dict[int, list[int]] = {}
         self._joined = 0
 
     def join(self, req: Request) -> None:
@@ -77,8 +78,12 @@ class DecodeGroup:
         self._by_offset[offset % self.block_size] += 1
         self._offset_sum += offset
         heapq.heappush(self._longest, -offset * _ORDER + order)
-        heapq.heappush(self._ends, (self.position + req.max_tokens - req.num_output_tokens)
-                       * _ORDER + order)
+        end = self.position + req.max_tokens - req.num_output_tokens  # > position: it owes one
+        ending = self._ends.get(end)
+        if ending is None:
+            self._ends[end] = [order]
+        else:
+            ending.append(order)
 
     def members_at(self, win: DecodeWindow) -> list[tuple[Request, int]]:
         """The members of ``win`` (before its update()) in join order with their cached
@@ -96,17 +101,18 @@ class DecodeGroup:
         return need
 
     def window(self, k: int) -> DecodeWindow:
-        """The next window of k steps (its blocks already taken); its finishing members leave
-        the end heap now."""
+        """The next window of k steps (its blocks already taken); its finishing members (those
+        whose end is one of its positions) leave the ends now."""
         pos = self.position
         longest, members = self._longest, self.members
         while longest[0] % _ORDER not in members:
             heapq.heappop(longest)
         ends, finishing = self._ends, []
-        limit = (pos + k + 1) * _ORDER  # an end at or before the window's last position
-        while ends and ends[0] < limit:
-            end, order = divmod(heapq.heappop(ends), _ORDER)
-            finishing.append((end, order, members[order][0]))
+        for end in range(pos + 1, pos + k + 1):  # the ends at the window's positions
+            orders = ends.pop(end, None)
+            if orders is not None:
+                for order in orders:
+                    finishing.append((end, order, members[order][0]))
         n = len(members)
         if len(finishing) > 1:
             finishing.sort(key=_join_order)
