@@ -15,7 +15,7 @@ count (docs/policies.md)."""
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from policies.request import Request
@@ -69,21 +69,30 @@ class DecodeGroup:
         self._ends: dict[int, list[int]] = {}
         self._joined = 0
 
-    def join(self, req: Request) -> None:
-        """``req`` decodes from here on; its computed tokens fill exactly its block table."""
-        offset = req.num_computed_tokens - self.position
+    def join(self, reqs: Iterable[Request]) -> None:
+        """``reqs`` decode from here on, in this order; each one's computed tokens fill exactly
+        its block table."""
+        pos, bs, members, by_offset = self.position, self.block_size, self.members, \
+            self._by_offset
+        longest, ends = self._longest, self._ends
         order = self._joined
-        self._joined += 1
-        self.members[order] = (req, offset, self.position, req.num_output_tokens)
-        self._by_offset[offset % self.block_size] += 1
-        self._offset_sum += offset
-        heapq.heappush(self._longest, -offset * _ORDER + order)
-        end = self.position + req.max_tokens - req.num_output_tokens  # > position: it owes one
-        ending = self._ends.get(end)
-        if ending is None:
-            self._ends[end] = [order]
-        else:
-            ending.append(order)
+        offsets = 0
+        for req in reqs:
+            outputs = req.num_output_tokens
+            offset = req.num_computed_tokens - pos
+            members[order] = (req, offset, pos, outputs)
+            by_offset[offset % bs] += 1
+            offsets += offset
+            heapq.heappush(longest, -offset * _ORDER + order)
+            end = pos + req.max_tokens - outputs  # > pos: it owes a token
+            ending = ends.get(end)
+            if ending is None:
+                ends[end] = [order]
+            else:
+                ending.append(order)
+            order += 1
+        self._joined = order
+        self._offset_sum += offsets
 
     def members_at(self, win: DecodeWindow) -> list[tuple[Request, int]]:
         """The members of ``win`` (before its update()) in join order with their cached

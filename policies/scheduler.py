@@ -367,8 +367,7 @@ class Scheduler:
         """Form the decode group of every running request, if each can join."""
         if not all(self._joins(r) for r in self.running):
             return False
-        for req in self.running:
-            self._group.join(req)
+        self._group.join(self.running)
         self._grouped = True
         return True
 
@@ -473,7 +472,9 @@ class Scheduler:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
             if req.waiting_since is not None:  # its wait in the queue ends
-                req.max_wait = max(req.max_wait, now - req.waiting_since)
+                wait = now - req.waiting_since
+                if wait > req.max_wait:
+                    req.max_wait = wait
                 req.waiting_since = None
             req.num_computed_tokens = cached
             if req.num_preemptions == 0:
@@ -590,13 +591,12 @@ class Scheduler:
         if finished:
             self.running = [r for r in self.running if r.state is _RUNNING]
         if self._grouped:  # the prefill window's requests decode now: they join
-            for s in batch.seqs:
-                req = s.request
-                if req.state is _RUNNING:
-                    if req.num_computed_tokens != req.seq_len - 1:
-                        raise RuntimeError(f"request {req.request_id} is still prefilling after "
-                                           "a whole-prompt prefill window")
-                    self._group.join(req)
+            joining = [s.request for s in batch.seqs if s.request.state is _RUNNING]
+            for req in joining:
+                if req.num_computed_tokens != req.prompt_len + req.num_output_tokens - 1:
+                    raise RuntimeError(f"request {req.request_id} is still prefilling after "
+                                       "a whole-prompt prefill window")
+            self._group.join(joining)
         batch.num_wasted_steps = wasted
         self.stats.num_wasted_steps += wasted
         return finished
