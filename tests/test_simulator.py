@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from policies import ModelSpec, Request, SchedulerConfig, make_scheduler
+from policies.request import RequestState
 from simulator import OverheadSpec, SimResult, scale_overhead, simulate
 from simulator.cost_model import StepShape, stage_time, step_time
 from simulator.hardware import HardwareSpec
@@ -384,6 +385,15 @@ def test_requests_must_be_fresh():
     run("single_step", reqs)
     with pytest.raises(ValueError, match="simulate needs fresh requests: request 0"):
         run("single_step", reqs)
+    # each sign of a served request alone names the first one that has it
+    for served in ({"state": RequestState.FINISHED}, {"token_times": [0.5]},
+                   {"num_output_tokens": 1}):
+        reqs = synthetic(5)
+        for r in reqs[3:]:
+            for name, value in served.items():
+                setattr(r, name, value)
+        with pytest.raises(ValueError, match="fresh requests: request 3 has already been served"):
+            run("single_step", reqs)
 
 
 def test_a_request_that_can_never_run_is_the_schedulers_error():
