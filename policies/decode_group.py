@@ -49,17 +49,19 @@ class DecodeWindow:
 class DecodeGroup:
     """The members' shared position, their blocks by offset, their ends, and the step log."""
 
-    __slots__ = ("block_size", "position", "log", "members", "_by_offset", "_offset_sum",
+    __slots__ = ("block_size", "position", "log", "members", "_joined_at", "_by_offset",
+                 "_offset_sum",
                  "_longest", "_ends", "_joined")
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self.position = 0  # decode positions so far: each group window adds its k
         self.log: list[float] = []  # the step time of every position (update()'s step_times)
-        # join order -> (request, offset: its computed tokens less the position, the position
-        # it joined at, its output tokens then), in join order (a member leaves only at its end
-        # or when all do)
-        self.members: dict[int, tuple[Request, int, int, int]] = {}
+        # join order -> request, in join order (a member leaves only at its end or when all
+        # do); and in the same order, its offset (its computed tokens less the position), the
+        # position it joined at and its output tokens then
+        self.members: dict[int, Request] = {}
+        self._joined_at: dict[int, tuple[int, int, int]] = {}
         self._by_offset = [0] * block_size  # members by offset mod block_size
         self._offset_sum = 0
         # a heap of int keys, -offset times _ORDER plus the join order (one int compares
@@ -72,15 +74,17 @@ class DecodeGroup:
     def join(self, reqs: Iterable[Request]) -> None:
         """``reqs`` decode from here on, in this order; each one's computed tokens fill exactly
         its block table."""
-        pos, bs, members, by_offset = self.position, self.block_size, self.members, \
-            self._by_offset
+        pos, bs, members, joined_at = self.position, self.block_size, self.members, \
+            self._joined_at
+        by_offset = self._by_offset
         longest, ends = self._longest, self._ends
         order = self._joined
         offsets = 0
         for req in reqs:
             outputs = req.num_output_tokens
             offset = req.num_computed_tokens - pos
-            members[order] = (req, offset, pos, outputs)
+            members[order] = req
+            joined_at[order] = (offset, pos, outputs)
             by_offset[offset % bs] += 1
             offsets += offset
             heapq.heappush(longest, -offset * _ORDER + order)
@@ -97,7 +101,8 @@ class DecodeGroup:
     def members_at(self, win: DecodeWindow) -> list[tuple[Request, int]]:
         """The members of ``win`` (before its update()) in join order with their cached
         tokens: the sequences a per-sequence decode window would list."""
-        return [(req, offset + win.start) for req, offset, _, _ in self.members.values()]
+        return [(req, joined[0] + win.start)
+                for req, joined in zip(self.members.values(), self._joined_at.values())]
 
     def blocks_needed(self, k: int) -> int:
         """New KV blocks the members take to reserve k slots each: a member holding c tokens
@@ -121,7 +126,7 @@ class DecodeGroup:
             orders = ends.pop(end, None)
             if orders is not None:
                 for order in orders:
-                    finishing.append((end, order, members[order][0]))
+                    finishing.append((end, order, members[order]))
         n = len(members)
         if len(finishing) > 1:
             finishing.sort(key=_join_order)
@@ -139,9 +144,10 @@ class DecodeGroup:
         self.position = pos + k
         finished: list[Request] = []
         wasted = 0
-        members, bs = self.members, self.block_size
+        members, joined_at, bs = self.members, self._joined_at, self.block_size
         for end, order, req in win.finishing:
-            _, offset, joined, _ = members.pop(order)
+            del members[order]
+            offset, joined, _ = joined_at.pop(order)
             self._by_offset[offset % bs] -= 1
             self._offset_sum -= offset
             owed = end - pos
@@ -158,12 +164,14 @@ class DecodeGroup:
         group; the members, in join order (their blocks by count are the caller's to assign)."""
         pos, log = self.position, self.log
         out = []
-        for req, offset, joined, outputs in self.members.values():
+        for req, (offset, joined, outputs) in zip(self.members.values(),
+                                                  self._joined_at.values()):
             req.num_computed_tokens = offset + pos
             req.num_output_tokens = outputs + pos - joined
             req.token_times.extend(log[joined:pos])
             out.append(req)
         self.members.clear()
+        self._joined_at.clear()
         self._by_offset = [0] * self.block_size
         self._offset_sum = 0
         self._longest.clear()

@@ -608,11 +608,13 @@ class Scheduler:
             for req in finished:
                 req.state = RequestState.FINISHED
                 self._free(req)
-            if len(finished) < 4:  # a few: each found by a scan (the list stays in order)
-                for req in finished:
-                    self.running.remove(req)
-            else:
-                self.running = [r for r in self.running if r.state is _RUNNING]
+            # every running request is a member, in join order (it joins in running order, and
+            # a window that admits is not a group's): those left are the running list
+            members = self._group.members
+            if len(members) != len(self.running) - len(finished):
+                raise RuntimeError(f"{len(self.running)} requests running, a decode group of "
+                                   f"{len(members)} after {len(finished)} finished")
+            self.running = list(members.values())
         batch.num_wasted_steps = wasted
         self.stats.num_wasted_steps += wasted
         return finished
