@@ -480,3 +480,20 @@ def test_to_request():
         to_request(RequestSpec(0.0, 3, 7), 2, with_token_ids=True)
     with pytest.raises(ValueError, match="3 prompt token ids but prompt_len 4"):
         RequestSpec(0.0, 4, 1, (1, 2, 3))
+
+
+def test_plain_requests_are_the_requests_of_their_specs():
+    """The fast path for a workload of lengths and send times alone makes the requests
+    ``to_request`` makes of each spec, field for field, each with lists of its own."""
+    import dataclasses
+
+    from experiments.workload.spec import RequestSpec, plain_requests, to_request
+
+    arrivals, prompts, outputs = [0.0, 0.25, 3.0], [7, 1, 300], [1, 9, 2]
+    fast = plain_requests(arrivals, prompts, outputs)
+    slow = [to_request(RequestSpec(a, p, o), i, with_token_ids=False)
+            for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs, strict=True))]
+    assert [dataclasses.astuple(r) for r in fast] == [dataclasses.astuple(r) for r in slow]
+    assert len({id(r.token_times) for r in fast} | {id(r.block_table) for r in fast}) == 6
+    with pytest.raises(ValueError, match="3 arrival times for 2 prompt lengths"):
+        plain_requests(arrivals, prompts[:2], outputs)
