@@ -279,6 +279,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
                                max_concurrency=limit,
                                progress=progress, parallel=parallel)
         wall = time.perf_counter() - wall0
+        gc.freeze()  # what the run made (its steps, delivery times) lives to its end too
 
         if len(requests) >= LONG_WRITE_REQUESTS:
             say(f"writing results to {run_dir} ...", console=sweep_label is None)

@@ -98,8 +98,8 @@ def step_cost(shape: StepShape, model: ModelSpec, hw: HardwareSpec,
 
         return op_step_cost(shape, model, hw, slow)
     if shape.num_prefill_tokens or slow != 1.0:
-        return _with_context(shape, *_step_terms(shape, model, hw, slow))
-    return _with_context(shape, *_decode_terms(shape, model, hw))
+        return _with_context(shape, _step_terms(shape, model, hw, slow))
+    return _with_context(shape, _decode_terms(shape, model, hw))
 
 
 # A decode step's terms by (model, hardware, tokens, sequences, sampled, first step)
@@ -113,15 +113,15 @@ def _decode_terms(shape: StepShape, model: ModelSpec, hw: HardwareSpec) -> tuple
            shape.is_first)
     terms = _DECODE_TERMS.get(key)
     if terms is None:  # (the specs are kept with their terms: their ids stay theirs)
-        terms = _DECODE_TERMS[key] = (*_step_terms(shape, model, hw, 1.0), model, hw)
-    return terms[:6]
+        terms = _DECODE_TERMS[key] = (_step_terms(shape, model, hw, 1.0), model, hw)
+    return terms[0]
 
 
-def _with_context(shape: StepShape, t: float, busy: float, kv_bytes: float, kv_rate: float,
-                  seq_rate: float, then: tuple[tuple[bool, float], ...]) -> tuple[float, float]:
-    """step_cost from the step's terms: those before its KV reads summed (``t``), the KV reads
-    (bytes a token, the rate the batch's and the longest sequence's are read at), and those
-    after, in order (added, or for False the step's time at least that)."""
+def _with_context(shape: StepShape, terms: tuple) -> tuple[float, float]:
+    """step_cost from the step's terms (``_step_terms``): those before its KV reads summed
+    (``t``), the KV reads (bytes a token, the rate the batch's and the longest sequence's are
+    read at), and those after, in order (added, or for False the step's time at least that)."""
+    t, busy, kv_bytes, kv_rate, seq_rate, then = terms
     t_kv = shape.kv_tokens * kv_bytes / kv_rate
     if seq_rate and shape.max_kv_tokens:
         # A ragged batch waits for its longest sequence, read by (splits x kv heads) programs.
@@ -252,7 +252,7 @@ def window_stage_times(shapes: Sequence[StepShape], model: ModelSpec, hw: Hardwa
         size = (s.num_tokens, s.num_seqs, s.num_sampled, s.is_first)
         if size != prev:
             terms, prev = _decode_terms(s, model, hw), size
-        times.append(_with_context(s, *terms)[0] * scale)
+        times.append(_with_context(s, terms)[0] * scale)
     return times
 
 

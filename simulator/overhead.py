@@ -206,18 +206,25 @@ def window_output_times(spec: OverheadSpec, seqs: list[int], delivered: list[int
     Per window (``output_per_window``) the processing call is charged to the last step."""
     api = spec.api_server_on_critical_path
     per_window = spec.output_per_window
+    base, per_seq = spec.output_base_us, spec.output_per_seq_us
+    pythonize, per_token = spec.output_pythonize_per_seq_us, spec.output_per_token_us
     # the call's own terms, in microseconds (summed before scaling: integer coefficients
-    # give the same seconds whichever way the call is split)
+    # give the same seconds whichever way the call is split); a step like the one before it
+    # (a decode window's steps mostly are) costs what it did
     call_us = [0.0] * len(seqs)
-    for j, (n, d, c) in enumerate(zip(seqs, delivered, chunks, strict=True)):
+    last = t = None
+    for j, step in enumerate(zip(seqs, delivered, chunks, strict=True)):
+        n, d, c = step
         if n == 0:  # a step nobody takes part in runs nothing
             continue
-        t = 0.0 if per_window else spec.output_base_us + spec.output_per_seq_us * n
-        t += spec.output_pythonize_per_seq_us * n + spec.output_per_token_us * d
-        if api:
-            t += spec.api_per_chunk_us * c + spec.api_per_token_us * d
-        elif c:  # the front end in its own process: one message to it
-            t += spec.handoff_per_window_us + spec.handoff_per_chunk_us * c
+        if step != last:
+            t = 0.0 if per_window else base + per_seq * n
+            t += pythonize * n + per_token * d
+            if api:
+                t += spec.api_per_chunk_us * c + spec.api_per_token_us * d
+            elif c:  # the front end in its own process: one message to it
+                t += spec.handoff_per_window_us + spec.handoff_per_chunk_us * c
+            last = step
         call_us[j] = t
     if per_window and seqs[0]:  # the window's sequences all take part in step 1
         call_us[-1] += spec.output_base_us + spec.output_per_seq_us * seqs[0]
