@@ -332,7 +332,7 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     result = _json_pieces({**summary, "schedlab": dict(extra)})
     rows = RequestRows(requests, replicas, times)
     jobs: list[Iterator[Job]] = []
-    left = 0  # rows to render
+    left = 0  # the most rows any one file or list has left to render
 
     def chunked(job: Callable[[int, int], Job], n: int, first: int = 0) -> int:
         """The jobs of rows first..n-1, a chunk at a time (each made as it is taken); how
@@ -340,7 +340,7 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
         nonlocal left
         bounds = [(max(a, first), b) for a, b in chunk_bounds(n) if b > first]
         jobs.append(job(a, b) for a, b in bounds)
-        left += max(n - first, 0)
+        left = max(left, n - first)
         return len(bounds)
 
     streamed_steps = None
