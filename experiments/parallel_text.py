@@ -53,8 +53,8 @@ def num_workers() -> int:
 
 
 def workers_for(rows: int) -> int:
-    """Workers for a run of ``rows`` requests' text: none below PARALLEL_MIN_ROWS, nor where
-    a worker could not import this program's main module."""
+    """Workers for a text of ``rows`` rows (a run's requests, or a simulation's windows): none
+    below PARALLEL_MIN_ROWS, nor where a worker could not import this program's main module."""
     return num_workers() if rows >= PARALLEL_MIN_ROWS and _main_is_importable() else 0
 
 

@@ -315,7 +315,7 @@ class TimesRecorder:
     def __init__(self, n: int) -> None:
         # called with (start, end) of each chunk placed whose requests have all finished, in
         # order, until a chunk is placed with one unfinished (the rows final so far: result
-        # files written as the run goes on, experiments.result_files.StreamedRows)
+        # files written as the run goes on, experiments.streamed_files.StreamedRows)
         self.on_placed: Callable[[int, int], None] | None = None
         self._all_final = True
         self._done = np.zeros(n, bool)

@@ -345,10 +345,12 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
 
     streamed_steps = None
     if streamed is not None:
+        if streamed.steps is not None and streamed.step_rows is not steps:
+            err = ValueError("write_results: steps are not the rows streamed into steps.csv")
+            streamed.__exit__(ValueError, err, None)  # its copies removed, its workers stopped
+            raise err
         streamed.finish()
         streamed_steps = streamed.steps
-        if streamed_steps is not None and streamed.step_rows is not steps:
-            raise ValueError("write_results: steps are not the rows streamed into steps.csv")
     request_chunks = chunked(rows.job, len(rows), streamed.rows_given if streamed else 0)
     texts = []
     step_chunks = None

@@ -361,7 +361,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             _left_to_exit.append((requests, outcome, cluster_outcome, times))
         return {**result, "schedlab": extra}
     except BaseException:
-        if streamed is not None:  # its file's copy removed, its workers stopped
+        if streamed is not None:  # its files' copies removed, its workers stopped
             with contextlib.suppress(OSError):  # the run's own error is the one to report
                 streamed.__exit__(*sys.exc_info())
         raise

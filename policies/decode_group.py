@@ -50,8 +50,7 @@ class DecodeGroup:
     """The members' shared position, their blocks by offset, their ends, and the step log."""
 
     __slots__ = ("block_size", "position", "log", "members", "_joined_at", "_by_offset",
-                 "_offset_sum",
-                 "_longest", "_ends", "_joined")
+                 "_offset_sum", "_longest", "_ends", "_joined")
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
@@ -74,10 +73,8 @@ class DecodeGroup:
     def join(self, reqs: Iterable[Request]) -> None:
         """``reqs`` decode from here on, in this order; each one's computed tokens fill exactly
         its block table."""
-        pos, bs, members, joined_at = self.position, self.block_size, self.members, \
-            self._joined_at
-        by_offset = self._by_offset
-        longest, ends = self._longest, self._ends
+        pos, bs, members, joined_at = self.position, self.block_size, self.members, self._joined_at
+        by_offset, longest, ends = self._by_offset, self._longest, self._ends
         order = self._joined
         offsets = 0
         for req in reqs:
@@ -88,7 +85,10 @@ class DecodeGroup:
             by_offset[offset % bs] += 1
             offsets += offset
             heapq.heappush(longest, -offset * _ORDER + order)
-            end = pos + req.max_tokens - outputs  # > pos: it owes a token
+            end = pos + req.max_tokens - outputs  # the position of its last token
+            if end <= pos:  # (a window takes the ends at its own positions only)
+                raise RuntimeError(f"request {req.request_id} joins the decode group owing no "
+                                   "token")
             ending = ends.get(end)
             if ending is None:
                 ends[end] = [order]

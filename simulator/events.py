@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Generator
+from types import GeneratorType
 from typing import Any
 
 Process = Generator[Any, None, None]
@@ -25,14 +26,15 @@ class EventLoop:
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
 
-    def at(self, t: float, fn: Callable[[], None]) -> None:
-        """Call ``fn`` at time ``t`` (>= now), after whatever is already due then."""
+    def at(self, t: float, fn: Callable[[], None] | Process) -> None:
+        """Call ``fn`` at time ``t`` (>= now), after whatever is already due then (a process:
+        resume it then)."""
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, fn))
 
     def process(self, gen: Process) -> None:
         """Start ``gen`` now (after what is already due now)."""
-        self.at(self.now, lambda: self._step(gen))
+        self.at(self.now, gen)
 
     def _step(self, gen: Process) -> None:
         try:
@@ -40,16 +42,19 @@ class EventLoop:
         except StopIteration:
             return
         if what.__class__ is float or what.__class__ is int:
-            self.at(what, lambda: self._step(gen))
+            self.at(what, gen)
         else:
             what.waiter = gen
 
     def run(self) -> None:
-        heap, pop = self._heap, heapq.heappop
+        heap, pop, step = self._heap, heapq.heappop, self._step
         while heap:
             t, _, fn = pop(heap)
             self.now = t
-            fn()
+            if fn.__class__ is GeneratorType:  # a process waiting for this time
+                step(fn)
+            else:
+                fn()
 
 
 class Signal:

@@ -144,3 +144,14 @@ def test_blocks_taken_by_count_are_picked_once_settled():
     bm.unassigned += 2
     with pytest.raises(RuntimeError, match="2 blocks taken by count are not in any block table"):
         bm.assign([a], [16])
+
+
+def test_a_request_owing_no_token_cannot_join():
+    """A member's end is a position a later window covers: one that owes nothing would never
+    finish, so it is refused."""
+    from policies.decode_group import DecodeGroup
+
+    done = Request(0, 0.0, 16, 4)
+    done.num_computed_tokens, done.num_output_tokens = 19, 4
+    with pytest.raises(RuntimeError, match="request 0 joins the decode group owing no token"):
+        DecodeGroup(16).join([done])

@@ -218,3 +218,11 @@ def test_request_rows_are_the_csv_modules_cells_whatever_repeats():
     assert text == expected.getvalue()
     assert text.splitlines()[0] == "0,0.25,0,,0.25,,0.0,-0.0,nan"
     assert text.splitlines()[599].split(",")[2] == "0.0"
+
+
+def test_steps_other_than_those_streamed_are_refused_and_leave_no_copy(tmp_path):
+    rows = result_files.RequestRows([], None, request_times.TimesRecorder(0).columns())
+    streamed = streamed_files.StreamedRows(tmp_path, rows, parallel_text.Texts(0), StepRows(False))
+    with pytest.raises(ValueError, match="steps are not the rows streamed into steps.csv"):
+        result_files.write_results(tmp_path, {}, [], {}, steps=StepRows(False), streamed=streamed)
+    assert not os.listdir(tmp_path)
