@@ -23,7 +23,7 @@ class EventLoop:
 
     def __init__(self) -> None:
         self.now: float = 0  # an int until the first event, as simpy's (a t=0 run's files say 0)
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._heap: list[tuple[float, int, Callable[[], None] | Process]] = []
         self._seq = 0
 
     def at(self, t: float, fn: Callable[[], None] | Process) -> None:

@@ -396,6 +396,16 @@ def test_requests_must_be_fresh():
             run("single_step", reqs)
 
 
+def test_steps_rows_given_to_fill_must_be_empty_and_of_the_runs_kind():
+    from simulator.outcome import StepRows
+
+    for steps in (StepRows(True), StepRows(False, [(0,) * 12])):
+        with pytest.raises(ValueError, match="steps must be 1 empty StepRows, one a replica"):
+            run("multi_step", synthetic(3), steps=steps)
+    filled = StepRows(False)  # the rows the result gives are these
+    assert run("multi_step", synthetic(3), steps=filled).steps is filled and len(filled)
+
+
 def test_a_request_that_can_never_run_is_the_schedulers_error():
     with pytest.raises(ValueError, match="exceeds model.max_model_len"):
         run("single_step", [Request(0, 0.0, 9000, 10)])
