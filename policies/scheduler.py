@@ -1,19 +1,18 @@
 """The scheduler both backends call: the mechanism under a policy's decisions (queues, admission
-under budgets, lookahead reservation, recompute preemption, overlap's placeholders, update())."""
+under budgets, lookahead reservation, recompute preemption, overlap's placeholders; update():
+policies/window_update.py)."""
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
-from itertools import islice
-from typing import Any
 
-from policies.base import Policy, StepTimeFn, check_bool, check_int, check_number, check_settings
+from policies.base import Policy, StepTimeFn
 from policies.batch import Batch, ScheduledSeq
 from policies.block_manager import BlockManager
 from policies.decode_group import DecodeGroup, DecodeWindow
 from policies.request import Request, RequestState
+from policies.scheduler_config import SchedulerConfig, SchedulerStats
+from policies.window_update import WindowUpdate, known_done
 
 _RUNNING = RequestState.RUNNING
 # Decode windows a scheduler that gave up its decode group waits before it tries to form one
@@ -21,56 +20,7 @@ _RUNNING = RequestState.RUNNING
 _REGROUP_AFTER = 8
 
 
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    """Limits of the vLLM V0 scheduler; ``max_num_batched_tokens=None`` takes vLLM's default."""
-
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    block_size: int = 16
-    watermark: float = 0.01
-    # Overlap scheduling (vLLM V1's async scheduling, SGLang's overlap scheduler), a mode of the
-    # engine loop under any policy: the next window is formed while the last one is still on
-    # the GPU, so the CPU's work hides behind the GPU's (the contract is on ``schedule``).
-    overlap: bool = False
-    # With overlap, when no request waits: form the next window just before the one in flight
-    # ends rather than as it starts, so that arrivals meanwhile join it
-    # (policies/late_schedule.py); false forms it at once (SGLang's and vLLM V1's order).
-    overlap_late_schedule: bool = True
-    # Automatic prefix caching (vLLM V1's default): a request admitted while the full blocks
-    # of its prompt's prefix are cached starts after them (policies/block_manager.py). It acts
-    # on requests whose content the workload describes (Request.prefix_segments).
-    enable_prefix_caching: bool = True
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SchedulerConfig:
-        check_settings("scheduler", d, cls.__dataclass_fields__)
-        return cls(**d)
-
-    def __post_init__(self) -> None:
-        check_int("scheduler.max_num_seqs", self.max_num_seqs, 1)
-        if self.max_num_batched_tokens is not None:
-            check_int("scheduler.max_num_batched_tokens", self.max_num_batched_tokens, 1)
-        check_int("scheduler.block_size", self.block_size, 1)
-        check_number("scheduler.watermark", self.watermark, minimum=0)
-        if not self.watermark < 1.0:
-            raise ValueError(f"scheduler.watermark must be in [0, 1), got {self.watermark}")
-        check_bool("scheduler.overlap", self.overlap)
-        check_bool("scheduler.overlap_late_schedule", self.overlap_late_schedule)
-        check_bool("scheduler.enable_prefix_caching", self.enable_prefix_caching)
-
-
-@dataclass(slots=True)
-class SchedulerStats:
-    num_invocations: int = 0  # schedule() calls that returned a window
-    num_windows: int = 0
-    num_steps: int = 0  # GPU steps over all windows
-    num_preemptions: int = 0
-    num_wasted_steps: int = 0  # decode slots run after a request had all its tokens
-    num_late_stop_steps: int = 0  # overlap: of those, slots of windows formed before a stop was known
-
-
-class Scheduler:
+class Scheduler(WindowUpdate):
     """Forms windows for one engine; knows nothing about clocks, devices or simpy.
 
     The loop of a backend: ``batch = schedule(now)``, run it, ``update(batch, ...)``. With
@@ -284,8 +234,8 @@ class Scheduler:
                 done = done or s.num_placeholders == owed
         if done:
             running = self.running
-            self.running = [r for r in running if not _known_done(r)]
-            self.finishing += [r for r in running if _known_done(r)]
+            self.running = [r for r in running if not known_done(r)]
+            self.finishing += [r for r in running if known_done(r)]
 
     def _observe(self, now: float) -> None:
         self.now = now
@@ -548,142 +498,3 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.stats.num_preemptions += 1
-
-    # ------------------------------------------------------------------ update
-    def update(self, batch: Batch, step_times: Sequence[float],
-               sampled: Sequence[Sequence[int]] | None = None) -> list[Request]:
-        """Take each step's sampled tokens and delivery times; finish requests and free blocks."""
-        if len(step_times) != batch.num_steps:
-            raise ValueError(f"update: {len(step_times)} step times for a {batch.num_steps}-step window")
-        if self.overlap:
-            return self._settle_placeholders(batch, step_times, sampled)
-        if batch.decodes is not None:
-            return self._advance_group(batch, step_times)
-        finished: list[Request] = []
-        wasted = 0
-        k = len(step_times)
-        for i, s in enumerate(batch.seqs):
-            req = s.request
-            n = s.num_steps
-            computed = s.num_cached_tokens + s.num_query_tokens + n - 1
-            req.num_computed_tokens = computed
-            generated = req.num_output_tokens
-            owed = req.max_tokens - generated
-            if computed < req.prompt_len + generated:
-                continue  # a prefill chunk that samples nothing
-            if sampled is None:  # no token ids (the simulator): _credit's work, inline
-                if n < owed:
-                    req.token_times.extend(step_times if n == k else step_times[:n])
-                    req.num_output_tokens = generated + n
-                    continue
-                useful, done = owed, True
-                req.token_times.extend(step_times if owed == k else step_times[:owed])
-                req.num_output_tokens = generated + owed
-            else:
-                useful = n if n < owed else owed
-                useful, done = _credit(req, n, useful, useful == owed, sampled[i], step_times)
-            wasted += n - useful
-            if done:
-                req.state = RequestState.FINISHED
-                req.finish_time = step_times[useful - 1]
-                self._free(req)
-                finished.append(req)
-        if finished:
-            self.running = [r for r in self.running if r.state is _RUNNING]
-        if self._grouped:  # the prefill window's requests decode now: they join
-            joining = [s.request for s in batch.seqs if s.request.state is _RUNNING]
-            for req in joining:
-                if req.num_computed_tokens != req.prompt_len + req.num_output_tokens - 1:
-                    raise RuntimeError(f"request {req.request_id} is still prefilling after "
-                                       "a whole-prompt prefill window")
-            self._group.join(joining)
-        batch.num_wasted_steps = wasted
-        self.stats.num_wasted_steps += wasted
-        return finished
-
-    def _advance_group(self, batch: Batch, step_times: Sequence[float]) -> list[Request]:
-        """update() of a decode group's window: its finishing members finish."""
-        finished, wasted = self._group.advance(batch.decodes, step_times)
-        if finished:
-            for req in finished:
-                req.state = RequestState.FINISHED
-                self._free(req)
-            # every running request is a member, in join order (it joins in running order, and
-            # a window that admits is not a group's): those left are the running list
-            members = self._group.members
-            if len(members) != len(self.running) - len(finished):
-                raise RuntimeError(f"{len(self.running)} requests running, a decode group of "
-                                   f"{len(members)} after {len(finished)} finished")
-            self.running = list(members.values())
-        batch.num_wasted_steps = wasted
-        self.stats.num_wasted_steps += wasted
-        return finished
-
-    def _free(self, req: Request) -> None:
-        """Give a finished request's blocks back, those taken by count (grouped) included:
-        its reservation covered its computed tokens exactly."""
-        bm = self.block_manager
-        if self._grouped:  # (bm.blocks_for's rounding)
-            bm.unassigned -= -(-req.num_computed_tokens // bm.block_size) - len(req.block_table)
-        bm.free(req)
-
-    def _settle_placeholders(self, batch: Batch, step_times: Sequence[float],
-                             sampled: Sequence[Sequence[int]] | None) -> list[Request]:
-        """update() with overlap: the window's placeholders become tokens, up to a stop."""
-        if not self._in_flight or batch is not self._in_flight[0]:
-            raise ValueError(f"update: window {batch.window_id} is not the oldest one in flight")
-        self._in_flight.popleft()
-        finished: list[Request] = []
-        wasted = late = 0
-        for i, s in enumerate(batch.seqs):
-            useful = s.num_placeholders
-            if useful == 0:
-                continue  # a prefill chunk that samples nothing
-            req = s.request
-            n = s.num_steps
-            if req.state is RequestState.FINISHED:  # stopped in the window before this one
-                wasted += n
-                late += n
-                continue
-            req.num_output_placeholders -= useful
-            done = req.num_output_tokens + useful == req.max_tokens
-            tokens = None if sampled is None else sampled[i]
-            useful, done = _credit(req, n, useful, done, tokens, step_times)
-            wasted += n - useful
-            if done:
-                req.state = RequestState.FINISHED
-                req.finish_time = step_times[useful - 1]
-                req.num_output_placeholders = 0  # a window formed since counted it on: wasted
-                self.block_manager.free(req)  # none left if it was preempted while in flight
-                finished.append(req)
-        if finished:
-            self.running = [r for r in self.running if r.state is _RUNNING]
-            self.finishing = [r for r in self.finishing if r.state is _RUNNING]
-            if any(r.state is RequestState.FINISHED for r in self.waiting):
-                self.waiting = deque(r for r in self.waiting if r.state is not RequestState.FINISHED)
-        batch.num_wasted_steps = wasted
-        self.stats.num_wasted_steps += wasted
-        self.stats.num_late_stop_steps += late
-        return finished
-
-
-def _known_done(req: Request) -> bool:
-    """Overlap: the request's last token is among its placeholders."""
-    return req.num_output_tokens + req.num_output_placeholders >= req.max_tokens
-
-
-def _credit(req: Request, n: int, useful: int, done: bool, tokens: Sequence[int] | None,
-            step_times: Sequence[float]) -> tuple[int, bool]:
-    """Give ``req`` the first ``useful`` of its ``n`` steps' tokens (``tokens``: the sampled ids,
-    None where the backend samples none), stopping after an EOS; (tokens kept, finished)."""
-    if tokens is not None:
-        if len(tokens) < n:
-            raise ValueError(f"update: request {req.request_id} got {len(tokens)} "
-                             f"tokens for {n} steps")
-        if req.eos_token_id is not None and req.eos_token_id in tokens[:useful]:
-            useful = list(tokens[:useful]).index(req.eos_token_id) + 1
-            done = True
-        req.output_token_ids.extend(tokens[:useful])
-    req.token_times.extend(islice(step_times, useful))
-    req.num_output_tokens += useful
-    return useful, done
