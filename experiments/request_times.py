@@ -257,8 +257,9 @@ def _starts(counts: np.ndarray) -> np.ndarray:
 
 
 class _Pending:
-    """Requests recorded, not yet worked out: their numbers, ids, arrivals, output counts and
-    token times, and with a ``log``, each one's run of it (start, end) after its times."""
+    """Requests recorded, not yet worked out: their numbers, the requests, their arrivals,
+    output counts and token times, and with a ``log``, each one's run of it (start, end) after
+    its times."""
 
     __slots__ = ("numbers", "reqs", "arrival", "outputs", "times", "log", "starts", "ends")
 
