@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 
 def _copy_affixes(path: Path) -> tuple[str, str]:
     """How a temporary copy of ``path`` is named: its start and end (mkstemp puts eight
     characters between)."""
     return f".{path.name}.", ".tmp"
+
+
+def _naming(path: Path, err: OSError, copy: str | None) -> OSError | None:
+    """``err`` naming ``path`` where it names no file (a full disk says only "[Errno 28] No
+    space left on device") or only ``copy``, the temporary copy, whose name means nothing to a
+    reader (None: mkstemp's own failure, which names the copy it tried); None where ``err``
+    names a file of its own."""
+    if err.errno is not None and (copy is None or err.filename in (None, copy)):
+        return OSError(err.errno, err.strerror, str(path))
+    return None
 
 
 @contextmanager
@@ -37,10 +49,10 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     except OSError as err:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-        # The temporary name means nothing to a reader; mkstemp's own failures leave tmp unset.
-        if err.errno is not None and (tmp is None or err.filename in (None, tmp)):
-            raise OSError(err.errno, err.strerror, str(path)) from err
-        raise
+        named = _naming(path, err, tmp)
+        if named is None:
+            raise
+        raise named from err
     except BaseException:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
@@ -65,6 +77,40 @@ def atomic_text_file(path: str | os.PathLike[str]) -> Iterator[IO[str]]:
         yield f
         f.flush()
         os.fsync(f.fileno())
+
+
+class AtomicText:
+    """``atomic_text_file`` as an object, for a text written a piece at a time across a run:
+    its temporary copy open and ``header`` written; ``write`` a piece (an OS error naming
+    ``path``); leaving it (``__exit__``, once) puts the copy in place, or on an error removes
+    it."""
+
+    def __init__(self, path: str | os.PathLike[str], header: str = "") -> None:
+        self.path = Path(path)
+        self._stack = contextlib.ExitStack()
+        try:
+            self.file = self._stack.enter_context(atomic_text_file(self.path))
+            self._copy = self.file.name
+            self.write(header)
+        except BaseException:
+            self.__exit__(*sys.exc_info())
+            raise
+
+    def write(self, text: str) -> None:
+        try:
+            self.file.write(text)
+        except OSError as err:
+            named = _naming(self.path, err, self._copy)
+            if named is None:
+                raise
+            raise named from err
+
+    def __enter__(self) -> AtomicText:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        stack, self._stack = self._stack, contextlib.ExitStack()
+        stack.__exit__(*exc)
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:

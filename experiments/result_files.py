@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from experiments.files import atomic_text_file, write_text_atomic
+from experiments.files import AtomicText, atomic_text_file, write_text_atomic
 from experiments.parallel_text import Job, Texts, workers_for
 from experiments.request_times import TimesTable, chunk_bounds, runs_as_lists, times_for
 from policies.request import Request
@@ -367,23 +367,14 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     renderer = Texts(workers_for(left) if streamed is None or streamed.parallel else 0)
     chunks = renderer.rest(itertools.chain.from_iterable(jobs))
     try:
-        with contextlib.ExitStack() as requests_csv:
-            if streamed is None:
-                f = requests_csv.enter_context(atomic_text_file(run_dir / "requests.csv"))
-                f.write(REQUEST_CSV_HEADER)
-            else:  # its copy is put in place here, with the rows written before
-                f = streamed.requests.file
-                requests_csv.push(streamed.requests)
+        # a streamed file's copy is completed and put in place here, with the rows before
+        with (streamed.requests if streamed is not None
+              else AtomicText(run_dir / "requests.csv", REQUEST_CSV_HEADER)) as f:
             for _ in range(request_chunks):
                 f.write(next(chunks))
         if step_chunks is not None:
-            with contextlib.ExitStack() as steps_file:
-                if streamed_steps is None:
-                    f = steps_file.enter_context(atomic_text_file(run_dir / "steps.csv"))
-                    f.write(",".join(steps.columns) + "\n")
-                else:
-                    f = streamed_steps.file
-                    steps_file.push(streamed_steps)
+            with (streamed_steps if streamed_steps is not None
+                  else AtomicText(run_dir / "steps.csv", ",".join(steps.columns) + "\n")) as f:
                 for _ in range(step_chunks):
                     f.write(next(chunks))
         for name, text in texts:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from experiments.files import atomic_text_file
+from experiments.files import AtomicText
 from experiments.parallel_text import Job, Texts, workers_for
 from experiments.result_files import REQUEST_CSV_HEADER, RequestRows
 
@@ -21,36 +21,13 @@ if TYPE_CHECKING:
     from simulator.outcome import StepRows
 
 
-class StreamedFile:
-    """One result file written while a run goes on: its temporary copy, open, the header
-    written, and how many of its rows are given to the workers; leaving it (``__exit__``)
-    puts the copy in place, or on an error removes it."""
+class StreamedFile(AtomicText):
+    """One result file written while a run goes on (its temporary copy, ``AtomicText``), and
+    how many of its rows are given to the workers."""
 
     def __init__(self, path: Path, header: str) -> None:
-        self.path = path
-        self._stack = contextlib.ExitStack()
+        super().__init__(path, header)
         self.rows_given = 0  # rows 0..rows_given-1 are given to the workers
-        try:
-            self.file = self._stack.enter_context(atomic_text_file(path))
-            self.write(header)
-        except BaseException:
-            self.__exit__(*sys.exc_info())
-            raise
-
-    def write(self, text: str) -> None:
-        try:
-            self.file.write(text)
-        except OSError as err:  # a full disk names no file: this one's
-            if err.filename is not None or err.errno is None:
-                raise
-            raise OSError(err.errno, err.strerror, str(self.path)) from err
-
-    def __enter__(self) -> StreamedFile:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        stack, self._stack = self._stack, contextlib.ExitStack()
-        stack.__exit__(*exc)
 
 
 class StreamedRows:
