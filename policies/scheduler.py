@@ -377,12 +377,8 @@ class Scheduler(WindowUpdate):
         policy = self.policy
         waiting, running = self.waiting, self.running
         forming = self.forming
-        # the policy's hooks, where it has its own (the base's written out below: every
-        # request admitted asks them)
-        kind = type(policy)
-        admit = None if kind.admit is Policy.admit else policy.admit
-        chunk_size = None if kind.chunk_size is Policy.chunk_size and not policy.chunk_prefills \
-            else policy.chunk_size
+        # the policy's admission hook, where it has its own (the base's admits every request)
+        admit = None if type(policy).admit is Policy.admit else policy.admit
         i = 0
         while i < len(waiting) and budget > 0 and len(running) < max_seqs:
             req = waiting[i]
@@ -399,10 +395,7 @@ class Scheduler(WindowUpdate):
             cached = len(hits) * bm.block_size if hits else 0
             seq_len = req.prompt_len + req.num_output_tokens  # (req.seq_len)
             num_new = seq_len - cached
-            if chunk_size is not None:
-                q = chunk_size(req, num_new, budget, self)
-            else:  # (Policy.chunk_size without chunked prefill)
-                q = num_new if num_new <= budget else 0
+            q = policy.chunk_size(req, num_new, budget, self)
             if q <= 0:
                 break
             reserve = seq_len + (steps - 1 if q == num_new else 0)
