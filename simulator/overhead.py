@@ -227,7 +227,7 @@ def window_output_times(spec: OverheadSpec, seqs: list[int], delivered: list[int
             last = step
         call_us[j] = t
     if per_window and seqs[0]:  # the window's sequences all take part in step 1
-        call_us[-1] += spec.output_base_us + spec.output_per_seq_us * seqs[0]
+        call_us[-1] += base + per_seq * seqs[0]
     return [t * _US for t in call_us]
 
 
