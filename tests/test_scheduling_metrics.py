@@ -49,6 +49,41 @@ def test_a_trace_names_each_request_class(tmp_path):
 
 
 @pytest.mark.parametrize(("classes", "message"), [
+    ({"hi": {"share": 0.25, "priority": 0}, "lo": {"priority": 2}},
+     "workload.classes.lo has no share: requests are drawn by share, so give every class one "
+     "(0 for a class drawn for none)"),
+    ({"hi": {"share": 0.3}, "lo": {"share": 0.3}},
+     "workload.classes: the shares sum to 0.6 (hi 0.3, lo 0.3), not 1; give shares that sum to 1"),
+    ({"hi": {"share": 2}, "lo": {"share": 2}},
+     "workload.classes: the shares sum to 4 (hi 2, lo 2), not 1; give shares that sum to 1"),
+])
+def test_drawn_classes_need_every_share_and_shares_summing_to_one(classes, message):
+    """A class without a share used to get no request, and shares were renormalised."""
+    with pytest.raises(ValueError) as err:
+        build_workload({**SYNTH, "classes": classes})
+    assert str(err.value) == message
+
+
+def test_classes_a_trace_names_need_no_share(tmp_path):
+    """Where the trace names every request's class nothing is drawn, so shares may be left out;
+    a request it leaves unnamed is drawn, and then every class needs its share."""
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_time,prompt_len,output_len,slo_class\n0,10,5,lo\n1,10,5,hi\n")
+    named = {"hi": {"priority": 0, "ttft_ms": 300.0}, "lo": {"priority": 2}}
+    specs = build_workload({"kind": "trace", "trace_path": str(path), "classes": named})
+    assert [(s.slo_class.name, s.slo_class.priority) for s in specs] == [("lo", 2), ("hi", 0)]
+    path.write_text("arrival_time,prompt_len,output_len,slo_class\n0,10,5,lo\n1,10,5,\n")
+    with pytest.raises(ValueError) as err:
+        build_workload({"kind": "trace", "trace_path": str(path), "classes": named})
+    assert str(err.value) == (
+        f"workload.classes.hi has no share: {path}:3 names no slo_class, and such requests are "
+        "drawn by share, so give every class one (0 for a class drawn for none)")
+    with pytest.raises(ValueError, match=r"^workload\.classes: the shares sum to 0\.5 "):
+        build_workload({"kind": "trace", "trace_path": str(path),
+                        "classes": {"hi": {"share": 0.25}, "lo": {"share": 0.25}}})
+
+
+@pytest.mark.parametrize(("classes", "message"), [
     ({"hi": {"share": 1, "prio": 0}}, "workload.classes.hi has no setting 'prio'"),
     ({"hi": {"share": -1}}, "workload.classes.hi.share must be >= 0"),
     ({"hi": {"share": 1, "ttft_ms": 0}}, "workload.classes.hi.ttft_ms must be > 0"),

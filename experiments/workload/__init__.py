@@ -19,7 +19,7 @@ from typing import Any
 
 from common.checks import check_bool
 from experiments.workload.arrivals import ARRIVAL_KEYS, arrival_times, trace_arrival_times
-from experiments.workload.classes import assign_classes, read_classes
+from experiments.workload.classes import assign_classes, check_shares, read_classes
 from experiments.workload.footprint import check_run_fits
 from experiments.workload.jsonstream import iter_json_array, read_record_at
 from experiments.workload.multiturn import MULTITURN_KEYS, sample_conversations_section, think_time
@@ -229,6 +229,8 @@ def _draw(cfg: Mapping[str, Any], vocab_size: int | None,
         check_run_fits(num_prompts, None, None, with_token_ids=with_ids, setting=count_setting)
 
     classes = read_classes(cfg.get("classes"))
+    if classes is not None and kind != "trace":  # drawn by share: refused before the draw
+        check_shares(classes)
     sample: Any = None  # where the prompts' text is (sharegpt kinds)
     hash_ids: list[tuple[int, ...] | None] | None = None
     segments: list[tuple[tuple[int, int], ...] | None] | None = None
