@@ -4,7 +4,9 @@ flags, each refused in one line naming the setting."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -47,3 +49,18 @@ def check_bool(setting: str, value: Any) -> bool:
 
 def check_steps(setting: str, value: Any) -> int:
     return check_int(f"policy.{setting}", value, 1)
+
+
+@contextmanager
+def settings_at(where: str, sections: Iterable[str]) -> Iterator[None]:
+    """Check settings given at ``where`` rather than at the config's top level (a replica
+    group's, ``cluster.groups[0]``) with the top level's own checks: a one-line error of theirs
+    about one of ``sections`` names the setting where it was given (``scheduler.max_num_seqs``
+    becomes ``cluster.groups[0].scheduler.max_num_seqs``), any other begins with ``where``."""
+    try:
+        yield
+    except ValueError as err:
+        text = str(err)
+        head = re.match(r"\w+", text)
+        named = head is not None and head.group() in set(sections)
+        raise ValueError(f"{where}.{text}" if named else f"{where}: {text}") from None

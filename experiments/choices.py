@@ -1,15 +1,20 @@
 """The settings a run is made of, checked: the policy and scheduler a config names
-(``PolicyChoice``, run's and serve's), its cluster and router (``ClusterChoice``), the keys a
-run knows (``known_settings``) and the simulator backend's switches (``check_sim_settings``)."""
+(``PolicyChoice``, run's and serve's) and the longest request its scheduler admits
+(``request_limit``), its cluster, replica groups and router (``ClusterChoice``), the keys a run
+knows (``known_settings``) and the simulator backend's switches (``check_sim_settings``)."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from common.checks import settings_at
 from common.parallel import ParallelConfig
 from common.paths import conf_dir
 from experiments.run_dir import CONTROL_KEYS
@@ -77,14 +82,65 @@ class PolicyChoice:
                               self.max_model_len, self.step_time_fn)
 
 
+def request_limit(sched: Scheduler, where: str = "") -> tuple[int, str]:
+    """The longest request (prompt + output tokens) ``sched`` admits, alone, and what sets it,
+    named at ``where`` (a replica group's ``cluster.groups[i]``; "": the top level): its
+    ``add_request`` checks solved for the total (model.max_model_len; the KV cache's blocks
+    less the watermark, less the policy's lookahead slots; the token budget of a policy that
+    does not chunk prefills). Of equal limits the first is named."""
+    at = f"{where}." if where else ""
+    bm = sched.block_manager
+    policy = sched.policy
+    kv = (bm.num_blocks - bm.watermark_blocks) * bm.block_size - policy.max_steps
+    limits = [(sched.max_model_len, f"{at}model.max_model_len = {sched.max_model_len}"),
+              (kv, f"{kv}, what {where + chr(39) + 's' if where else 'the'} KV cache holds "
+                   f"({bm.num_blocks} blocks of {bm.block_size} tokens, less the watermark and "
+                   f"{policy.max_steps} lookahead slots)")]
+    if not policy.chunk_prefills:
+        limits.append((sched.max_num_batched_tokens,
+                       f"{at}scheduler.max_num_batched_tokens = {sched.max_num_batched_tokens} "
+                       f"(policy {policy.name} prefills whole)"))
+    return min(limits, key=lambda limit: limit[0])
+
+
+def max_request_tokens(sched: Scheduler) -> int:
+    """The longest request (prompt + output tokens) ``sched`` admits, alone (``request_limit``);
+    a served request without max_tokens gets this, less its prompt."""
+    return request_limit(sched)[0]
+
+
+@dataclass
+class ReplicaGroup:
+    """One replica group's engine, its settings checked: the run's sections with the group's on
+    top (``sections``), its model, policy and scheduler, GPU, CPU costs and KV cache."""
+
+    replicas: int
+    where: str  # cluster.groups[i], or "" for the run's own settings
+    sections: dict[str, Any]
+    model: ModelSpec
+    choice: PolicyChoice
+    hardware: Any  # simulator.hardware.HardwareSpec
+    overhead: Any  # simulator.overhead.OverheadSpec
+    gpu_memory_utilization: float
+    num_blocks: int  # per virtual engine
+
+    def request_limit(self) -> tuple[int, str]:
+        """The longest request one of its replicas admits, and what sets it."""
+        return request_limit(self.choice.new_scheduler(self.num_blocks), self.where)
+
+
 class ClusterChoice:
     """The cluster a config names (``cluster.num_replicas`` or ``cluster.groups``, docs/cluster.md)
-    and its router (``router``), checked; the replicas' engines for the simulator."""
+    and its router (``router``), checked; for the simulator, each replica group's engine.
 
-    def __init__(self, cfg: Mapping[str, Any], backend: Mapping[str, Any], model: ModelSpec,
+    One replica is a cluster too: a run's engine is its one group's, ``cluster.groups`` set or
+    not (``groups[0]``). ``sections`` are the ones result.json names: the one replica's, or
+    the run's own for several."""
+
+    def __init__(self, cfg: Mapping[str, Any], backend: Mapping[str, Any],
                  parallel: ParallelConfig) -> None:
         from policies.routers import make_router
-        from simulator.cluster import replica_groups
+        from simulator.cluster import GROUP_KEYS, replica_groups
 
         router = plain(cfg.get("router") or {"name": "round_robin"})
         self.router_name = router.pop("name", "round_robin")
@@ -93,52 +149,104 @@ class ClusterChoice:
                                                          "policy", "scheduler") if key in cfg}
         run_sections.update(gpu_memory_utilization=cfg.get("gpu_memory_utilization", 0.9),
                             num_blocks=backend.get("num_blocks"))
-        self.groups = replica_groups(plain(cfg.get("cluster") or {}), run_sections,
-                                     _conf_section)
-        self.size = sum(n for n, _ in self.groups)
-        if self.size > 1 and backend.get("name") != "sim":
-            raise ValueError("cluster.num_replicas > 1 is simulated only (backend=sim)")
+        cluster = plain(cfg.get("cluster") or {})
+        groups = replica_groups(cluster, run_sections, conf_section)
+        grouped = cluster.get("groups") is not None
+        self.size = sum(n for n, _ in groups)
+        self.sections = groups[0][1] if self.size == 1 else run_sections
+        self.groups: list[ReplicaGroup] = []
         self.parallel = parallel
         self.labels: list[dict[str, Any]] = []
+        if backend.get("name") != "sim":
+            if grouped:
+                raise ValueError("cluster.groups is simulated only (backend=sim)")
+            if self.size > 1:
+                raise ValueError("cluster.num_replicas > 1 is simulated only (backend=sim)")
+            return
+        for i, (n, sections) in enumerate(groups):
+            where = f"cluster.groups[{i}]" if grouped else ""
+            with settings_at(where, GROUP_KEYS) if grouped else contextlib.nullcontext():
+                self.groups.append(self._group(n, where, sections))
 
-    def replica_specs(self, cfg: Mapping[str, Any], backend: Mapping[str, Any]) -> list[Any]:
-        """Each replica's engine: its group's model, hardware, overhead, policy and KV cache."""
+    def _group(self, replicas: int, where: str, sections: dict[str, Any]) -> ReplicaGroup:
         from simulator.hardware import HardwareSpec
         from simulator.memory import blocks_per_engine
-        from simulator.outcome import ReplicaSpec
         from simulator.overhead import OverheadSpec
 
+        model = ModelSpec.from_dict(sections["model"])
+        self.parallel.check_model(model)
+        choice = PolicyChoice(sections, model)
+        hardware = HardwareSpec.from_dict(sections["hardware"], self.parallel)
+        overhead = OverheadSpec.from_dict(sections["overhead"])
+        util = check_number("gpu_memory_utilization", sections["gpu_memory_utilization"])
+        num_blocks = sections["num_blocks"]
+        if num_blocks is None:  # sized now: a model too big for the GPU is refused here
+            num_blocks = blocks_per_engine(model, hardware,
+                                           block_size=choice.scheduler.block_size,
+                                           gpu_memory_utilization=util)
+        else:
+            check_int("num_blocks", num_blocks, 1)
+        return ReplicaGroup(replicas, where, sections, model, choice, hardware, overhead,
+                            float(util), num_blocks)
+
+    def request_limit(self) -> tuple[int, str]:
+        """The longest request every replica admits, and what sets it: a request may be sent to
+        any of them (the simulator's; ``workload.drop_too_long`` drops the longer ones)."""
+        return min((g.request_limit() for g in self.groups), key=lambda limit: limit[0])
+
+    def replica_specs(self, backend: Mapping[str, Any]) -> list[Any]:
+        """Each replica's engine: its group's model, hardware, overhead, policy and KV cache."""
+        from simulator.outcome import ReplicaSpec
+
         specs = []
-        for g, (n, sections) in enumerate(self.groups):
-            model = ModelSpec.from_dict(sections["model"])
-            self.parallel.check_model(model)
-            choice = PolicyChoice({**cfg, **sections}, model)
-            hardware = HardwareSpec.from_dict(sections["hardware"], self.parallel)
-            overhead = OverheadSpec.from_dict(sections["overhead"])
-            util = float(sections["gpu_memory_utilization"])
-            num_blocks = sections["num_blocks"]
-            if num_blocks is None:
-                num_blocks = blocks_per_engine(model, hardware,
-                                               block_size=choice.scheduler.block_size,
-                                               gpu_memory_utilization=util)
-            for _ in range(n):
+        for g, group in enumerate(self.groups):
+            choice = group.choice
+            label = {"group": g, "model": group.model.name,
+                     "hardware": group.sections["hardware"].get("name"),
+                     "overhead": group.sections["overhead"].get("name"),
+                     "policy": choice.name, "k": getattr(choice.policy, "num_steps", 1)}
+            for _ in range(group.replicas):
                 specs.append(ReplicaSpec(
-                    choice.new_scheduler, model, hardware, overhead,
-                    block_size=choice.scheduler.block_size, gpu_memory_utilization=util,
-                    num_blocks=num_blocks,
+                    choice.new_scheduler, group.model, group.hardware, group.overhead,
+                    block_size=choice.scheduler.block_size,
+                    gpu_memory_utilization=group.gpu_memory_utilization,
+                    num_blocks=group.num_blocks,
                     stream_per_step=bool(backend.get("stream_per_step", False)),
                     time_scale=float(backend.get("time_scale", 1.0)), group=g))
-                self.labels.append({"group": g, "model": model.name,
-                                    "hardware": sections["hardware"].get("name"),
-                                    "overhead": sections["overhead"].get("name"),
-                                    "policy": choice.name,
-                                    "k": getattr(choice.policy, "num_steps", 1)})
+                self.labels.append(dict(label))
         return specs
 
 
-def _conf_section(group: str, name: str) -> dict[str, Any]:
-    """conf/<group>/<name>.yaml (a replica group's config by name)."""
-    path = Path(conf_dir()) / group / f"{name}.yaml"
-    if not path.is_file():
-        raise ValueError(f"cluster.groups: no {group} config {name!r} ({path})")
-    return plain(OmegaConf.load(path))
+def conf_section(group: str, name: str) -> dict[str, Any]:
+    """``<group>/<name>.yaml`` (a replica group's config by name) from the first directory of
+    the run's config search path that has it: conf/, then ``hydra.searchpath``'s (a user's own
+    configs), as Hydra finds the top-level ones; conf/ alone outside a Hydra app."""
+    sources = _config_sources()
+    for source in sources:
+        path = source / group / f"{name}.yaml"
+        if path.is_file():
+            return plain(OmegaConf.load(path))
+    where = ", ".join(str(s) for s in sources)
+    raise ValueError(f"cluster.groups: no {group} config {name!r} (looked for {group}/{name}.yaml "
+                     f"in {where}; hydra.searchpath adds a directory of your own)")
+
+
+def _config_sources() -> list[Any]:
+    """The directories Hydra composed the run's config from, in its order of search: conf/
+    and hydra.searchpath's ``file://`` directories (a ``pkg://`` source as its package's
+    directory)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return [Path(conf_dir())]
+    out = []
+    for source in HydraConfig.get().runtime.config_sources:
+        if source.provider == "hydra":  # Hydra's own (hydra/launcher, ...)
+            continue
+        if source.schema == "file":
+            out.append(Path(source.path))
+        elif source.schema == "pkg":
+            spec = importlib.util.find_spec(source.path.replace("/", "."))
+            if spec is not None and spec.submodule_search_locations:
+                out.extend(Path(p) for p in spec.submodule_search_locations)
+    return out

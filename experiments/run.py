@@ -195,8 +195,17 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     parallel = ParallelConfig.from_mapping(plain(cfg.get("parallel") or {}))
     parallel.check_model(model)
     choice = PolicyChoice(cfg, model)
+    # cluster.*, router.*; the simulator's replica groups, a group's settings checked
+    cluster = ClusterChoice(cfg, backend, parallel)
+    sections = cluster.sections  # the run's, or its one replica's (its group's)
+    max_len_set_by = None  # model.max_model_len
+    if cluster.groups:  # the simulator: a request may go to any replica
+        max_len, max_len_set_by = cluster.request_limit()
+        if cluster.size == 1:  # the run is its one replica
+            model, choice = cluster.groups[0].model, cluster.groups[0].choice
+    else:
+        max_len = model.max_model_len
     policy = choice.policy
-    cluster = ClusterChoice(cfg, backend, model, parallel)  # cluster.*, router.*
     with_ids = backend["name"] == "real"  # the simulator needs lengths only
     workload = plain(cfg["workload"])
     # The workload's objects live to the run's end: the cyclic collector, which would rescan
@@ -205,10 +214,10 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     collecting = gc.isenabled()
     gc.disable()
     try:
-        # num_dropped: workload.drop_too_long's requests over max_model_len
+        # num_dropped: workload.drop_too_long's requests over max_len
         requests, num_dropped = build_requests(
             workload, vocab_size=model.vocab_size if with_ids else None,
-            max_model_len=model.max_model_len)
+            max_model_len=max_len, limit=max_len_set_by)
         limit = max_concurrency(workload)
         tokenizer_id = text_tokenizer_id(workload, model)
         # the real backend's outputs become text: its tokenizer is loaded before the run
@@ -224,18 +233,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         progress = bool(cfg.get("progress", True))
         settings = {k: v for k, v in backend.items() if k != "name"}
         if backend["name"] == "sim":
-            from simulator.hardware import HardwareSpec
-            from simulator.memory import blocks_per_engine
-            from simulator.overhead import OverheadSpec
-
-            hardware = HardwareSpec.from_dict(plain(cfg["hardware"]), parallel)
-            overhead = OverheadSpec.from_dict(plain(cfg["overhead"]))
-            num_blocks = backend.get("num_blocks")
-            if num_blocks is None:  # sized now: a model too big for the GPU is refused here
-                num_blocks = blocks_per_engine(
-                    model, hardware, block_size=choice.scheduler.block_size,
-                    gpu_memory_utilization=float(cfg["gpu_memory_utilization"]))
-            replica_specs = cluster.replica_specs(cfg, backend) if cluster.size > 1 else None
+            replica_specs = cluster.replica_specs(backend)
         elif backend["name"] == "real":
             from real_backend.config import BackendConfig
             from real_backend.engine import check_overlap_backend
@@ -250,26 +248,18 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
 
         wall0 = time.perf_counter()
         if backend["name"] == "sim":
-            from simulator.engine import simulate, simulate_cluster
+            from simulator.engine import simulate_cluster
             from simulator.outcome import StepRows
 
             # one replica's steps.csv rows are written as the run goes, with requests.csv's
-            steps = StepRows(False) if replica_specs is None else None
+            steps = StepRows(False) if cluster.size == 1 else None
             finishes = FinishedRequests(requests, run_dir, cluster=cluster.size > 1, steps=steps)
             streamed = finishes.streamed
-            if replica_specs is None:
-                outcome = simulate(requests, choice.new_scheduler, model, hardware, overhead,
-                                   block_size=choice.scheduler.block_size,
-                                   gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
-                                   stream_per_step=bool(backend.get("stream_per_step", False)),
-                                   num_blocks=num_blocks,
-                                   time_scale=time_scale, max_concurrency=limit, progress=progress,
-                                   on_finish=finishes, steps=steps)
-            else:
-                cluster_outcome = simulate_cluster(requests, replica_specs, cluster.router,
-                                                   max_concurrency=limit, progress=progress,
-                                                   on_finish=finishes)
-                outcome = cluster_outcome.total
+            cluster_outcome = simulate_cluster(requests, replica_specs, cluster.router,
+                                               max_concurrency=limit, progress=progress,
+                                               on_finish=finishes,
+                                               steps=None if steps is None else [steps])
+            outcome = cluster_outcome.total
             if streamed is not None:  # its workers' memory back before the metrics' peak
                 streamed.finish()
         else:
@@ -313,12 +303,12 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             "model": model.name,
             "tensor_parallel_size": parallel.tensor_parallel_size,
             "pipeline_parallel_size": parallel.pipeline_parallel_size,
-            "hardware": (plain(cfg["hardware"]).get("name") if backend["name"] == "sim"
+            "hardware": (sections["hardware"].get("name") if backend["name"] == "sim"
                          else getattr(outcome, "stats", {}).get("device_name",
                                                                 backend.get("device"))),
-            "overhead": plain(cfg["overhead"]).get("name") if backend["name"] == "sim" else None,
+            "overhead": sections["overhead"].get("name") if backend["name"] == "sim" else None,
             # the host profile (conf/host) the overhead's CPU costs were scaled by, if any
-            "host": ((plain(cfg["overhead"]).get("host") or {}).get("name")
+            "host": ((sections["overhead"].get("host") or {}).get("name")
                      if backend["name"] == "sim" else None),
             "workload": workload,
             "wall_seconds": wall,

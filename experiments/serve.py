@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING, Any
 import hydra
 from omegaconf import DictConfig
 
-from experiments.choices import PolicyChoice, known_settings, plain
+from experiments.choices import PolicyChoice, known_settings, max_request_tokens, plain
 from experiments.run import CONF_DIR, refuse_moved_settings
 from policies import ModelSpec
 from policies.base import check_int, check_settings
-from policies.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from real_backend.serving.front_end import HTTPSettings
@@ -73,19 +72,6 @@ def check_server(cfg: Mapping[str, Any]) -> tuple[int, HTTPSettings]:
         raise ValueError(f"experiments.serve serves the real engine: backend must be real, got "
                          f"{backend.get('name')!r}")
     return port, settings
-
-
-def max_request_tokens(sched: Scheduler) -> int:
-    """The longest request (prompt + output tokens) ``sched`` admits, alone: its
-    ``add_request`` checks solved for the total (model.max_model_len; the KV cache's blocks
-    less the watermark, less the policy's lookahead slots; the token budget of a policy that
-    does not chunk prefills). A request without max_tokens gets this, less its prompt."""
-    bm = sched.block_manager
-    limits = [sched.max_model_len,
-              (bm.num_blocks - bm.watermark_blocks) * bm.block_size - sched.policy.max_steps]
-    if not sched.policy.chunk_prefills:
-        limits.append(sched.max_num_batched_tokens)
-    return min(limits)
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -286,3 +286,106 @@ def test_bad_cluster_settings_are_one_line_errors(tmp_path, override, message):
     with pytest.raises(ValueError) as err:
         _run(tmp_path, override)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def _same_run(a: Path, b: Path) -> bool:
+    """Two runs gave the same results: result.json but for its date and wall-clock fields, and
+    requests.csv and steps.csv byte for byte."""
+    import json
+
+    def outcome(path: Path) -> dict:
+        res = json.loads((path / "result.json").read_text())
+        res.pop("date")
+        for key in ("wall_seconds", "simulated_seconds_per_wall_second", "config_sha256"):
+            res["schedlab"].pop(key)
+        return res
+
+    return outcome(a) == outcome(b) and all(
+        (a / name).read_bytes() == (b / name).read_bytes() for name in ("requests.csv",
+                                                                       "steps.csv"))
+
+
+def test_one_group_of_one_replica_runs_on_its_own_settings(tmp_path):
+    """A cluster of one group is that group's engine: cluster.groups=[{replicas:1,hardware:h200}]
+    is hardware=h200 (it ran on the default hardware)."""
+    grouped = _run(tmp_path / "grouped", "cluster.groups=[{replicas:1,hardware:h200,"
+                   "policy:{name:multi_step,num_steps:4}}]")
+    _run(tmp_path / "top", "hardware=h200", "policy.num_steps=4")
+    _run(tmp_path / "default")
+    assert grouped["schedlab"]["hardware"] == "h200" and grouped["schedlab"]["k"] == 4
+    assert _same_run(tmp_path / "grouped", tmp_path / "top")
+    assert not _same_run(tmp_path / "grouped", tmp_path / "default")
+
+
+@pytest.mark.parametrize("groups", ["[{replicas:1,%s}]", "[{replicas:1,%s},{replicas:1}]"])
+@pytest.mark.parametrize("setting,message", [
+    ("num_blocks:-5", "cluster.groups[0].num_blocks must be an integer >= 1, got -5"),
+    ("gpu_memory_utilization:1.5",
+     "cluster.groups[0].gpu_memory_utilization must be in (0, 1], got 1.5"),
+    ("scheduler:{max_num_seqs:0}",
+     "cluster.groups[0].scheduler.max_num_seqs must be an integer >= 1, got 0"),
+    ("policy:{bogus:3}",
+     "cluster.groups[0].policy multi_step has no setting 'bogus'; its settings: num_steps"),
+    ("policy:{name:multi_step,num_steps:0}",
+     "cluster.groups[0].policy.num_steps must be an integer >= 1, got 0"),
+])
+def test_a_group_s_bad_settings_are_refused_naming_the_group(tmp_path, groups, setting, message):
+    """One group or two, the same checks (one group's were not made), naming the setting where
+    it was given."""
+    with pytest.raises(ValueError) as err:
+        _run(tmp_path, f"cluster.groups={groups % setting}")
+    assert str(err.value) == message
+
+
+def test_groups_are_simulated_only(tmp_path):
+    with pytest.raises(ValueError) as err:
+        _run(tmp_path, "backend=real", "model=tiny", "cluster.groups=[{replicas:1,model:tiny}]")
+    assert str(err.value) == "cluster.groups is simulated only (backend=sim)"
+
+
+@pytest.mark.parametrize("group,limit,longest", [
+    ("model:{max_model_len:512}", "cluster.groups[1].model.max_model_len = 512", 512),
+    ("num_blocks:40", "632, what cluster.groups[1]'s KV cache holds (40 blocks of 16 tokens, "
+                      "less the watermark and 8 lookahead slots)", 632),
+])
+def test_a_request_a_group_cannot_hold_names_the_group_and_drop_too_long(tmp_path, group, limit,
+                                                                          longest):
+    """Any request may be routed to any replica: one longer than a group admits is refused
+    up front naming the group (it failed inside the simulation naming neither), or dropped
+    with workload.drop_too_long."""
+    import csv
+    import re
+
+    groups = f"cluster.groups=[{{replicas:1}},{{replicas:1,{group}}}]"
+    with pytest.raises(ValueError) as err:
+        _run(tmp_path / "refused", groups)
+    assert re.fullmatch(rf"workload: request \d+ needs prompt_len \+ output_len = \d+ tokens > "
+                        rf"{re.escape(limit)} \(workload.drop_too_long=true drops such "
+                        r"requests\)", str(err.value)), err.value
+    res = _run(tmp_path / "dropped", groups, "workload.drop_too_long=true")
+    with open(tmp_path / "dropped" / "requests.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert 0 < res["schedlab"]["num_dropped_too_long"] == 120 - len(rows)
+    assert max(int(r["prompt_len"]) + int(r["output_len"]) for r in rows) <= longest
+
+
+def test_a_group_s_policy_config_is_found_on_hydra_s_search_path(tmp_path):
+    """A policy YAML of the user's, found through hydra.searchpath at the top level, is found
+    for a replica group too (only conf/ was looked in)."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "my_conf" / "policy").mkdir(parents=True)
+    (tmp_path / "my_conf" / "policy" / "three_steps.yaml").write_text(
+        "name: multi_step\nnum_steps: 3\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "workload=synthetic", "workload.num_prompts=20",
+         "progress=false", f"hydra.run.dir={tmp_path / 'run'}",
+         f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
+         "cluster.groups=[{replicas:1,policy:three_steps},{replicas:1}]"],
+        cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert [(r["policy"], r["k"]) for r in res["replicas"]] == [("multi_step", 3),
+                                                                ("multi_step", 8)]

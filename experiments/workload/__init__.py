@@ -5,7 +5,7 @@ A workload is a request source (``sharegpt``, ``sharegpt_multiturn``, ``syntheti
 process (``arrivals``; a trace brings its own times). ``build_workload`` checks the section,
 refuses a run that would not fit in memory (``footprint``), puts the two together and adds what
 applies to every kind: a shared system prompt (``shared_prefix_len``) and the dropping of
-requests longer than the model (``drop_too_long``).
+requests longer than the model, or than every replica admits (``drop_too_long``).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def max_concurrency(cfg: Mapping[str, Any]) -> int | None:
 
 
 def build_workload(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
-                   max_model_len: int | None = None) -> Workload:
+                   max_model_len: int | None = None, limit: str | None = None) -> Workload:
     """The requests of a run from the ``workload`` config section, sorted by arrival time (a
     conversation's turns in order: a later turn's previous_turn is an earlier index).
 
@@ -103,21 +103,23 @@ def build_workload(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
     needs them): the tokenizer's ids for ShareGPT (folded modulo a smaller vocabulary), seeded
     random ids otherwise. With ``max_model_len`` a request that would not fit is an error, or
     with ``workload.drop_too_long`` is dropped (a conversation's later turns with it), the
-    returned Workload's ``num_dropped`` counting them. A workload whose run would not fit in
+    returned Workload's ``num_dropped`` counting them (``limit``: what sets max_model_len, for the
+    messages; the model's by default). A workload whose run would not fit in
     memory is refused before it is drawn, and again once its lengths are known. The same cfg
     gives the same list every time.
     """
-    return _draw(cfg, vocab_size, max_model_len).specs()
+    return _draw(cfg, vocab_size, max_model_len, limit).specs()
 
 
 def build_requests(cfg: Mapping[str, Any], *, vocab_size: int | None = None,
-                   max_model_len: int | None = None) -> tuple[list[Request], int]:
+                   max_model_len: int | None = None,
+                   limit: str | None = None) -> tuple[list[Request], int]:
     """The run's Requests, ``to_request`` of each of build_workload's specs (with their prompt
     token ids given ``vocab_size``), and how many ``workload.drop_too_long`` dropped. A
     workload of lengths and send times alone (no token ids, shared prefix, classes, turns or
     block hashes) becomes its Requests directly: a spec each would take longer to make than
     the requests themselves."""
-    drawn = _draw(cfg, vocab_size, max_model_len)
+    drawn = _draw(cfg, vocab_size, max_model_len, limit)
     with_ids = vocab_size is not None
     if drawn.plain():
         return plain_requests(drawn.arrivals, drawn.prompt_lens, drawn.output_lens), 0
@@ -144,7 +146,7 @@ class _Drawn:
     previous: list[int | None] | None
     think: float
     multiturn: bool
-    max_model_len: int | None
+    limit: str  # what sets the longest request kept (model.max_model_len = N)
 
     def plain(self) -> bool:
         """Lengths and send times alone, each as a RequestSpec holds it (ints >= 1, floats
@@ -192,13 +194,12 @@ class _Drawn:
         if out.num_dropped:
             turns = " (with the later turns of their conversations)" if self.multiturn else ""
             log.warning("workload.drop_too_long: dropped %d of %d requests whose prompt_len + "
-                        "output_len exceeds model.max_model_len = %d%s", out.num_dropped, n,
-                        self.max_model_len, turns)
+                        "output_len exceeds %s%s", out.num_dropped, n, self.limit, turns)
         return out
 
 
-def _draw(cfg: Mapping[str, Any], vocab_size: int | None,
-          max_model_len: int | None) -> _Drawn:
+def _draw(cfg: Mapping[str, Any], vocab_size: int | None, max_model_len: int | None,
+          limit: str | None) -> _Drawn:
     """build_workload's columns: the section checked, the requests drawn."""
     if not isinstance(cfg, Mapping):
         raise ValueError(f"workload config must be a mapping, got {type(cfg).__name__}")
@@ -297,8 +298,9 @@ def _draw(cfg: Mapping[str, Any], vocab_size: int | None,
                              else sum(len(s) for s in segments if s)) + 2 * n * bool(prefix_len),
                    setting=count_setting)
 
+    limit = limit or f"model.max_model_len = {max_model_len}"
     keep = None if max_model_len is None else \
-        _fitting(prompt_lens, output_lens, prefix_len, max_model_len, previous, drop)
+        _fitting(prompt_lens, output_lens, prefix_len, max_model_len, previous, drop, limit)
 
     token_ids: list[tuple[int, ...]] | None = None
     if vocab_size is not None:
@@ -311,16 +313,17 @@ def _draw(cfg: Mapping[str, Any], vocab_size: int | None,
     slo = None if classes is None else assign_classes(classes, n, seed, named, where)
     system_ids = () if vocab_size is None else system_prompt_ids(prefix_len, vocab_size, seed)
     return _Drawn(arrivals, prompt_lens, output_lens, keep, token_ids, system_ids, prefix_len,
-                  segments, hash_ids, slo, conversations, previous, think, multiturn,
-                  max_model_len)
+                  segments, hash_ids, slo, conversations, previous, think, multiturn, limit)
 
 
 def _fitting(prompt_lens: list[int], output_lens: list[int], prefix_len: int,
-             max_model_len: int, previous: list[int | None] | None, drop: bool
-             ) -> list[bool] | None:
-    """Which requests fit in ``max_model_len`` (None: all of them). One that does not is an
-    error, unless ``drop``: then it is dropped, and so is every later turn of its
-    conversation."""
+             max_model_len: int, previous: list[int | None] | None, drop: bool,
+             limit: str | None = None) -> list[bool] | None:
+    """Which requests fit in ``max_model_len`` (None: all of them; ``limit``: what sets it,
+    for the messages, the model's by default). One that does not is an error, unless ``drop``:
+    then it is dropped, and so is every later turn of its conversation."""
+    if limit is None:
+        limit = f"model.max_model_len = {max_model_len}"
     if len(prompt_lens) == len(output_lens) and max(map(operator.add, prompt_lens, output_lens),
                                                     default=0) + prefix_len <= max_model_len:
         return None  # (every one fits: found in one pass in C)
@@ -330,7 +333,7 @@ def _fitting(prompt_lens: list[int], output_lens: list[int], prefix_len: int,
             if not drop:
                 raise ValueError(
                     f"workload: request {i} needs prompt_len + output_len = "
-                    f"{plen + prefix_len + olen} tokens > model.max_model_len = {max_model_len} "
+                    f"{plen + prefix_len + olen} tokens > {limit} "
                     f"(workload.drop_too_long=true drops such requests)")
             if keep is None:
                 keep = [True] * len(prompt_lens)
@@ -340,8 +343,8 @@ def _fitting(prompt_lens: list[int], output_lens: list[int], prefix_len: int,
             if prev is not None and not keep[prev]:
                 keep[i] = False
     if keep is not None and not any(keep):
-        raise ValueError(f"workload.drop_too_long: every request needs more than "
-                         f"model.max_model_len = {max_model_len} tokens")
+        raise ValueError(f"workload.drop_too_long: every request needs more tokens than "
+                         f"{limit}")
     return keep
 
 
