@@ -139,6 +139,7 @@ class ClusterChoice:
 
     def __init__(self, cfg: Mapping[str, Any], backend: Mapping[str, Any],
                  parallel: ParallelConfig) -> None:
+        from experiments.workload.footprint import check_replicas_fit
         from policies.routers import make_router
         from simulator.cluster import GROUP_KEYS, replica_groups
 
@@ -163,6 +164,9 @@ class ClusterChoice:
             if self.size > 1:
                 raise ValueError("cluster.num_replicas > 1 is simulated only (backend=sim)")
             return
+        # before any replica's state is made (a group's engine is made once for its replicas)
+        check_replicas_fit(self.size, parallel.pipeline_parallel_size,
+                           "cluster.groups' replicas" if grouped else "cluster.num_replicas")
         for i, (n, sections) in enumerate(groups):
             where = f"cluster.groups[{i}]" if grouped else ""
             with settings_at(where, GROUP_KEYS) if grouped else contextlib.nullcontext():

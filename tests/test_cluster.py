@@ -343,6 +343,35 @@ def test_groups_are_simulated_only(tmp_path):
     assert str(err.value) == "cluster.groups is simulated only (backend=sim)"
 
 
+@pytest.mark.parametrize("cluster,available,message", [
+    ("cluster.num_replicas=4096", 16 << 20,
+     "cluster.num_replicas: 4096 replicas would take about 32 MiB, more than the 16 MiB of "
+     "memory available; lower cluster.num_replicas"),
+    ("cluster.num_replicas=1000000", 4 << 30,
+     "cluster.num_replicas: 1000000 replicas would take about 7.6 GiB, more than the 4.0 GiB of "
+     "memory available; lower cluster.num_replicas"),
+    ("cluster.groups=[{replicas:600000},{replicas:400000}]", 4 << 30,
+     "cluster.groups' replicas: 1000000 replicas would take about 7.6 GiB, more than the 4.0 GiB "
+     "of memory available; lower cluster.groups' replicas"),
+])
+def test_more_replicas_than_memory_holds_are_refused_at_once(tmp_path, monkeypatch, cluster,
+                                                             available, message):
+    """cluster.num_replicas=1000000 grew to 6 GB and kept going: now refused before any
+    replica's state is made, while 16 replicas still run."""
+    import time
+
+    from experiments.workload import footprint
+
+    monkeypatch.setattr(footprint, "available_memory", lambda: available)
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as err:
+        _run(tmp_path, cluster)
+    assert str(err.value) == message
+    assert time.perf_counter() - start < 5.0
+    if available > 1 << 30:
+        assert _run(tmp_path, "cluster.num_replicas=16")["schedlab"]["num_replicas"] == 16
+
+
 @pytest.mark.parametrize("group,limit,longest", [
     ("model:{max_model_len:512}", "cluster.groups[1].model.max_model_len = 512", 512),
     ("num_blocks:40", "632, what cluster.groups[1]'s KV cache holds (40 blocks of 16 tokens, "
