@@ -88,14 +88,13 @@ def request_limit(sched: Scheduler, where: str = "") -> tuple[int, str]:
     ``add_request`` checks solved for the total (model.max_model_len; the KV cache's blocks
     less the watermark, less the policy's lookahead slots; the token budget of a policy that
     does not chunk prefills). Of equal limits the first is named."""
-    at = f"{where}." if where else ""
+    at, cache = (f"{where}.", f"{where}'s KV cache") if where else ("", "the KV cache")
     bm = sched.block_manager
     policy = sched.policy
     kv = (bm.num_blocks - bm.watermark_blocks) * bm.block_size - policy.max_steps
     limits = [(sched.max_model_len, f"{at}model.max_model_len = {sched.max_model_len}"),
-              (kv, f"{kv}, what {where + chr(39) + 's' if where else 'the'} KV cache holds "
-                   f"({bm.num_blocks} blocks of {bm.block_size} tokens, less the watermark and "
-                   f"{policy.max_steps} lookahead slots)")]
+              (kv, f"{kv}, what {cache} holds ({bm.num_blocks} blocks of {bm.block_size} "
+                   f"tokens, less the watermark and {policy.max_steps} lookahead slots)")]
     if not policy.chunk_prefills:
         limits.append((sched.max_num_batched_tokens,
                        f"{at}scheduler.max_num_batched_tokens = {sched.max_num_batched_tokens} "
@@ -224,7 +223,7 @@ class ClusterChoice:
 def conf_section(group: str, name: str) -> dict[str, Any]:
     """``<group>/<name>.yaml`` (a replica group's config by name) from the first directory of
     the run's config search path that has it: conf/, then ``hydra.searchpath``'s (a user's own
-    configs), as Hydra finds the top-level ones; conf/ alone outside a Hydra app."""
+    configs), as Hydra finds the top-level ones."""
     sources = _config_sources()
     for source in sources:
         path = source / group / f"{name}.yaml"
@@ -235,15 +234,15 @@ def conf_section(group: str, name: str) -> dict[str, Any]:
                      f"in {where}; hydra.searchpath adds a directory of your own)")
 
 
-def _config_sources() -> list[Any]:
+def _config_sources() -> list[Path]:
     """The directories Hydra composed the run's config from, in its order of search: conf/
     and hydra.searchpath's ``file://`` directories (a ``pkg://`` source as its package's
-    directory)."""
+    directory); conf/ alone outside a Hydra app."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
         return [Path(conf_dir())]
-    out = []
+    out: list[Path] = []
     for source in HydraConfig.get().runtime.config_sources:
         if source.provider == "hydra":  # Hydra's own (hydra/launcher, ...)
             continue
