@@ -10,7 +10,7 @@ import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,6 +20,10 @@ from common.paths import conf_dir
 from experiments.run_dir import CONTROL_KEYS
 from policies import ModelSpec, Scheduler, SchedulerConfig, make_policy, make_scheduler
 from policies.base import Policy, check_int, check_number
+
+if TYPE_CHECKING:
+    from simulator.hardware import HardwareSpec
+    from simulator.overhead import OverheadSpec
 
 
 def plain(section: Any) -> dict[str, Any]:
@@ -118,8 +122,8 @@ class ReplicaGroup:
     sections: dict[str, Any]
     model: ModelSpec
     choice: PolicyChoice
-    hardware: Any  # simulator.hardware.HardwareSpec
-    overhead: Any  # simulator.overhead.OverheadSpec
+    hardware: HardwareSpec
+    overhead: OverheadSpec
     gpu_memory_utilization: float
     num_blocks: int  # per virtual engine
 
