@@ -391,6 +391,7 @@ def test_a_killed_joblib_sweep_leaves_no_workers(tmp_path):
     ("backend.stream_per_step=maybe", "backend.stream_per_step must be true or false, got 'maybe'"),
     ("backend.num_blocks=2.5", "backend.num_blocks must be an integer >= 1, got 2.5"),
     ("backend.time_scale=abc", "backend.time_scale must be a finite number, got 'abc'"),
+    ("backend.time_scale=1e300", "backend.time_scale must be <= 1000, got 1e+300"),
     ("gpu_memory_utilization=abc", "gpu_memory_utilization must be a finite number, got 'abc'"),
     ("gpu_memory_utilization=1.5", "gpu_memory_utilization must be in (0, 1], got 1.5"),
     ("+skip_existing=abc", "skip_existing must be true or false, got 'abc'"),
