@@ -498,7 +498,6 @@ def test_a_full_disk_for_run_log_fails_the_run_in_one_error_and_leaves_no_result
     import logging
 
     from experiments import run as run_module
-
     from experiments.run_log import RunLogHandler
 
     root = logging.getLogger()
