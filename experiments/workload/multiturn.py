@@ -104,11 +104,11 @@ class ConversationSample:
         if not think_time:
             return
         for i, (c, start) in enumerate(zip(self.conversations, starts, strict=True)):
-            if not start + (len(c.ends) - 1) * think_time <= MAX_CLOCK:
+            last = start + (len(c.ends) - 1) * think_time
+            if not last <= MAX_CLOCK:
                 raise ValueError(
                     f"workload.think_time = {think_time!r} sends the last of conversation {i}'s "
-                    f"{len(c.ends)} turns {start + (len(c.ends) - 1) * think_time:.4g} s or "
-                    f"more into the run: {CLOCK_RULE}")
+                    f"{len(c.ends)} turns {last:.4g} s or more into the run: {CLOCK_RULE}")
 
     def prompt_token_ids(self, vocab_size: int) -> list[tuple[int, ...]]:
         """Per request: BOS and its messages' ids, as the tokenizer gave their lengths, folded
