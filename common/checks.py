@@ -28,8 +28,9 @@ def check_int(setting: str, value: Any, minimum: int) -> int:
 
 
 def check_number(setting: str, value: Any, *, minimum: float | None = None,
-                 positive: bool = False) -> float:
-    """``value`` if it is a finite real number (>= ``minimum``; > 0 if ``positive``)."""
+                 positive: bool = False, maximum: float | None = None) -> float:
+    """``value`` if it is a finite real number (>= ``minimum``; > 0 if ``positive``; <=
+    ``maximum``)."""
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or not math.isfinite(value)):
         raise ValueError(f"{setting} must be a finite number, got {value!r}")
@@ -37,6 +38,8 @@ def check_number(setting: str, value: Any, *, minimum: float | None = None,
         raise ValueError(f"{setting} must be > 0, got {value!r}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{setting} must be >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{setting} must be <= {maximum:g}, got {value!r}")
     return value
 
 

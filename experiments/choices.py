@@ -54,7 +54,10 @@ def check_sim_settings(cfg: Mapping[str, Any], backend: Mapping[str, Any]) -> No
     if backend.get("num_blocks") is not None:
         check_int("backend.num_blocks", backend["num_blocks"], 1)
     # the utilization's range is checked with the KV cache's size (simulator/memory.py)
-    check_number("backend.time_scale", backend.get("time_scale", 1.0), positive=True)
+    from simulator.engine import MAX_TIME_SCALE
+
+    check_number("backend.time_scale", backend.get("time_scale", 1.0), positive=True,
+                 maximum=MAX_TIME_SCALE)
     check_number("gpu_memory_utilization", cfg.get("gpu_memory_utilization", 0.9))
 
 

@@ -1,12 +1,15 @@
-"""Atomic file writes: a reader, or a crash, sees the old file or the whole new one, never half."""
+"""Atomic file writes: a reader, or a crash, sees the old file or the whole new one, never half;
+and Ctrl-C held off a short section that makes several files one unit (``interrupts_held``)."""
 
 from __future__ import annotations
 
 import contextlib
 import glob
 import os
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -117,6 +120,36 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` via a temporary file, fsync it, then rename it over ``path``."""
     with atomic_text_file(path) as f:
         f.write(text)
+
+
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Ctrl-C (SIGINT) and SIGTERM held while the block runs, then acted on as they would have
+    been at its end (their handlers called: a KeyboardInterrupt raised there): for a short
+    section that must not be cut in two, such as a run's result files becoming its own with
+    its manifest (a message saying no result was written, with the files in place, was the
+    alternative). Outside the main thread, which never runs a signal handler, the block just
+    runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous: dict[int, Any] = {}
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(signum)
+            if handler is not None and handler != signal.SIG_IGN:  # (None: not Python's)
+                previous[signum] = signal.signal(signum, lambda s, _: held.append(s))
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(held):
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, None)
+            else:  # SIG_DFL: the default action, now that it is back
+                os.kill(os.getpid(), signum)
 
 
 NOTES_MARK = "<!-- notes: kept when the table is rebuilt -->"

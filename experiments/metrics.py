@@ -230,7 +230,8 @@ def peak_output_and_concurrency(starts: Sequence[float] | np.ndarray, times: Tim
     arrived in (vLLM's rule: one token at the first token, one at each ITL after it, i.e. one
     per streamed chunk), and a request counted in every bucket from its send to its end; the
     fullest bucket of tokens, and the fullest of requests. ``starts``: the send times of the
-    requests ``done`` picks of ``times`` (default: all of them)."""
+    requests ``done`` picks of ``times`` (default: all of them). The buckets take memory as
+    the tokens do, not as the seconds the run spans (PerSecond)."""
     done = np.ones(len(times), bool) if done is None else done
     if not done.any():
         return 0.0, 0
@@ -241,7 +242,9 @@ def peak_output_and_concurrency(starts: Sequence[float] | np.ndarray, times: Tim
     buckets = int(np.ceil(float(end.max()) - t0)) + 1
     counts = np.diff(times.itl_start)[done]
     offset = np.cumsum(counts) - counts  # each request's first ITL in times.itls
-    tokens = _bucket_counts((first - t0).astype(np.int64), buckets)
+    dense = buckets <= max(len(first) + int(counts.sum()), PerSecond.DENSE_SECONDS)
+    tokens = PerSecond(buckets, dense)
+    tokens.add((first - t0).astype(np.int64))
     # Each later chunk's time: its request's first token plus the ITLs up to it, from the
     # running sum of every ITL (the requests left out have none); a chunk of requests at a
     # time, the sum carried over as one np.cumsum would add it (a 1M-request run has tens of
@@ -264,18 +267,49 @@ def peak_output_and_concurrency(starts: Sequence[float] | np.ndarray, times: Tim
         after += np.repeat(first[a:b], counts[a:b])
         after -= np.repeat(before, counts[a:b])
         after -= t0
-        tokens += _bucket_counts(after.astype(np.int64), buckets)
-    steps = np.zeros(buckets + 1, np.int64)
-    np.add.at(steps, (start - t0).astype(np.int64), 1)
-    np.add.at(steps, (end - t0).astype(np.int64) + 1, -1)
-    return float(tokens.max()), int(np.cumsum(steps[:-1]).max())
+        tokens.add(after.astype(np.int64))
+    running = PerSecond(buckets + 1, dense)  # a request joins in its send's second
+    running.add((start - t0).astype(np.int64))
+    running.add((end - t0).astype(np.int64) + 1, -1)  # and leaves after its end's
+    return float(tokens.values().max()), int(np.cumsum(running.values()).max())
 
 
-def _bucket_counts(index: np.ndarray, buckets: int) -> np.ndarray:
-    """How many of ``index`` fall in each of ``buckets`` (those outside none)."""
-    if len(index) and (index.min() < 0 or index.max() >= buckets):
-        index = index[(index >= 0) & (index < buckets)]
-    return np.bincount(index, minlength=buckets)
+class PerSecond:
+    """Counts of events in whole seconds 0..buckets-1 (an event outside them counts in none),
+    in memory that follows the events rather than the seconds: ``dense``, one slot a second
+    (the fastest, where the seconds are no more than the events); else only the seconds that
+    hold an event (a run of a few requests spanning 1e8 s, a think time's). ``values()``: the
+    counts second by second, every second or only those; their maximum and the maximum of
+    their running sum are the same either way."""
+
+    # a run spanning up to this many seconds (18 hours) is counted dense whatever its events
+    DENSE_SECONDS = 1 << 16
+
+    def __init__(self, buckets: int, dense: bool) -> None:
+        self.buckets, self.dense = buckets, dense
+        self._counts = np.zeros(buckets if dense else 0, np.int64)
+        self._seconds: list[np.ndarray] = []
+        self._weights: list[np.ndarray] = []
+
+    def add(self, index: np.ndarray, weight: int = 1) -> None:
+        """Count ``weight`` in the second of each of ``index``."""
+        if len(index) and (index.min() < 0 or index.max() >= self.buckets):
+            index = index[(index >= 0) & (index < self.buckets)]
+        if self.dense:
+            counts = np.bincount(index, minlength=self.buckets)
+            self._counts += counts if weight == 1 else weight * counts
+        else:
+            seconds, counts = np.unique(index, return_counts=True)
+            self._seconds.append(seconds)
+            self._weights.append(weight * counts)
+
+    def values(self) -> np.ndarray:
+        if self.dense or not self._seconds:
+            return self._counts
+        seconds, slot = np.unique(np.concatenate(self._seconds), return_inverse=True)
+        counts = np.zeros(len(seconds), np.int64)
+        np.add.at(counts, slot, np.concatenate(self._weights))
+        return counts
 
 
 def _num_good(times: TimesTable, slos_ms: Mapping[str, float]) -> int:

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from experiments.choices import (
     known_settings,
     plain,
 )
+from experiments.files import interrupts_held
 from experiments.run_dir import (
     MANIFEST,
     STAMP_KEY,
@@ -35,7 +36,9 @@ from experiments.run_dir import (
     finished,
     record,
     remove_recorded,
+    sweeping,
 )
+from experiments.run_log import RunLogHandler
 from experiments.sweep_workers import stop_with_sweep
 from policies import ModelSpec
 from policies.base import MOVED_SETTINGS, check_settings
@@ -81,6 +84,11 @@ _left_to_exit: list[Any] = []
 # handlers are Hydra's file handlers, attached by the app for each job (log_to_run_log).
 _RUN_LOG = logging.getLogger("schedlab.run")
 
+# The directories of the runs this process has completed (result files and manifest in place,
+# the summary given). A Ctrl-C acted on after a single run completed (interrupts_held) leaves
+# its result, so the run ends as completed (main).
+_completed: list[Path] = []
+
 
 def log_to_run_log() -> None:
     """Send say()'s lines to the file handlers Hydra's job logging gave the root logger (the
@@ -96,10 +104,57 @@ def log_to_run_log() -> None:
 
 def say(text: str, *, console: bool = True, error: bool = False) -> None:
     """A message of the run: on the console (errors on stderr) unless ``console`` is false, and
-    in its run.log."""
+    in its run.log (a failure to write it is reported by check_run_log)."""
     if console:
         print(text, file=sys.stderr if error else sys.stdout, flush=True)
     _RUN_LOG.log(logging.ERROR if error else logging.INFO, text)
+
+
+def check_run_log() -> None:
+    """Raise an OSError naming run.log if a line of the run could not be written to it (its
+    handler a RunLogHandler, as conf/hydra/job_logging/schedlab.yaml has it)."""
+    for h in _RUN_LOG.handlers:
+        if isinstance(h, RunLogHandler):
+            h.check()
+
+
+@contextlib.contextmanager
+def result_as_one_unit(run_dir: Path
+                       ) -> Iterator[Callable[[Sequence[str], Sequence[str]], None]]:
+    """The block places the run's result files in run_dir (write_results) and then calls the
+    function given, ``commit(logged, printed)``: ``logged`` lines go to run.log (a failure to
+    write it is an OSError naming it), the files into run_dir's manifest, then ``printed``
+    lines to the console, with Ctrl-C and SIGTERM held until it is done (interrupts_held). If
+    the block ends before the commit (an error, or an interrupt just after the files were
+    placed), they are removed: run_dir holds the whole result, listed in its manifest and
+    summarized on the console, or none of it, and a re-run into it is not refused."""
+    committed = False
+
+    def commit(logged: Sequence[str], printed: Sequence[str]) -> None:
+        nonlocal committed
+        from experiments.result_files import RESULT_FILES
+
+        with interrupts_held():
+            for line in logged:
+                say(line, console=False)
+            check_run_log()
+            record(run_dir, [name for name in RESULT_FILES if (run_dir / name).is_file()])
+            committed = True
+            _completed.append(run_dir)
+            for line in printed:
+                print(line, flush=True)
+
+    try:
+        yield commit
+    except BaseException:
+        if not committed:
+            from experiments.result_files import clear_results
+
+            # the run's own error (or Ctrl-C) is the one to report
+            with interrupts_held(), contextlib.suppress(OSError):
+                clear_results(run_dir)
+                record(run_dir, [])
+        raise
 
 
 def one_line_warning(message: Warning | str, category: type[Warning], filename: str,
@@ -338,15 +393,16 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         hidden = {STAMP_KEY, *(CUDA_ONLY_FIELDS if extra.get("device") == "cpu" else ())}
         text = format_summary(result, {k: v for k, v in extra.items() if k not in hidden},
                               shown=results.shown)
-        write_results(run_dir, result, requests, extra, steps=getattr(outcome, "steps", None),
-                      summary_text=text, replicas=replica_of, times=times, streamed=streamed)
-        record(run_dir, [name for name in RESULT_FILES if (run_dir / name).is_file()])
-        if sweep_label is None:
-            say(text)
-            say(f"results: {run_dir}{os.sep} ({', '.join(_written(run_dir))})")
-        else:
-            say(text, console=False)
-            say(sweep_line(sweep_label, result, run_dir))
+        with result_as_one_unit(run_dir) as commit:
+            write_results(run_dir, result, requests, extra,
+                          steps=getattr(outcome, "steps", None), summary_text=text,
+                          replicas=replica_of, times=times, streamed=streamed)
+            if sweep_label is None:
+                lines = [text, f"results: {run_dir}{os.sep} ({', '.join(_written(run_dir))})"]
+                commit(lines, lines)
+            else:
+                line = sweep_line(sweep_label, result, run_dir)
+                commit([text, line], [line])
         if LEAVE_TO_EXIT and sweep_label is None and len(requests) >= LONG_WRITE_REQUESTS:
             _left_to_exit.append((requests, outcome, cluster_outcome, times))
         return {**result, "schedlab": extra}
@@ -453,8 +509,15 @@ def main() -> None:
         print(err.message, file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        # The run's result files are written as one unit, so none of them is left.
-        print("interrupted: no result written", file=sys.stderr)
+        # A run's result files and its manifest are one unit (result_as_one_unit): a Ctrl-C
+        # acted on before they are committed leaves none of them, one after leaves the whole.
+        if sweeping():
+            print("interrupted: the sweep's finished runs keep their results; no other result "
+                  "written", file=sys.stderr)
+        elif _completed:
+            sys.exit(0)  # the run completed (its summary printed) before the interrupt
+        else:
+            print("interrupted: no result written", file=sys.stderr)
         sys.exit(128 + signal.SIGTERM if terminated else 130)
     if _left_to_exit:
         exit_leaving_objects()

@@ -29,6 +29,7 @@ STAMP_KEY = "config_sha256"  # in result.json's schedlab section
 # Locks held by this process. Module state, not the callback's: Hydra pickles its callbacks to
 # the joblib launcher's workers, and an open file does not pickle.
 _held: dict[Path, int] = {}
+_sweep_dirs: list[Path] = []  # the sweep directories this process claimed (sweeping())
 
 # ${pid:} in conf/config.yaml: default run and sweep directories are <time>-<pid>, so two runs
 # started in the same second never share one. Cached, so a sweep's workers see the parent's.
@@ -99,6 +100,12 @@ def claim(path: str | os.PathLike[str], setting: str = "hydra.run.dir") -> Path:
     return path
 
 
+def sweeping() -> bool:
+    """Whether this process runs a sweep (it claimed a sweep directory), under any launcher:
+    an interrupted sweep's message tells of the runs that finished."""
+    return bool(_sweep_dirs)
+
+
 def release(path: str | os.PathLike[str]) -> None:
     fd = _held.pop(Path(path).absolute(), None)
     if fd is not None:
@@ -118,6 +125,7 @@ def _claim_or_exit(config: DictConfig, setting: str) -> None:
             # A sweep that fails or is interrupted never reaches the aggregate callback: the
             # tables of an earlier sweep into this directory go now, so none is left stale.
             remove_recorded(path, AGGREGATE_FILES, setting)
+            _sweep_dirs.append(path)
     except (RunDirError, IsADirectoryError) as err:
         if path is not None:  # refused after the claim: the directory is not this run's
             release(path)

@@ -101,6 +101,10 @@ from simulator.replica_state import FinishHook, ReplicaSim, Shared, Window
 _STATE, _TOKEN_TIMES = operator.attrgetter("state"), operator.attrgetter("token_times")
 _OUTPUTS = operator.attrgetter("num_output_tokens")
 _EPS = 1e-9  # seconds: busy-until times this close to now count as now (float round-off)
+# backend.time_scale's largest value. It multiplies every priced cost (validation varies it by
+# 1%; a GPU ten times slower is 10): up to 1000, a run of less than 50 days of unscaled service
+# keeps its clock below 2^32 s, where float64 seconds still resolve a microsecond.
+MAX_TIME_SCALE = 1000.0
 
 
 def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
@@ -206,8 +210,9 @@ def _replica(shared: Shared, index: int, spec: ReplicaSpec, steps: StepRows) -> 
     elif num_blocks < 1:
         raise ValueError(f"backend.num_blocks must be >= 1, got {num_blocks}")
     time_scale = spec.time_scale
-    if not 0.0 < time_scale < float("inf"):  # NaN fails too
-        raise ValueError(f"backend.time_scale must be a positive number, got {time_scale}")
+    if not 0.0 < time_scale <= MAX_TIME_SCALE:  # NaN fails too
+        raise ValueError(f"backend.time_scale must be a number in (0, {MAX_TIME_SCALE:g}], "
+                         f"got {time_scale}")
     overhead = spec.overhead
     if time_scale != 1.0:
         overhead = scale_overhead(overhead, time_scale)

@@ -471,6 +471,54 @@ def test_the_peaks_computed_a_few_requests_at_a_time_are_the_peaks_of_the_whole_
         assert chunked[key] == whole[key]
 
 
+def test_the_peaks_of_a_run_spanning_1e9_seconds_take_memory_as_its_tokens_do():
+    """A few requests 5e8 s apart (a think time's waits) are counted in the seconds that hold
+    their tokens: before, one slot a simulated second (8 GB here, 60 GiB and a MemoryError
+    after the simulation at think_time=1e9)."""
+    import tracemalloc
+
+    reqs = [req(0, 0.0, 5, [1.0, 1.5, 1.5, 2.0]),  # chunks 1.0, 1.5 | 2.0
+            req(1, 5e8, 5, [5e8 + 0.1, 5e8 + 0.4, 5e8 + 0.9, 5e8 + 1.2]),  # 3 in second 5e8
+            req(2, 5e8 + 0.5, 5, [5e8 + 0.6]),  # 4 tokens, 2 requests in second 5e8
+            req(3, 1e9, 5, [1e9 + 0.2, 1e9 + 3.0])]
+    tracemalloc.start()
+    try:
+        s = summarize(reqs, duration=1e9 + 3.0, per_request=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (s["max_output_tokens_per_s"], s["max_concurrent_requests"]) == (4.0, 2)
+    assert peak < 1 << 20
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_peaks_counted_in_occupied_seconds_only_are_those_of_every_second(seed,
+                                                                              monkeypatch):
+    """A run spanning more seconds than it has tokens has its peaks counted in the seconds
+    that hold them; the numbers are those of one slot a second, and vLLM's loop's."""
+    from experiments import metrics
+
+    reqs = random_requests(seed)
+    for r in reqs[::3]:  # long waits between some requests: seconds with nothing in them
+        r.arrival_time += 1000.0
+        r.token_times = [t + 1000.0 for t in r.token_times]
+        r.finish_time = r.finish_time and r.finish_time + 1000.0
+    dense = summarize(reqs, duration=1020.0)
+    counted = []
+
+    class Occupied(metrics.PerSecond):
+        def __init__(self, buckets, dense):
+            counted.append(dense)
+            super().__init__(buckets, False)
+
+    monkeypatch.setattr(metrics, "PerSecond", Occupied)
+    sparse = summarize(reqs, duration=1020.0)
+    assert counted == [True, True]  # a short run's seconds are counted one slot each
+    expected = vllm_peaks(dense, [i for i, e in enumerate(dense["errors"]) if e == ""])
+    for s in (dense, sparse):
+        assert (s["max_output_tokens_per_s"], s["max_concurrent_requests"]) == expected
+
+
 @pytest.mark.parametrize("n", [1, 2, 7, 1000, 100_003])
 def test_a_statistic_is_numpys_to_the_last_bit(n):
     """_stats_ms works np.std out in its own scratch array and partitions a copy for the order

@@ -4,6 +4,7 @@ in place; unwritable outputs, Ctrl-C and a killed sweep end cleanly, with one-li
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -315,6 +316,226 @@ def _text(path: Path) -> str:
         return ""
 
 
+# --- the last instant of a run: its message and its directory agree --------------------------
+
+ALL_RESULTS = ("result.json", "requests.csv", "steps.csv", "summary.txt")
+
+
+def _result_state(run_dir: Path) -> str:
+    """"whole": every result file, each listed in the manifest as it is; "none": none of them
+    (any other state fails the test)."""
+    from experiments.run_dir import MANIFEST, unrecorded
+
+    present = [n for n in ALL_RESULTS if (run_dir / n).exists()]
+    assert not list(run_dir.glob(".*.tmp"))
+    if not present:
+        listed = json.loads(_text(run_dir / MANIFEST) or '{"files": {}}')["files"]
+        assert not set(listed) & set(ALL_RESULTS), listed
+        return "none"
+    assert present == list(ALL_RESULTS) and unrecorded(run_dir, ALL_RESULTS) == [], present
+    return "whole"
+
+
+@pytest.fixture
+def ctrl_c(monkeypatch):
+    """A real SIGINT sent to this process (its handler Python's, raising KeyboardInterrupt);
+    the runs completed meanwhile, as main() sees them."""
+    from experiments import run as run_module
+
+    monkeypatch.setattr(run_module, "_completed", [])
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield lambda: os.kill(os.getpid(), signal.SIGINT)
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize(("point", "outcome"), [
+    ("result.json placed", "none"),  # inside write_results, after its last file
+    ("write_results returned", "none"),
+    ("manifest to be written", "whole"),  # inside the commit: held until it is done
+    ("manifest written", "whole"),
+])
+def test_ctrl_c_in_the_last_instant_leaves_the_whole_result_or_none(tmp_path, monkeypatch,
+                                                                    ctrl_c, point, outcome):
+    """A Ctrl-C at each point of a run's end: before, "interrupted: no result written" while
+    the files were in place without a manifest, and a re-run into the directory was refused
+    ("files schedlab did not write"). Now the run is interrupted before its commit (none of
+    it is left) or after (the whole, as a completed run: main() ends it with exit 0), and a
+    re-run replaces it."""
+    from experiments import result_files
+    from experiments import run as run_module
+
+    cfg = composed(*SMALL)
+    run(cfg, tmp_path)  # a previous run's result, which the interrupted run replaces
+    run_module._completed.clear()
+    real_atomic, real_write, real_record = (result_files.atomic_text_file,
+                                            result_files.write_results, run_module.record)
+
+    @contextlib.contextmanager
+    def atomic_then_interrupt(path):
+        with real_atomic(path) as f:
+            yield f
+        if Path(path).name == "result.json":
+            ctrl_c()
+
+    def write_then_interrupt(*args, **kwargs):
+        out = real_write(*args, **kwargs)
+        ctrl_c()
+        return out
+
+    def record_interrupted(directory, names):
+        if point == "manifest to be written":
+            ctrl_c()
+        real_record(directory, names)
+        if point == "manifest written":
+            ctrl_c()
+
+    if point == "result.json placed":
+        monkeypatch.setattr(result_files, "atomic_text_file", atomic_then_interrupt)
+    if point == "write_results returned":
+        monkeypatch.setattr(result_files, "write_results", write_then_interrupt)
+    monkeypatch.setattr(run_module, "record", record_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path)
+    assert _result_state(tmp_path) == outcome
+    assert run_module._completed == ([tmp_path] if outcome == "whole" else [])
+    monkeypatch.undo()
+    run(cfg, tmp_path)
+    assert _result_state(tmp_path) == "whole"
+
+
+def _run_interrupted_at(run_dir: Path, patch: str) -> subprocess.CompletedProcess:
+    """The CLI run into run_dir with ``patch`` (code) applied to experiments.run first."""
+    code = ("import errno, os, signal, sys\nimport experiments.run as r\n" + patch +
+            f"\nsys.argv = ['schedlab-run', *{SMALL!r}, 'hydra.run.dir={run_dir}']\nr.main()")
+    return cli("-c", code)
+
+
+@pytest.mark.parametrize(("when", "code", "message"), [
+    ("before", 'import experiments.result_files as f\nw = f.write_results\n'
+               'def write(*a, **k):\n    out = w(*a, **k)\n    os.kill(os.getpid(), 2)\n'
+               '    return out\nf.write_results = write', "interrupted: no result written"),
+    ("during", 'rec = r.record\ndef record(d, names):\n    os.kill(os.getpid(), 2)\n'
+               '    rec(d, names)\nr.record = record', None),
+])
+def test_ctrl_c_at_the_commit_through_the_cli_says_what_the_directory_holds(tmp_path, when,
+                                                                            code, message):
+    """Ctrl-C after the files are placed and before the commit: exit 130, the line says no
+    result was written and none is; during the commit: the run completes (exit 0, its summary
+    printed, its files listed in the manifest). A re-run into the directory works either way
+    (before: refused as "files schedlab did not write")."""
+    out = tmp_path / "run"
+    p = _run_interrupted_at(out, code)
+    if message is None:
+        assert (p.returncode, p.stderr) == (0, ""), p.stderr[-2000:]
+        assert "Serving Benchmark Result" in p.stdout and f"results: {out}" in p.stdout
+        assert _result_state(out) == "whole"
+    else:
+        assert p.returncode == 130 and p.stderr.strip().splitlines() == [message], p.stderr
+        assert _result_state(out) == "none"
+    p = cli("-m", "experiments.run", *SMALL, f"hydra.run.dir={out}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert _result_state(out) == "whole"
+
+
+def test_an_interrupted_sweep_says_its_finished_runs_keep_their_results(tmp_path):
+    """Ctrl-C in a sweep's second run, its files placed and not committed: the first run's
+    result stays, the second's goes, and the line says so (before: "no result written")."""
+    code = ('import experiments.result_files as f\nw = f.write_results\ncalls = []\n'
+            'def write(*a, **k):\n    out = w(*a, **k)\n    calls.append(1)\n'
+            '    if len(calls) == 2:\n        os.kill(os.getpid(), 2)\n    return out\n'
+            'f.write_results = write\n'
+            f"sys.argv = ['schedlab-run', '-m', *{SMALL!r}, 'policy.num_steps=1,2', "
+            f"'hydra.sweep.dir={tmp_path}']\nr.main()")
+    p = cli("-c", "import os, sys\nimport experiments.run as r\n" + code)
+    assert p.returncode == 130, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines() == [
+        "interrupted: the sweep's finished runs keep their results; no other result written"]
+    assert [_result_state(next(tmp_path.glob(f"*policy.num_steps={k},*"))) for k in (1, 2)] \
+        == ["whole", "none"]
+
+
+def test_interrupts_held_acts_on_ctrl_c_and_sigterm_at_the_end_of_the_section(ctrl_c):
+    from experiments.files import interrupts_held
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_held():
+            ctrl_c()
+            done.append("after Ctrl-C")
+    assert done == ["after Ctrl-C"] and signal.getsignal(signal.SIGINT) is \
+        signal.default_int_handler
+    terms = []
+    previous = signal.signal(signal.SIGTERM, lambda s, _: terms.append(s))
+    try:
+        with interrupts_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            done.append("after SIGTERM")
+            assert terms == []
+        assert terms == [signal.SIGTERM] and done[-1] == "after SIGTERM"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# --- a full disk for run.log ------------------------------------------------------------------
+
+class _FullDisk:
+    """A log file on a full disk: every write or flush fails as the OS fails it."""
+
+    def write(self, text=None):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    flush = write
+
+    def close(self):
+        pass
+
+
+def test_a_full_disk_for_run_log_fails_the_run_in_one_error_and_leaves_no_result(
+        tmp_path, monkeypatch, capsys):
+    """Before: "--- Logging error ---" tracebacks for each line, run.log empty, exit 0 with
+    the result files in place. Now the run fails with one OSError naming run.log (main: one
+    line, exit 2), nothing printed for the lines lost, and no result left."""
+    import logging
+
+    from experiments import run as run_module
+    from experiments.run_log import RunLogHandler
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # put back as they were after the test
+    monkeypatch.setattr(run_module._RUN_LOG, "handlers", [])
+    monkeypatch.setattr(run_module._RUN_LOG, "propagate", run_module._RUN_LOG.propagate)
+    root.addHandler(RunLogHandler(tmp_path / "run.log"))  # as Hydra's job logging makes it
+    run_module.log_to_run_log()
+    (log,) = run_module._RUN_LOG.handlers
+    log.stream.close()
+    log.stream = _FullDisk()
+    try:
+        with pytest.raises(OSError) as err:
+            run(composed(*SMALL), tmp_path)
+        assert (err.value.errno, err.value.filename) == (errno.ENOSPC,
+                                                         str(tmp_path / "run.log"))
+        assert _result_state(tmp_path) == "none"
+        out, logged = capsys.readouterr()
+        assert "Logging error" not in logged and "Serving Benchmark Result" not in out
+        logging.getLogger("schedlab.other").warning("another logger's line, lost too")
+        run_module.say("error: the run's own line", error=True)
+        assert capsys.readouterr().err == "error: the run's own line\n"  # the rest kept
+    finally:
+        log.stream = None
+
+
+def test_a_full_disk_for_run_log_through_the_cli_is_one_line_and_exit_2(tmp_path):
+    out = tmp_path / "run"
+    p = _run_interrupted_at(out, "import logging\ndef full(self):\n    raise OSError("
+                                 "errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
+                                 "logging.FileHandler.flush = full")
+    line = one_line_error(p)
+    assert line == f"error: [Errno 28] No space left on device: '{out / 'run.log'}'"
+    assert p.stdout == "" and _result_state(out) == "none"
+    assert cli("-m", "experiments.run", *SMALL, f"hydra.run.dir={out}").returncode == 0
+    assert _result_state(out) == "whole" and "results:" in (out / "run.log").read_text()
+
+
 def test_a_full_disk_names_the_file(tmp_path, monkeypatch):
     from experiments import files
 
@@ -391,6 +612,7 @@ def test_a_killed_joblib_sweep_leaves_no_workers(tmp_path):
     ("backend.stream_per_step=maybe", "backend.stream_per_step must be true or false, got 'maybe'"),
     ("backend.num_blocks=2.5", "backend.num_blocks must be an integer >= 1, got 2.5"),
     ("backend.time_scale=abc", "backend.time_scale must be a finite number, got 'abc'"),
+    ("backend.time_scale=1e300", "backend.time_scale must be <= 1000, got 1e+300"),
     ("gpu_memory_utilization=abc", "gpu_memory_utilization must be a finite number, got 'abc'"),
     ("gpu_memory_utilization=1.5", "gpu_memory_utilization must be in (0, 1], got 1.5"),
     ("+skip_existing=abc", "skip_existing must be true or false, got 'abc'"),

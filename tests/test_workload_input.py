@@ -107,6 +107,14 @@ TRACE = {"kind": "trace", "trace_path": str(DATA / "trace_small.csv")}
     ({**SYN, "burstiness": -1}, r"workload\.burstiness must be > 0, got -1"),
     ({**SYN, "burstiness": "inf"}, r"workload\.burstiness must be > 0, got inf"),
     ({**SYN, "burstiness": float("nan")}, r"workload\.burstiness must be > 0, got nan"),
+    # a clock beyond 2^32 s: an OverflowError, or gigabytes for the peaks, after the run
+    ({**SYN, "request_rate": 1e-300},
+     r"workload\.request_rate must be >= 2\.33e-10 requests/s .* got 1e-300: .*2\^32 s"),
+    ({**SYN, "request_rate": 1e-9, "num_prompts": 50},
+     r"workload\.request_rate = 1e-09 \(burstiness 1\.0\) sends the last of 50 requests at "
+     r"[0-9.e+]+ s: .*2\^32 s"),
+    ({**SYN, "request_rate": 1.0, "burstiness": 1e-320},
+     r"workload\.request_rate = 1\.0 \(burstiness 1e-320\) sends the last of 4 requests"),
     ({**SYN, "num_prompts": True}, r"workload\.num_prompts must be an integer"),
     ({**SYN, "num_prompts": "10"}, r"workload\.num_prompts must be an integer"),
     ({**SYN, "num_prompts": float("inf")}, r"workload\.num_prompts must be an integer"),
@@ -123,6 +131,9 @@ TRACE = {"kind": "trace", "trace_path": str(DATA / "trace_small.csv")}
      r"workload\.lengths\.prompt_mean must be a number"),
     ({**TRACE, "num_prompts": 2.5}, r"workload\.num_prompts must be an integer, got 2\.5"),
     ({**TRACE, "seed": "x"}, r"workload\.seed must be an integer"),
+    ({**TRACE, "time_scale": 1e300},
+     r"workload\.time_scale must be > 0 and keep the replay's 1\.25 s within 2\^32 s, "
+     r"got 1e\+300: "),
 ])
 def test_settings_of_the_wrong_type_or_range(cfg, match):
     one_line_error(cfg, match)

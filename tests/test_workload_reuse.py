@@ -278,6 +278,11 @@ def test_the_turns_after_a_dropped_one_go_even_when_they_fit():
     ({"think_time": -1}, r"workload\.think_time must be a number of seconds >= 0"),
     ({"think_time": "soon"}, r"workload\.think_time must be a number"),
     ({"think_time": float("nan")}, r"workload\.think_time must be"),
+    ({"think_time": 1e300}, r"workload\.think_time must be at most 2\^32 s, got 1e\+300: "),
+    # each wait is within the bound, a conversation's turns together are not
+    ({"think_time": 4e9, "request_rate": float("inf")},
+     r"workload\.think_time = 4000000000\.0 sends the last of conversation [0-9]+'s [0-9]+ turns "
+     r"[0-9.e+]+ s or more into the run: "),
     ({"max_prompt_len": 0}, r"workload\.max_prompt_len must be >= 1"),
     ({"max_total_len": -5}, r"workload\.max_total_len must be >= 2"),
     ({"fixed_output_len": 0}, r"workload\.fixed_output_len must be >= 1"),

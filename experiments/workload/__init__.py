@@ -284,6 +284,7 @@ def _draw(cfg: Mapping[str, Any], vocab_size: int | None, max_model_len: int | N
         arrivals = ([0.0] * num_prompts if math.isinf(rate)
                     else arrival_times(num_prompts, rate, burstiness, seed).tolist())
         if multiturn:
+            sample.check_waits(arrivals, think)
             arrivals = sample.arrival_times(arrivals)
     n = len(prompt_lens)
     # a few thousand distinct lengths: one int object each, held by every request of that

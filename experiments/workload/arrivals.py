@@ -16,6 +16,14 @@ ARRIVAL_KEYS = frozenset({"request_rate", "burstiness"})
 MAX_TRACE_TIME = 1e12
 # A replay longer than this (~116 days) after the first arrival is taken for a unit error too.
 MAX_TRACE_SPAN = 1e7
+# No arrival, and no wait for one (a think time), reaches past this many seconds of a run
+# (2^32 s, ~136 years): the clock is float64 seconds, which resolve a microsecond (the scale of
+# the smallest costs the simulator prices) up to there and ever more coarsely beyond, and the
+# peaks count the run's seconds as int64. A rate or think time that goes beyond is an error
+# before the run, not a clock that rounds its costs away or overflows.
+MAX_CLOCK = 2.0 ** 32
+CLOCK_RULE = "a run's clock is kept below 2^32 s (~136 years), where float64 seconds still " \
+    "resolve a microsecond"
 
 
 def arrival_times(num_prompts: int, request_rate: float, burstiness: float, seed: int
@@ -27,13 +35,26 @@ def arrival_times(num_prompts: int, request_rate: float, burstiness: float, seed
     ``seed``, which is the stream np.random.seed(seed) gives benchmark_serving, so a ShareGPT
     run sees the same arrival times as the vLLM benchmark did (gamma with shape 1 draws the
     same numbers as the v0.5/v0.6 exponential).
+
+    A rate whose mean gap, or whose last send, is beyond MAX_CLOCK is refused (naming
+    workload.request_rate).
     """
     if math.isinf(request_rate):
         return np.zeros(num_prompts)
-    theta = 1.0 / (request_rate * burstiness)
-    gaps = np.random.RandomState(seed).gamma(shape=burstiness, scale=theta,
-                                            size=max(num_prompts - 1, 0))
-    return np.concatenate([[0.0], np.cumsum(gaps)])
+    if not request_rate * MAX_CLOCK >= 1:
+        raise ValueError(f"workload.request_rate must be >= {1 / MAX_CLOCK:.3g} requests/s (a "
+                         f"mean gap of at most 2^32 s), got {request_rate!r}: {CLOCK_RULE}")
+    product = request_rate * burstiness
+    theta = 1.0 / product if product > 0 else math.inf  # a burstiness of 1e-320: refused below
+    with np.errstate(over="ignore", invalid="ignore"):  # (inf or nan: refused below)
+        gaps = np.random.RandomState(seed).gamma(shape=burstiness, scale=theta,
+                                                size=max(num_prompts - 1, 0))
+        times = np.concatenate([[0.0], np.cumsum(gaps)])
+    if not times[-1] <= MAX_CLOCK:
+        raise ValueError(f"workload.request_rate = {request_rate!r} (burstiness {burstiness!r}) "
+                         f"sends the last of {num_prompts} requests at {times[-1]:.4g} s: "
+                         f"{CLOCK_RULE}")
+    return times
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +95,8 @@ def trace_arrival_times(times: Sequence[float], lines: Sequence[int], path: str,
         raise ValueError(f"{path}:{lines[-1]}: {column} {times[-1]!r} is {span:.4g} s after "
                          f"the first arrival (line {lines[0]}); a trace may span at most "
                          f"{MAX_TRACE_SPAN:g} s (times are {unit.name})")
-    if not (time_scale > 0 and math.isfinite(time_scale * span)):
-        raise ValueError(f"workload.time_scale must be > 0 and keep the replay finite, "
-                         f"got {time_scale!r}")
+    if not (time_scale > 0 and time_scale * span <= MAX_CLOCK):
+        raise ValueError(f"workload.time_scale must be > 0 and keep the replay's {span:.4g} s "
+                         f"within 2^32 s, got {time_scale!r}: {CLOCK_RULE}")
     # Divided, not multiplied by 1e-3: 3053 ms is 3.053 s, not 3.0530000000000004.
     return [(t - first) / unit.per_second * time_scale for t in times]

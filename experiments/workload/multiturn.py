@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments.workload.arrivals import CLOCK_RULE, MAX_CLOCK
 from experiments.workload.jsonstream import read_record_at
 from experiments.workload.settings import get_float, get_int
 from experiments.workload.sharegpt import (
@@ -96,6 +97,18 @@ class ConversationSample:
     def arrival_times(self, starts: list[float]) -> list[float]:
         """Per request: its conversation's start (a later turn waits for the one before it)."""
         return [t for c, t in zip(self.conversations, starts, strict=True) for _ in c.ends]
+
+    def check_waits(self, starts: list[float], think_time: float) -> None:
+        """Refuse a think time that sends a conversation's last turn past MAX_CLOCK: it goes
+        no sooner than its conversation's start and a think time after each turn before it."""
+        if not think_time:
+            return
+        for i, (c, start) in enumerate(zip(self.conversations, starts, strict=True)):
+            last = start + (len(c.ends) - 1) * think_time
+            if not last <= MAX_CLOCK:
+                raise ValueError(
+                    f"workload.think_time = {think_time!r} sends the last of conversation {i}'s "
+                    f"{len(c.ends)} turns {last:.4g} s or more into the run: {CLOCK_RULE}")
 
     def prompt_token_ids(self, vocab_size: int) -> list[tuple[int, ...]]:
         """Per request: BOS and its messages' ids, as the tokenizer gave their lengths, folded
@@ -217,6 +230,8 @@ def think_time(cfg: Mapping[str, Any]) -> float:
     v = get_float(cfg, "think_time", 0.0)
     if not (v >= 0 and math.isfinite(v)):
         raise ValueError(f"workload.think_time must be a number of seconds >= 0, got {v!r}")
+    if v > MAX_CLOCK:
+        raise ValueError(f"workload.think_time must be at most 2^32 s, got {v!r}: {CLOCK_RULE}")
     return v
 
 
