@@ -144,9 +144,9 @@ class Scheduler(WindowUpdate):
         if not self.has_unfinished or self._in_flight:
             return None
         policy = self.policy
-        return (f"policy {policy.name} ({type(policy).__name__}) formed no batch with {self.num_waiting} waiting and "
-                f"{self.num_running} running requests, and none in flight: they would wait "
-                "forever")
+        return (f"policy {policy.name} ({type(policy).__name__}) formed no batch with "
+                f"{self.num_waiting} waiting and {self.num_running} running requests, and none "
+                "in flight: they would wait forever")
 
     @property
     def num_waiting(self) -> int:

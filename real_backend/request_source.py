@@ -54,7 +54,7 @@ class ClientSource:
             stalled = sched.stalled()
             if stalled:  # the policy's doing (a user's, as a rule): the run's one-line error
                 raise ValueError(stalled)
-            raise RuntimeError(f"the scheduler holds no request and the client's "
+            raise RuntimeError("the scheduler holds no request and the client's "
                                f"{self.client.num_unsent} unsent ones are never due")
         time.sleep(max(0.0, t - clock()))
 

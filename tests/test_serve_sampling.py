@@ -1,7 +1,7 @@
 """Per-request sampling and stop sequences on the HTTP server (the tiny CPU model, multi_step
-k=4): two seeded streams of different temperatures in one batch, each reproducible on its own;
-a temperature or top_p below float32's range is greedy; stop sequences cut the text and end the request in the engine; bad settings are 400s naming
-the field; each request's access-log line."""
+k=4): two seeded streams of different temperatures in one batch, each reproducible on its own; a
+temperature or top_p below float32's range is greedy; stop sequences cut the text and end the
+request in the engine; bad settings are 400s naming the field; each request's access-log line."""
 
 from __future__ import annotations
 

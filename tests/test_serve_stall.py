@@ -1,8 +1,8 @@
 """A policy that forms no batch for the requests it holds (a user's ``admit`` that refuses a
 long prompt for ever): the simulator and an offline run stop with one line naming it
-(``Scheduler.stalled``, a ValueError: a run's one-line error); the HTTP server (the tiny CPU model) fails those requests with OpenAI's
-error object, in JSON or as an SSE event, and /health says why, while it goes on serving the
-requests the policy does admit."""
+(``Scheduler.stalled``, a ValueError: a run's one-line error); the HTTP server (the tiny CPU
+model) fails those requests with OpenAI's error object, in JSON or as an SSE event, and /health
+says why, while it goes on serving the requests the policy does admit."""
 
 from __future__ import annotations
 
