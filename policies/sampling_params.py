@@ -9,9 +9,17 @@ from typing import Any
 
 from policies.base import check_int, check_number, check_settings
 
+# A temperature below this is greedy, as in vLLM (its _SAMPLING_EPS): the logits divided by a
+# tinier one overflow float32 (1e-40 makes every logit inf, and softmax NaN), and well before
+# that the sample is the argmax anyway.
+SAMPLING_EPS = 1e-5
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
+    """One request's sampling settings, checked; a temperature below ``SAMPLING_EPS`` is kept
+    as 0 (greedy), so that every sampler and every comparison of settings sees it as greedy."""
+
     temperature: float = 0.0  # 0: greedy (benchmark_serving's setting)
     top_k: int = -1  # -1: whole vocabulary
     top_p: float = 1.0
@@ -20,31 +28,29 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k == 0 or self.top_k < -1:
+        """Every value checked here, for both the config and a served request (never cast:
+        top_k=2.5 must not run as 2, nor temperature=nan as anything)."""
+        temperature = float(check_number("temperature", self.temperature, minimum=0))
+        if check_int("top_k", self.top_k, -1) == 0:
             raise ValueError(f"top_k must be -1 or >= 1, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
+        if not 0.0 < check_number("top_p", self.top_p) <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None and (isinstance(self.seed, bool)
                                       or not isinstance(self.seed, int)):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        object.__setattr__(self, "temperature", 0.0 if temperature < SAMPLING_EPS
+                           else temperature)
+        object.__setattr__(self, "top_p", float(self.top_p))
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any] | None) -> SamplingParams:
         """The ``backend.sampling`` section (no seed: backend.seed seeds the generator)."""
         d = dict(d or {})
         check_settings("backend.sampling", d, ("temperature", "top_k", "top_p"))
-        # checked, never cast: top_k=2.5 must not run as 2, nor temperature=nan as anything
         try:
-            return cls(float(check_number("backend.sampling.temperature",
-                                          d.get("temperature", 0.0))),
-                       check_int("backend.sampling.top_k", d.get("top_k", -1), -1),
-                       float(check_number("backend.sampling.top_p", d.get("top_p", 1.0))))
+            return cls(d.get("temperature", 0.0), d.get("top_k", -1), d.get("top_p", 1.0))
         except ValueError as err:
-            msg = str(err)
-            raise ValueError(msg if msg.startswith("backend.") else
-                             f"backend.sampling.{msg}") from None
+            raise ValueError(f"backend.sampling.{err}") from None
 
     @property
     def greedy(self) -> bool:

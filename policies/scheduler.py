@@ -134,6 +134,20 @@ class Scheduler(WindowUpdate):
     def has_unfinished(self) -> bool:
         return bool(self.waiting) or bool(self.running) or bool(self.finishing)
 
+    def stalled(self) -> str | None:
+        """Why this scheduler will never form a window, asked when ``schedule()`` formed none
+        and none is in flight: it holds requests the policy formed no batch for (a user's
+        ``admit`` that refuses them all, a budget of nothing), and nothing but a new request
+        or an abort changes its state. None if it holds none. The one definition of a stalled
+        engine: the simulator and an offline run stop with it once nothing more arrives, the
+        server fails the requests it holds with it (/health says so)."""
+        if not self.has_unfinished or self._in_flight:
+            return None
+        policy = self.policy
+        return (f"policy {policy.name} ({type(policy).__name__}) formed no batch with "
+                f"{self.num_waiting} waiting and {self.num_running} running requests, and none "
+                "in flight: they would wait forever")
+
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)

@@ -51,8 +51,11 @@ class ClientSource:
     def wait(self, sched: Scheduler, clock: Callable[[], float]) -> None:
         t = self.client.next_send_time()
         if t is None:  # nothing left to send, or every slot held by a request the scheduler lost
-            raise RuntimeError(f"scheduler formed no window with {sched.num_running} running "
-                               f"and {sched.num_waiting} waiting requests")
+            stalled = sched.stalled()
+            if stalled:  # the policy's doing (a user's, as a rule): the run's one-line error
+                raise ValueError(stalled)
+            raise RuntimeError("the scheduler holds no request and the client's "
+                               f"{self.client.num_unsent} unsent ones are never due")
         time.sleep(max(0.0, t - clock()))
 
     def delivered(self, batch: Batch, finished: list[Request]) -> None:

@@ -29,14 +29,22 @@ def sample(logits: torch.Tensor, params: SamplingParams,
     if params.top_p < 1.0:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         sorted_probs = sorted_logits.softmax(dim=-1)
-        # Drop a token once the mass before it already reaches top_p; the first always stays.
-        drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= params.top_p
+        drop = _top_p_drop(sorted_probs, params.top_p)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
     probs = logits.softmax(dim=-1)
     # Gumbel-max in its exponential form: argmax(p / E), E ~ Exp(1), samples from p with no sync.
     noise = torch.empty_like(probs).exponential_(generator=generator)
     return (probs / noise).argmax(dim=-1)
+
+
+def _top_p_drop(sorted_probs: torch.Tensor, top_p: torch.Tensor | float) -> torch.Tensor:
+    """The tokens top-p drops, in probability order: each one whose preceding mass already
+    reaches top_p. The most likely token always stays: a top_p below float32's range (1e-300)
+    is 0 on the device, and would drop every token (softmax of all -inf: NaN, token 0)."""
+    drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
+    drop[:, 0] = False
+    return drop
 
 
 # Seeded sampling: a counter-based hash of (the request's seed, the token's position, the
@@ -118,8 +126,7 @@ def sample_rows(logits: torch.Tensor, rows: RowSampling, step: int,
             sorted_x = sorted_x.masked_fill(sorted_x < kth, float("-inf"))
         if rows.any_top_p:
             p = sorted_x.softmax(dim=-1)
-            # Drop a token once the mass before it already reaches top_p; the first always stays.
-            drop = p.cumsum(dim=-1) - p >= rows.top_p[:, None]
+            drop = _top_p_drop(p, rows.top_p[:, None])
             x = torch.empty_like(x).scatter_(-1, order, sorted_x.masked_fill(drop, float("-inf")))
     probs = x.softmax(dim=-1)
     positions = rows.positions + (step - rows.first_step)

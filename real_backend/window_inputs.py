@@ -146,8 +146,11 @@ def sampling_rows(seqs: list[ScheduledSeq], rows: list[int], step: int,
                   default: SamplingParams) -> SamplingRows:
     params = [seqs[i].request.sampling or default for i in rows]
     seeded = [r for r, p in enumerate(params) if p.seed is not None and not p.greedy]
+    # a temperature beyond float32's range samples uniformly either way: cast without numpy's
+    # overflow warning
+    temperature = np.minimum([p.temperature for p in params], np.finfo(np.float32).max)
     return SamplingRows(
-        step, np.array([p.temperature for p in params], dtype=np.float32),
+        step, temperature.astype(np.float32),
         np.array([p.top_k for p in params], dtype=np.int64),
         np.array([p.top_p for p in params], dtype=np.float32),
         np.array(seeded, dtype=np.int64),

@@ -281,14 +281,12 @@ def _engine(sim: ReplicaSim, v: int) -> Generator:
 
 def _all_done(sim: ReplicaSim, v: int) -> bool:
     """Whether virtual engine ``v`` is done when its scheduler formed no batch: nothing more
-    arrives and nothing is left; work left that no batch can take is a scheduler bug."""
+    arrives and nothing is left; work left that no batch takes is an error (Scheduler.stalled)."""
     if sim.arrivals_left[v] or sim.shared.client.num_unsent:
         return False
-    sched = sim.schedulers[v]
-    if sched.has_unfinished:
-        raise RuntimeError(
-            f"virtual engine {v}: the scheduler formed no batch with "
-            f"{sched.num_waiting} waiting and {sched.num_running} running requests")
+    stalled = sim.schedulers[v].stalled()
+    if stalled:  # the policy's doing (a user's, as a rule): the run's one-line error
+        raise ValueError(f"virtual engine {v}: {stalled}")
     return True
 
 

@@ -34,6 +34,7 @@ class FakeEngine:
     """Accepts every request and finishes it with one token; or fails, if told to."""
 
     error = None
+    stalled = None
 
     def __init__(self) -> None:
         self.requests = []

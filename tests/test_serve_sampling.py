@@ -1,7 +1,7 @@
 """Per-request sampling and stop sequences on the HTTP server (the tiny CPU model, multi_step
-k=4): two seeded streams of different temperatures in one batch, each reproducible on its own;
-stop sequences cut the text and end the request in the engine; bad settings are 400s naming
-the field; each request's access-log line."""
+k=4): two seeded streams of different temperatures in one batch, each reproducible on its own; a
+temperature or top_p below float32's range is greedy; stop sequences cut the text and end the
+request in the engine; bad settings are 400s naming the field; each request's access-log line."""
 
 from __future__ import annotations
 
@@ -81,6 +81,19 @@ def test_top_k_1_and_temperature_0_are_greedy(server):
     assert text_of(stream(server, {**GREEDY, "temperature": 0.0, "seed": 5})) == greedy
 
 
+def test_a_temperature_or_top_p_below_float32s_range_is_greedy(server):
+    """temperature=1e-40 (greedy below vLLM's epsilon) and top_p=1e-300 (the most likely token
+    always stays) give the greedy text, streamed or not, not token 0 repeated."""
+    greedy = text_of(stream(server, GREEDY))
+    for extra in ({"temperature": 1e-40}, {"temperature": 1e-40, "seed": 2},
+                  {"temperature": 1.0, "top_p": 1e-300}, {"temperature": 1.3, "top_p": 1e-300,
+                                                          "top_k": 2**63 - 1, "seed": 9}):
+        body = {**GREEDY, **extra}
+        assert text_of(stream(server, body)) == greedy, extra
+        r = server.http.post("/v1/completions", json=body)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == greedy, extra
+
+
 def test_a_stop_sequence_cuts_the_text_and_ends_the_request(server):
     body = {"prompt": PROMPT, "max_tokens": 40, "ignore_eos": True}
     full = server.http.post("/v1/completions", json=body).json()["choices"][0]["text"]
@@ -105,6 +118,7 @@ def test_a_stop_sequence_cuts_the_text_and_ends_the_request(server):
 
 @pytest.mark.parametrize("body, param", [
     ({"temperature": -0.1}, "temperature"),
+    ({"top_k": 2.5}, "top_k"),
     ({"top_p": 0.0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
     ({"top_k": -2}, "top_k"),
@@ -122,6 +136,16 @@ def test_bad_sampling_settings_are_400s_naming_the_field(server, body, param):
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"].split(".")[0] == param, err
     assert "\n" not in err["message"] and param in err["message"]
+
+
+@pytest.mark.parametrize("field, value", [("temperature", "NaN"), ("temperature", "Infinity"),
+                                          ("temperature", "1e400"), ("top_p", "NaN")])
+def test_sampling_settings_that_are_no_finite_number_are_400s(server, field, value):
+    r = server.http.post("/v1/completions", headers={"content-type": "application/json"},
+                         content=f'{{"prompt": "hi", "max_tokens": 2, "{field}": {value}}}')
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and "finite" in err["message"], err
 
 
 def test_each_request_has_an_access_log_line(server):

@@ -74,8 +74,11 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
 
     @app.get("/health")
     async def health() -> Response:
-        if engine.error:
-            return JSONResponse({"status": "error", "error": engine.error}, status_code=503)
+        """503 once the engine has failed, or its policy has stalled (requests failed for want
+        of a batch, engine_client.py): a server that cannot serve them says so."""
+        reason = engine.error or engine.stalled
+        if reason:
+            return JSONResponse({"status": "error", "error": reason}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")

@@ -60,6 +60,9 @@ class EngineClient:
         self.conn = conn
         self.t0: float | None = None  # the engine clock's origin (perf_counter), once ready
         self.error: str | None = None  # set when the engine failed or went away
+        # set when the policy stalled (it formed no batch for the requests it held, which
+        # failed with this): the engine still runs, /health reports it from then on
+        self.stalled: str | None = None
         self.on_fail: Callable[[], None] = lambda: None
         self._closing = False
         self._streams: dict[int, Stream] = {}
@@ -205,6 +208,8 @@ class EngineClient:
             future = self._metrics.get(message[1])
             if future is not None and not future.done():
                 future.set_result(message[2])
+        elif kind == "stalled":
+            self.stalled = self.stalled or message[1]
         elif kind == "fail":
             self._fail(message[1])
 

@@ -6,7 +6,9 @@ Messages are tuples. The front end sends ``("add", Request)``, ``("abort", id)``
 and ``("close",)``; the engine sends ``("ready", t0)`` once its loop
 runs (the engine clock's origin, a ``time.perf_counter`` reading, which is the same clock in
 every process of the host), ``("events", [(id, token_ids, finish, error, accepted), ...])``
-once per loop iteration that has any, ``("metrics", token, text)`` and ``("fail", message)``.
+once per loop iteration that has any, ``("metrics", token, text)``, ``("stalled", message)``
+(the policy formed no batch for the requests it held, which have failed: /health says so) and
+``("fail", message)``.
 
 The engine does not wait for the front end's messages: ``release()`` takes only those already
 in the pipe. Its own leave as one message per loop iteration (a window's tokens for every
@@ -17,6 +19,7 @@ scheduler.
 
 from __future__ import annotations
 
+import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -49,6 +52,7 @@ class Inbox:
         self._ready = False  # "ready" sent
         self._closed = False
         self._gone = False  # the front end's end of the pipe is closed
+        self._stalled = False  # the policy has stalled once ("stalled" sent)
         # requests in the scheduler that the front end waits on: output tokens sent so far
         self._sent: dict[int, int] = {}
         self._requests: dict[int, Request] = {}  # the same requests
@@ -136,9 +140,30 @@ class Inbox:
         return (rid, (), None, None, True)
 
     def wait(self, sched: Scheduler, clock: Clock) -> None:
-        """Nothing to run: block until the front end sends something (or goes)."""
+        """Nothing to run: block until the front end sends something (or goes). A scheduler
+        that holds requests all the same has stalled (``Scheduler.stalled``): its requests
+        would wait forever, so they fail now with its reason, and the server reports it."""
+        stalled = sched.stalled()
+        if stalled is not None:
+            self._stall(sched, stalled)
         if not self._closed and not self._gone:
             self.conn.poll(None)
+
+    def _stall(self, sched: Scheduler, message: str) -> None:
+        """Fail every request the scheduler holds with ``message`` (their KV blocks freed); the
+        first time, say it (the server's log, and /health from now on: sent before the
+        requests' errors, so that a client who got one finds /health saying why)."""
+        if not self._stalled:
+            self._stalled = True
+            print(f"error: {message}", file=sys.stderr, flush=True)
+            self._send(("stalled", message))
+        events: list[EventTuple] = []
+        for rid in self._sent:
+            self._abort(sched, rid)
+            events.append((rid, (), None, message, False))
+        self._sent.clear()
+        self._requests.clear()
+        self._emit(events)
 
     def delivered(self, batch: Batch, finished: list[Request]) -> None:
         """After ``update(batch)``: each request's new tokens, one event per window (a k-step

@@ -7,6 +7,7 @@ preemptions, on the reference ops and the Triton kernels (and CUDA graphs on a G
 from __future__ import annotations
 
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -52,6 +53,7 @@ def reference_row(logits: torch.Tensor, p: SamplingParams, noise: torch.Tensor) 
         order = x.argsort(descending=True)
         probs = x[order].softmax(-1)
         keep = (probs.cumsum(-1) - probs) < p.top_p
+        keep[0] = True  # the most likely token always stays
         x = x.clone()
         x[order[~keep]] = float("-inf")
     return int((x.softmax(-1) / noise).argmax())
@@ -77,6 +79,49 @@ def test_top_k_1_and_a_tiny_top_p_equal_greedy() -> None:
     for s in range(4):
         got = sample_rows(logits, rows_of(params), 0, torch.Generator().manual_seed(s))
         assert torch.equal(got, logits.argmax(-1))
+
+
+def test_a_temperature_or_top_p_below_float32s_range_samples_the_argmax() -> None:
+    """temperature=1e-40 (below SAMPLING_EPS: greedy, as in vLLM) and top_p=1e-300 (0 in
+    float32; the most likely token still stays) give each row's argmax in both samplers,
+    seeded or not, not token 0 (every logit inf, or every token dropped: softmax NaN)."""
+    logits = logits_of(6, seed=2)
+    greedy = logits.argmax(-1)
+    assert (greedy != 0).all()
+    tiny = [SamplingParams(1e-40), SamplingParams(1e-6, seed=4), SamplingParams(1.0, -1, 1e-300),
+            SamplingParams(5.0, 2**63 - 1, 1e-300, seed=5), SamplingParams(1e-40, -1, 1e-300),
+            SamplingParams(1e-300, 50, 0.5, seed=-1)]
+    assert SamplingParams(1e-40) == SamplingParams() and SamplingParams(1e-40, 3).greedy
+    for s in range(4):
+        g = torch.Generator().manual_seed(s)
+        assert torch.equal(sample_rows(logits, rows_of(tiny), 0, g), greedy)
+        for p in tiny:
+            assert torch.equal(sample(logits, p, g), greedy)
+
+
+def test_a_temperature_beyond_float32s_range_samples_without_a_warning() -> None:
+    """temperature=1e300 is inf in float32: every finite logit becomes 0, uniform sampling
+    (its limit), with no overflow warning from the cast on the way."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rows = rows_of([SamplingParams(1e300), SamplingParams(1e300, seed=2)])
+    ids = sample_rows(logits_of(2), rows, 0, torch.Generator().manual_seed(0))
+    assert ((0 <= ids) & (ids < VOCAB)).all()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"temperature": float("nan")}, "temperature must be a finite number, got nan"),
+    ({"temperature": float("inf")}, "temperature must be a finite number, got inf"),
+    ({"temperature": -1e-40}, "temperature must be >= 0, got -1e-40"),
+    ({"top_p": float("nan")}, "top_p must be a finite number, got nan"),
+    ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0.0"),
+    ({"top_k": 2.5}, "top_k must be an integer >= -1, got 2.5"),
+    ({"top_k": True}, "top_k must be an integer >= -1, got True"),
+    ({"top_k": 0}, "top_k must be -1 or >= 1, got 0"),
+])
+def test_settings_that_are_no_number_or_out_of_range_are_one_line_errors(kwargs, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        SamplingParams(**kwargs)
 
 
 def test_rows_agree_with_the_row_by_row_reference() -> None:
@@ -216,6 +261,21 @@ def test_a_seeded_request_stops_at_its_eos_alike(alone) -> None:
                                     ("multi_step", {"num_steps": 8}, True)):
         res = serve(requests(company=True, eos=eos), policy, params, overlap=overlap)
         assert res.token_ids[0] == want
+
+
+def test_an_offline_run_with_a_tiny_temperature_or_top_p_is_greedy() -> None:
+    """backend.sampling temperature=1e-40 or top_p=1e-300: an offline run's ids are the greedy
+    run's, not token 0 repeated."""
+    def ids(**sampling) -> dict[int, list[int]]:
+        reqs = requests(company=False)
+        for r in reqs:
+            r.sampling = None
+        return serve(reqs, "multi_step", {"num_steps": 4}, sampling=sampling).token_ids
+
+    greedy = ids(temperature=0.0)
+    assert any(t != 0 for seq in greedy.values() for t in seq)
+    assert ids(temperature=1e-40) == greedy
+    assert ids(temperature=1.0, top_p=1e-300) == greedy
 
 
 def test_the_triton_kernels_sample_what_the_reference_ops_sample(alone) -> None:
