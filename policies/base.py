@@ -19,6 +19,7 @@ from common.checks import (  # noqa: F401  (the policies' settings are checked w
     check_settings,
     check_steps,
 )
+from policies.hooks import call_user, users, where
 
 if TYPE_CHECKING:
     from policies.request import Request
@@ -163,6 +164,8 @@ def build_registered(kind: str, registry: dict[str, type], name: str, module: st
         raise ValueError(f"unknown {kind} {name!r} ({kind}.name); choose one of: "
                          + ", ".join(sorted(registry)))
     check_settings(f"{kind} {name}", params, (f.name for f in fields(cls) if f.init))
+    if users(cls):  # its own checks of its settings raise ValueError; anything else is a bug
+        return call_user(f"{kind} {cls.__name__}", cls, **params)
     return cls(**params)
 
 
@@ -189,13 +192,9 @@ def import_user_module(module: str, setting: str) -> None:
     except ValueError:
         raise
     except Exception as err:  # the user's code: its error, in one line
-        where = ""
-        tb = err.__traceback__
-        while tb is not None:
-            where = f" ({tb.tb_frame.f_code.co_filename}:{tb.tb_lineno})"
-            tb = tb.tb_next
+        line = "" if isinstance(err, SyntaxError) else where(err.__traceback__)  # (it says it)
         raise ValueError(f"{setting} {module} failed to import: "
-                         f"{type(err).__name__}: {err}{where}") from None
+                         f"{type(err).__name__}: {err}{line}") from None
     _IMPORTED.add(module)
 
 
