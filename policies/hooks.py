@@ -76,7 +76,8 @@ def _show(value: Any) -> str:
 
 def _is_int(value: Any) -> bool:
     """An integer (numpy's too), not a bool: True is no replica and no token count."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    return type(value) is int or (isinstance(value, numbers.Integral)
+                                  and not isinstance(value, bool))
 
 
 class PolicyHooks:
@@ -100,9 +101,10 @@ class PolicyHooks:
                                 "windows")
 
     def _call(self, hook: str, *args: Any) -> Any:
+        """The policy's answer: ``hook`` called with ``args`` (a property's value without)."""
         try:
-            method = getattr(self.policy, hook)
-            return method(*args) if args else method
+            answer = getattr(self.policy, hook)
+            return answer(*args) if args else answer
         except HookError:
             raise
         except Exception as err:
@@ -139,17 +141,20 @@ class PolicyHooks:
 
     def _chunk_size(self, req: Request, num_new: int, budget: int, sched: Scheduler) -> int:
         q = self._call("chunk_size", req, num_new, budget, sched)
+        chunks = self.policy.chunk_prefills
+        if _is_int(q):  # (the message is made only for an answer refused)
+            if chunks:
+                if 0 <= q <= num_new and q <= budget:
+                    return int(q)
+            elif q == 0 or q == num_new <= budget:
+                return int(q)
         context = f" for request {req.request_id} (num_new={num_new}, budget={budget})"
-        if self.policy.chunk_prefills:
-            top = min(num_new, budget)
-            if not _is_int(q) or not 0 <= q <= top:
-                self._refuse("chunk_size", q, f"an int from 0 (it does not fit) to "
-                             f"min(num_new, budget) = {top}", context)
-        elif not _is_int(q) or q not in ((0, num_new) if num_new <= budget else (0,)):
-            whole = f" or num_new = {num_new} (all of it)" if num_new <= budget else ""
-            self._refuse("chunk_size", q, f"0 (it does not fit){whole}: the policy does not "
-                         "chunk prefills (chunk_prefills = False)", context)
-        return int(q)
+        if chunks:
+            self._refuse("chunk_size", q, f"an int from 0 (it does not fit) to "
+                         f"min(num_new, budget) = {min(num_new, budget)}", context)
+        whole = f" or num_new = {num_new} (all of it)" if num_new <= budget else ""
+        self._refuse("chunk_size", q, f"0 (it does not fit){whole}: the policy does not chunk "
+                     "prefills (chunk_prefills = False)", context)
 
     def _window_steps(self, sched: Scheduler, has_prefill: bool) -> int:
         k = self._call("window_steps", sched, has_prefill)

@@ -248,6 +248,10 @@ BAD_ROUTER = '''
         name = "bad_router"
         value: Any = 0
 
+        def __post_init__(self):
+            if self.value == "fail to build":
+                raise KeyError("replicas")
+
         def route(self, req, replicas, now):
             if self.value == "divide by zero":
                 return len(replicas) // 0
@@ -280,6 +284,14 @@ def test_a_routers_exception_names_the_router_and_the_users_line(bad_router):
     line = textwrap.dedent(BAD_ROUTER).splitlines().index("            return len(replicas) // 0")
     assert str(err.value) == ("router BadRouter.route raised ZeroDivisionError: integer division "
                               f"or modulo by zero ({bad_router}:{line + 1})")
+
+
+def test_an_exception_building_a_users_router_names_it_and_the_users_line(bad_router):
+    with pytest.raises(ValueError) as err:
+        make_router("bad_router", module=str(bad_router), value="fail to build")
+    line = textwrap.dedent(BAD_ROUTER).splitlines().index('            raise KeyError("replicas")')
+    assert str(err.value) == ("router BadRouter raised KeyError: 'replicas' "
+                              f"({bad_router}:{line + 1})")
 
 
 def test_a_routers_numpy_index_is_taken(bad_router):

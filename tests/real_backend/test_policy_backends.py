@@ -210,7 +210,8 @@ def _a_waiting_one(sched, *_):
                             "max_steps = 4"),
     ("max_steps", 0, "max_steps returned 0; it must return an int >= 1"),
     ("max_steps", 2.5, "max_steps returned 2.5; it must return an int >= 1"),
-    ("prefill_steps", 0, "prefill_steps returned 0; it must return an int from 1 to the window's k"),
+    ("prefill_steps", 0, "prefill_steps returned 0; it must return an int from 1 to the "
+                         "window's k"),
     ("prefill_steps", lambda k: k + 1, "prefill_steps returned 5; it must return an int from 1 to "
                                        "the window's k = 4"),
     # item 3: more tokens than the request has left (the simulator priced phantom tokens, the
