@@ -214,6 +214,15 @@ def test_router_errors_are_one_line():
         make_router("mine", module="nowhere.py")
 
 
+def test_a_router_module_that_does_not_parse_is_one_line_naming_its_line(tmp_path):
+    """The syntax error's own file and line, not a frame of Python's import machinery."""
+    (tmp_path / "typo_router.py").write_text("def route(:\n    pass\n")
+    with pytest.raises(ValueError) as err:
+        make_router("typo", module=str(tmp_path / "typo_router.py"))
+    assert str(err.value) == (f"router.module {tmp_path / 'typo_router.py'} failed to import: "
+                              "SyntaxError: invalid syntax (typo_router.py, line 1)")
+
+
 def test_a_router_of_your_own(tmp_path):
     (tmp_path / "my_router.py").write_text(textwrap.dedent('''
         from dataclasses import dataclass
