@@ -32,7 +32,7 @@ class Scheduler(WindowUpdate):
     def __init__(self, policy: Policy, config: SchedulerConfig, num_blocks: int,
                  max_model_len: int, step_time_fn: StepTimeFn | None = None) -> None:
         self.policy = policy
-        # the hooks as called here: a policy written outside schedlab's, checked (policies/hooks.py)
+        # the policy's hooks as called here (a user's policy's answers checked: policies/hooks.py)
         self.hooks = PolicyHooks(policy)
         self.config = config
         self.max_model_len = max_model_len
