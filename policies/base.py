@@ -19,6 +19,7 @@ from common.checks import (  # noqa: F401  (the policies' settings are checked w
     check_settings,
     check_steps,
 )
+from policies.hooks import call_user, users, where
 
 if TYPE_CHECKING:
     from policies.request import Request
@@ -45,7 +46,8 @@ StepTimeFn = Callable[[int, int, int, Sequence[tuple[int, int, bool]]], float]
 class Policy:
     """Every scheduling decision; the Scheduler keeps the mechanism (queues, KV blocks, lookahead
     slots, overlap's placeholders, update()). Each hook's default is vLLM V0's FCFS scheduler,
-    so a policy overrides only the decisions it changes (docs/policies.md).
+    so a policy overrides only the decisions it changes (docs/policies.md: what each may
+    answer, checked for a policy defined outside schedlab by policies/hooks.py).
 
     ``mixed_batches``: decodes and prefills share a batch (the chunked-prefill family); else a
     batch is prefill-only (one step) or decode-only (a window of ``num_steps`` steps).
@@ -80,11 +82,12 @@ class Policy:
         return 1
 
     def window_steps(self, sched: Scheduler, has_prefill: bool) -> int:
-        """k for the window being formed."""
+        """k for the window being formed: 1 to ``max_steps``."""
         return 1
 
     def prefill_steps(self, k: int) -> int:
-        """Steps of a k-step window that a request whose prefill completes in it takes part in."""
+        """Steps (1 to k) of a k-step window that a request whose prefill completes in it takes
+        part in."""
         return 1
 
     # ---------------------------------------------------------------- order and admission
@@ -93,7 +96,8 @@ class Policy:
         return 0
 
     def window_budget(self, sched: Scheduler) -> tuple[int, int]:
-        """(tokens, sequences) the window being formed may hold: the scheduler's limits."""
+        """(tokens, sequences) the window being formed may hold: the scheduler's limits
+        (tokens >= 1; sequences at most ``scheduler.max_num_seqs``)."""
         return sched.max_num_batched_tokens, sched.config.max_num_seqs
 
     def admit(self, req: Request, sched: Scheduler) -> bool:
@@ -103,7 +107,8 @@ class Policy:
 
     def chunk_size(self, req: Request, num_new: int, budget: int, sched: Scheduler) -> int:
         """Prefill tokens ``req`` computes in the window being formed (of ``num_new`` it still
-        lacks, ``budget`` tokens left); 0: it does not fit, and admission stops there."""
+        lacks, ``budget`` tokens left), at most both; 0: it does not fit, and admission stops
+        there. Without ``chunk_prefills``: 0 or ``num_new``."""
         if self.chunk_prefills:
             return min(num_new, budget)
         return num_new if num_new <= budget else 0
@@ -115,8 +120,8 @@ class Policy:
         return sched.running[-1]
 
     def preempt_for_waiting(self, sched: Scheduler) -> list[Request]:
-        """Running requests to preempt before the window is formed, to make room for waiting
-        ones (preemptive policies, with ``orders_queue`` having sorted both queues)."""
+        """Running requests (distinct) to preempt before the window is formed, to make room for
+        waiting ones (preemptive policies, with ``orders_queue`` having sorted both queues)."""
         return []
 
     def describe(self) -> dict[str, Any]:
@@ -163,6 +168,8 @@ def build_registered(kind: str, registry: dict[str, type], name: str, module: st
         raise ValueError(f"unknown {kind} {name!r} ({kind}.name); choose one of: "
                          + ", ".join(sorted(registry)))
     check_settings(f"{kind} {name}", params, (f.name for f in fields(cls) if f.init))
+    if users(cls):  # its own checks of its settings raise ValueError; anything else is a bug
+        return call_user(f"{kind} {cls.__name__}", cls, **params)
     return cls(**params)
 
 
@@ -189,13 +196,9 @@ def import_user_module(module: str, setting: str) -> None:
     except ValueError:
         raise
     except Exception as err:  # the user's code: its error, in one line
-        where = ""
-        tb = err.__traceback__
-        while tb is not None:
-            where = f" ({tb.tb_frame.f_code.co_filename}:{tb.tb_lineno})"
-            tb = tb.tb_next
+        line = "" if isinstance(err, SyntaxError) else where(err.__traceback__)  # (it says it)
         raise ValueError(f"{setting} {module} failed to import: "
-                         f"{type(err).__name__}: {err}{where}") from None
+                         f"{type(err).__name__}: {err}{line}") from None
     _IMPORTED.add(module)
 
 

@@ -10,7 +10,8 @@ to the lowest index, so a run is the same every time (``random`` and ``power_of_
 their own seeded generator).
 
 Your own router: a module (``router.module``: a dotted name or a .py file) that registers a
-class with ``@register_router``, as a policy does (docs/cluster.md shows one).
+class with ``@register_router``, as a policy does (docs/cluster.md shows one); its answers are
+checked (an int in range(len(replicas)), policies/hooks.py).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from policies.base import Policy, StepTimeFn
 from policies.batch import Batch, ScheduledSeq
 from policies.block_manager import BlockManager
 from policies.decode_group import DecodeGroup, DecodeWindow
+from policies.hooks import PolicyHooks
 from policies.request import Request, RequestState
 from policies.scheduler_config import SchedulerConfig, SchedulerStats
 from policies.window_update import WindowUpdate, known_done
@@ -31,6 +32,8 @@ class Scheduler(WindowUpdate):
     def __init__(self, policy: Policy, config: SchedulerConfig, num_blocks: int,
                  max_model_len: int, step_time_fn: StepTimeFn | None = None) -> None:
         self.policy = policy
+        # the policy's hooks as called here (a user's policy's answers checked: policies/hooks.py)
+        self.hooks = PolicyHooks(policy)
         self.config = config
         self.max_model_len = max_model_len
         if policy.max_steps > max_model_len:  # each step of a window takes a position
@@ -191,7 +194,7 @@ class Scheduler(WindowUpdate):
             self._order_queues()
         preempted: list[Request] = []
         if policy.preemptive and self.waiting:
-            for victim in policy.preempt_for_waiting(self):
+            for victim in self.hooks.preempt_for_waiting(self):
                 self._preempt(victim)
                 preempted.append(victim)
         decodes = None
@@ -263,10 +266,15 @@ class Scheduler(WindowUpdate):
     def _order_queues(self) -> None:
         """``policy.queue_key`` order (stable): the waiting queue, and for a preemptive policy
         the running one, whose tail is then its first victim."""
-        key = self.policy.queue_key
-        self.waiting = deque(sorted(self.waiting, key=lambda r: key(r, self)))
-        if self.policy.preemptive:
-            self.running.sort(key=lambda r: key(r, self))
+        key = self.hooks.queue_key
+        try:
+            self.waiting = deque(sorted(self.waiting, key=lambda r: key(r, self)))
+            if self.policy.preemptive:
+                self.running.sort(key=lambda r: key(r, self))
+        except TypeError as err:  # keys that do not compare: a user's policy broke its contract
+            if not self.hooks.checked:
+                raise
+            raise self.hooks.incomparable(err) from err
 
     def arrival_rate(self, horizon: float = 1.0) -> float:
         """Requests per second of the arrival stream over the last ``horizon`` seconds.
@@ -290,12 +298,12 @@ class Scheduler(WindowUpdate):
                            ) -> tuple[list[ScheduledSeq], int, bool, DecodeWindow | None]:
         """vLLM V0 default: a prefill-only batch (one step) when prompts fit, else a decode window
         (the window, k, whether it has prefills, the decode group's window in its place)."""
-        tokens, seqs = self.policy.window_budget(self)
+        tokens, seqs = self.hooks.window_budget(self)
         if self.waiting:
             prefills = self._admit(tokens, seqs, steps=1)
             if prefills:
                 return prefills, 1, True, None
-        k = self.policy.window_steps(self, False)
+        k = self.hooks.window_steps(self, False)
         if self._group is not None and self.running and self._group_takes(k, tokens):
             return [], k, False, self._group.window(k)
         return self._reserve_decodes(k, tokens, preempted), k, False, None
@@ -347,8 +355,8 @@ class Scheduler(WindowUpdate):
 
     def _schedule_mixed(self, preempted: list[Request]) -> tuple[list[ScheduledSeq], int, bool]:
         """Chunked-prefill family: decodes first, then prefill chunks up to the token budget."""
-        policy = self.policy
-        budget, max_seqs = policy.window_budget(self)
+        policy, hooks = self.policy, self.hooks
+        budget, max_seqs = hooks.window_budget(self)
         seqs = self._reserve_decodes(policy.max_steps, budget, preempted)
         budget -= len(seqs)
         prefills: list[ScheduledSeq] = []
@@ -359,7 +367,7 @@ class Scheduler(WindowUpdate):
             outputs = req.num_output_tokens + req.num_output_placeholders
             if outputs > 0 and req.num_computed_tokens >= req.prompt_len + outputs - 1:
                 continue  # decoding
-            chunk = policy.chunk_size(req, req.seq_len - req.num_computed_tokens, budget, self)
+            chunk = hooks.chunk_size(req, req.seq_len - req.num_computed_tokens, budget, self)
             if chunk <= 0:
                 break
             prefills.append(ScheduledSeq(req, chunk, req.num_computed_tokens, 1, True))
@@ -368,13 +376,13 @@ class Scheduler(WindowUpdate):
                 self.block_manager.cache_blocks(req, req.num_computed_tokens + chunk)
             budget -= chunk
         if self.waiting and budget > 0:
-            lookahead = policy.prefill_steps(policy.max_steps) - 1
+            lookahead = hooks.prefill_steps(policy.max_steps) - 1
             prefills += self._admit(budget, max_seqs, steps=lookahead + 1)
-        k = policy.window_steps(self, bool(prefills))
+        k = hooks.window_steps(self, bool(prefills))
         for s in seqs:
             s.num_steps = k
         if prefills:
-            steps = policy.prefill_steps(k)
+            steps = hooks.prefill_steps(k)
             for s in prefills:
                 if s.samples:
                     s.num_steps = steps
@@ -392,7 +400,8 @@ class Scheduler(WindowUpdate):
         waiting, running = self.waiting, self.running
         forming = self.forming
         # the policy's admission hook, where it has its own (the base's admits every request)
-        admit = None if type(policy).admit is Policy.admit else policy.admit
+        admit = None if type(policy).admit is Policy.admit else self.hooks.admit
+        chunk_size = self.hooks.chunk_size
         i = 0
         while i < len(waiting) and budget > 0 and len(running) < max_seqs:
             req = waiting[i]
@@ -409,7 +418,7 @@ class Scheduler(WindowUpdate):
             cached = len(hits) * bm.block_size if hits else 0
             seq_len = req.prompt_len + req.num_output_tokens  # (req.seq_len)
             num_new = seq_len - cached
-            q = policy.chunk_size(req, num_new, budget, self)
+            q = chunk_size(req, num_new, budget, self)
             if q <= 0:
                 break
             reserve = seq_len + (steps - 1 if q == num_new else 0)
@@ -475,7 +484,7 @@ class Scheduler(WindowUpdate):
             # fast path: the block table already covers the window (the common case)
             if (cached + k + bs - 1) // bs > len(req.block_table):
                 while not ensure(req, cached + k):
-                    victim = self.policy.preemption_victim(self, req)
+                    victim = self.hooks.preemption_victim(self, req)
                     at = running.index(victim)
                     self._preempt(victim)
                     preempted.append(victim)

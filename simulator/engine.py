@@ -78,6 +78,7 @@ from tqdm import tqdm
 from common.client import PROGRESS_BAR_FORMAT, Client
 from common.model_spec import ModelSpec
 from policies.batch import Batch
+from policies.hooks import checked_router
 from policies.late_schedule import LateSchedule
 from policies.request import Request, RequestState
 from policies.routers import ReplicaLoad, RoundRobin, Router
@@ -162,7 +163,7 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
         sims = [_replica(shared, i, spec, StepRows(cluster) if steps is None else steps[i])
                 for i, spec in enumerate(replicas)]
         replica_of: dict[int, int] = {}
-        loop.process(arrivals(shared, sims, router, replica_of))
+        loop.process(arrivals(shared, sims, checked_router(router), replica_of))
         for sim in sims:
             overlap = sim.schedulers[0].overlap
             for v in range(len(sim.schedulers)):

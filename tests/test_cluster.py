@@ -214,6 +214,15 @@ def test_router_errors_are_one_line():
         make_router("mine", module="nowhere.py")
 
 
+def test_a_router_module_that_does_not_parse_is_one_line_naming_its_line(tmp_path):
+    """The syntax error's own file and line, not a frame of Python's import machinery."""
+    (tmp_path / "typo_router.py").write_text("def route(:\n    pass\n")
+    with pytest.raises(ValueError) as err:
+        make_router("typo", module=str(tmp_path / "typo_router.py"))
+    assert str(err.value) == (f"router.module {tmp_path / 'typo_router.py'} failed to import: "
+                              "SyntaxError: invalid syntax (typo_router.py, line 1)")
+
+
 def test_a_router_of_your_own(tmp_path):
     (tmp_path / "my_router.py").write_text(textwrap.dedent('''
         from dataclasses import dataclass
@@ -232,6 +241,103 @@ def test_a_router_of_your_own(tmp_path):
     res = simulate_cluster(_requests(20, 30.0), [_spec() for _ in range(3)], router,
                            progress=False)
     assert set(res.replica_of) == {2}
+
+
+# A router written outside schedlab that answers ``value``, or raises where value says so.
+BAD_ROUTER = '''
+    from dataclasses import dataclass
+    from typing import Any
+
+    from policies.routers import Router, register_router
+
+
+    @register_router
+    @dataclass
+    class BadRouter(Router):
+        name = "bad_router"
+        value: Any = 0
+
+        def __post_init__(self):
+            if self.value == "fail to build":
+                raise KeyError("replicas")
+
+        def route(self, req, replicas, now):
+            if self.value == "divide by zero":
+                return len(replicas) // 0
+            return self.value
+'''
+
+
+@pytest.fixture
+def bad_router(tmp_path) -> Path:
+    path = tmp_path / "bad_router.py"
+    path.write_text(textwrap.dedent(BAD_ROUTER))
+    return path
+
+
+@pytest.mark.parametrize("value", [-1, True, 3, 99, 2.5, None, "1"])
+def test_a_routers_answer_outside_the_replicas_is_one_line(bad_router, value):
+    """A replica's index is an int in range(num_replicas): -1 was taken as the last replica
+    (requests.csv said -1), True as 1; 99, 2.5, None and '1' were tracebacks."""
+    router = make_router("bad_router", module=str(bad_router), value=value)
+    with pytest.raises(ValueError) as err:
+        simulate_cluster(_requests(6, 30.0), [_spec() for _ in range(3)], router, progress=False)
+    assert str(err.value) == (f"router BadRouter.route returned {value!r} for request 0; it must "
+                              "return a replica's index: an int in range(3)")
+
+
+def test_a_routers_exception_names_the_router_and_the_users_line(bad_router):
+    router = make_router("bad_router", module=str(bad_router), value="divide by zero")
+    with pytest.raises(ValueError) as err:
+        simulate_cluster(_requests(6, 30.0), [_spec() for _ in range(3)], router, progress=False)
+    line = textwrap.dedent(BAD_ROUTER).splitlines().index("            return len(replicas) // 0")
+    assert str(err.value) == ("router BadRouter.route raised ZeroDivisionError: integer division "
+                              f"or modulo by zero ({bad_router}:{line + 1})")
+
+
+def test_an_exception_building_a_users_router_names_it_and_the_users_line(bad_router):
+    with pytest.raises(ValueError) as err:
+        make_router("bad_router", module=str(bad_router), value="fail to build")
+    line = textwrap.dedent(BAD_ROUTER).splitlines().index('            raise KeyError("replicas")')
+    assert str(err.value) == ("router BadRouter raised KeyError: 'replicas' "
+                              f"({bad_router}:{line + 1})")
+
+
+def test_a_routers_numpy_index_is_taken(bad_router):
+    """An index numpy computed (np.argmin's) is an int in range like any other."""
+    import numpy as np
+
+    router = make_router("bad_router", module=str(bad_router), value=np.int64(1))
+    res = simulate_cluster(_requests(6, 30.0), [_spec() for _ in range(3)], router,
+                           progress=False)
+    assert res.replica_of == [1] * 6 and all(type(i) is int for i in res.replica_of)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("-1", "router BadRouter.route returned -1 for request 0; it must return a replica's index: "
+           "an int in range(2)"),
+    ("'divide by zero'", "router BadRouter.route raised ZeroDivisionError: integer division or "
+                         "modulo by zero ({}:"),
+])
+def test_a_run_whose_router_breaks_its_contract_ends_in_one_line(tmp_path, bad_router, value,
+                                                                  message):
+    """Through the command line: exit code 2, the one line on stderr, no requests.csv saying
+    replica -1."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "model=tiny", "hardware=cpu", "overhead=none",
+         "workload=synthetic", "workload.num_prompts=8", "progress=false",
+         f"hydra.run.dir={out}", "cluster.num_replicas=2", "router.name=bad_router",
+         f"router.module={bad_router}", f"+router.value={value}"],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: " + message.format(bad_router)), \
+        proc.stderr
+    assert not (out / "requests.csv").exists()
 
 
 def _run(tmp_path, *overrides: str) -> dict:
