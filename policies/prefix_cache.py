@@ -1,7 +1,9 @@
-"""What a prefix-cache block is: its key, a cryptographic digest (BLAKE2b, 32 bytes) of a full
+"""What a prefix-cache block is: its key, a cryptographic digest (BLAKE2s, 32 bytes) of a full
 prompt block's content chained with the key of the block before it, so that equal keys mean
 equal prompts up to the block's end (vLLM's keys since CVE-2025-25183; Python's hash() was not
-collision-resistant: two different blocks with equal tuple hashes shared their KV).
+collision-resistant: two different blocks with equal tuple hashes shared their KV). BLAKE2s
+rather than BLAKE2b or SHA-256: on these short inputs it takes the fewest instructions
+(BENCHMARKS.md, "Prefix-cache block keys").
 
 A request's content is its segments (``Request.prefix_segments``), and both backends key it
 from them alone, so the simulator and the real engine find the same hits. A workload's segment
@@ -19,12 +21,11 @@ import struct
 import sys
 from array import array
 from collections.abc import Sequence
-from hashlib import blake2b
+from hashlib import blake2s
 
 from policies.request import Request
 
-KEY_BYTES = 32  # a block key's length: a 256-bit digest, as vLLM's sha256 keys
-_ROOT = bytes(KEY_BYTES)  # the parent of a prompt's first block
+_ROOT = bytes(32)  # the parent of a prompt's first block (a key: BLAKE2s's 32 bytes)
 _TOKEN_BYTES = array("q").itemsize  # a served token id in a literal segment: an 8-byte int
 # A block wholly inside one named segment: the parent, b"S", then its one piece as _block_key
 # writes a named piece (b"n", content key, start, end).
@@ -65,7 +66,7 @@ def _chain(segments: Sequence[tuple[int | bytes, int]], num_full: int, block_siz
     parent = _ROOT
     pieces: list[tuple[int | bytes, int, int]] = []  # the pending block's (key, start, end)
     filled = 0
-    digest, named, size, append = blake2b, _NAMED_BLOCK, KEY_BYTES, out.append
+    digest, named, append = blake2s, _NAMED_BLOCK, out.append
     for key, length in segments:
         start = 0
         if filled and length > 0:  # the pending block takes this segment's first tokens
@@ -82,12 +83,11 @@ def _chain(segments: Sequence[tuple[int | bytes, int]], num_full: int, block_siz
         if type(key) is bytes:
             step = block_size * _TOKEN_BYTES
             for at in range(start * _TOKEN_BYTES, end * _TOKEN_BYTES, step):
-                parent = digest(parent + b"T" + key[at:at + step], digest_size=size).digest()
+                parent = digest(parent + b"T" + key[at:at + step]).digest()
                 append(parent)
         else:
             for at in range(start, end, block_size):
-                parent = digest(named(parent, b"Sn", key, at, at + block_size),
-                                digest_size=size).digest()
+                parent = digest(named(parent, b"Sn", key, at, at + block_size)).digest()
                 append(parent)
         if len(out) >= num_full:
             break
@@ -106,7 +106,7 @@ def _block_key(parent: bytes, pieces: list[tuple[int | bytes, int, int]]) -> byt
     else:
         body = [b"S"] + [_LITERAL_PIECE(b"t", e - s) + key[s * w:e * w] if type(key) is bytes
                          else _NAMED_PIECE(b"n", key, s, e) for key, s, e in pieces]
-    return blake2b(parent + b"".join(body), digest_size=KEY_BYTES).digest()
+    return blake2s(parent + b"".join(body)).digest()
 
 
 def _is_key(key: object) -> bool:
