@@ -53,7 +53,7 @@ def test_hashes_follow_content_not_the_way_it_is_cut():
     assert hc[0] == ha[0] and hc[1] != ha[1]  # tokens 4..7 differ from token 5 on
     assert ha[3] != hb[3]  # a chain: a block's hash names everything before it
     assert block_hashes(req(3, [(1, 3)]), 4) == []
-    # a served prompt's segments are its token ids in blocks: equal runs, equal hashes
+    # a served prompt's segment is its token ids: equal runs, equal keys
     ids = list(range(30))
     x, y = Request(4, 0.0, 30, 2), Request(5, 0.0, 30, 2)
     x.prefix_segments = token_segments(ids)
