@@ -15,7 +15,7 @@ import argparse
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import pandas as pd
 
 from experiments.aggregate import read_row
 from experiments.files import write_text_atomic
+from experiments.labels import SLO_COLUMNS, goodput_targets
 
 DEFAULT_OUT = Path("outputs") / "compare"
 FILES = ("compare.csv", "compare.md")
@@ -30,7 +31,8 @@ FILES = ("compare.csv", "compare.md")
 # The settings a row of the table names where the runs differ in them.
 SETTINGS = ("backend", "policy", "k", "overlap", "model", "hardware", "overhead",
             "tensor_parallel_size", "num_replicas", "router", "workload", "request_rate",
-            "burstiness", "max_concurrency", "num_prompts", "seed", "time_scale")
+            "burstiness", "max_concurrency", "num_prompts", "seed", "time_scale",
+            *SLO_COLUMNS.values())
 
 # How a metric's change against the first run is given: relative, in percentage points (a
 # fraction's), or as a difference (a count's, which may start from 0).
@@ -50,9 +52,9 @@ LATENCIES = [Metric(f"{stat}_{key}_ms", f"{stat} {name}", "ms")
                                ("e2el", "E2EL"))
              for stat in ("mean", "median", "p90", "p99")]
 METRICS = [Metric("request_throughput", "request throughput", "req/s"),
-           Metric("offered_rate", "offered rate (requests sent)", "req/s"),
+           Metric("offered_rate", "offered rate", "req/s"),
            Metric("output_throughput", "output token throughput", "tok/s"),
-           Metric("request_goodput", "goodput (goodput.* targets)", "req/s"),
+           Metric("request_goodput", "goodput", "req/s"),
            Metric("class_goodput", "goodput (each class's targets)", "req/s"),
            *LATENCIES,
            Metric("prefix_cache_hit_rate", "prefix cache hit rate", "%", POINTS),
@@ -86,10 +88,16 @@ def labels_of(paths: Sequence[Path]) -> list[str]:
 
 
 def metrics_of(rows: Sequence[dict[str, Any]]) -> list[Metric]:
-    """The metrics some run has: the fixed ones and each SLO class's goodput."""
+    """The metrics some run has: the fixed ones, goodput named by its targets, and each SLO
+    class's goodput."""
     classes = dict.fromkeys(k[:-len(CLASS_GOODPUT)] for row in rows for k in row
                             if k.endswith(CLASS_GOODPUT))
-    shown = [m for m in METRICS if any(_number(row.get(m.column)) is not None for row in rows)]
+    targets = {goodput_targets(row) for row in rows if _number(row.get("request_goodput"))
+               is not None}
+    goodput = f"goodput, {targets.pop()}" if len(targets) == 1 and "" not in targets else \
+        "goodput (each run's goodput.* targets)"
+    shown = [replace(m, name=goodput) if m.column == "request_goodput" else m for m in METRICS
+             if any(_number(row.get(m.column)) is not None for row in rows)]
     at = next((i for i, m in enumerate(shown) if m.column == "class_goodput"), 0) + 1
     per_class = [Metric(f"{c}{CLASS_GOODPUT}", f"goodput of class {c}", "req/s")
                  for c in classes]
@@ -123,16 +131,17 @@ def compare_table(rows: Sequence[dict[str, Any]], labels: Sequence[str]) -> pd.D
     for key in SETTINGS:
         values = [row.get(key) for row in rows]
         if len({_setting_text(v) for v in values}) > 1:
-            records.append({"metric": key, "unit": "", "change": "",
+            records.append({"metric": key, "name": key, "unit": "", "change": "",
                             **{label: v for label, v in zip(labels, values, strict=True)}})
     for m in metrics_of(rows):
-        rec: dict[str, Any] = {"metric": m.column, "unit": m.unit, "change": m.change}
+        rec: dict[str, Any] = {"metric": m.column, "name": m.name, "unit": m.unit,
+                               "change": m.change}
         for i, (label, row) in enumerate(zip(labels, rows, strict=True)):
             rec[label] = _number(row.get(m.column))
             if i:
                 rec[f"{label} vs {first}"] = change(m, row.get(m.column), rows[0].get(m.column))
         records.append(rec)
-    columns = ["metric", "unit", "change", first]
+    columns = ["metric", "name", "unit", "change", first]
     for label in labels[1:]:
         columns += [label, f"{label} vs {first}"]
     return pd.DataFrame.from_records(records, columns=columns)
@@ -172,7 +181,6 @@ def _change_text(v: Any, kind: str) -> str:
 
 def markdown(table: pd.DataFrame, labels: Sequence[str], paths: Sequence[Path]) -> str:
     """The comparison as a Markdown table, headed by what each column is."""
-    names = {m.column: m.name for m in METRICS}
     first = labels[0]
     header = [first] + [c for label in labels[1:] for c in (label, f"{label} vs {first}")]
     lines = ["# Runs compared", "",
@@ -182,11 +190,7 @@ def markdown(table: pd.DataFrame, labels: Sequence[str], paths: Sequence[Path]) 
              "for a rate in %, a difference for a count. Settings: those the runs differ in.",
              "", "| | " + " | ".join(header) + " |", "|---|" + "---:|" * len(header)]
     for rec in table.to_dict("records"):
-        key, unit, kind = rec["metric"], rec["unit"], rec["change"]
-        if key.endswith(CLASS_GOODPUT):
-            name = f"goodput of class {key[:-len(CLASS_GOODPUT)]}"
-        else:
-            name = names.get(key, key)
+        name, unit, kind = rec["name"], rec["unit"], rec["change"]
         cells = [f"{name} ({unit})" if unit else name]
         for i, label in enumerate(labels):
             cells.append(_value_text(rec[label], unit) if kind else _setting_text(rec[label]))

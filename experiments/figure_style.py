@@ -86,20 +86,17 @@ def figure_legend(fig: Figure, groups: list[list[tuple[Any, str]]], note: str,
 OFFERED_LABEL = "offered load"
 
 
-def draw_offered(ax: Axes, df: pd.DataFrame) -> bool:
+def draw_offered(ax: Axes, df: pd.DataFrame) -> None:
     """The offered load on a req/s axis over the configured rate (``request_rate``, x): the
     line y = x where that rate counts requests; where it starts conversations, the requests
-    sent per second (the table's ``offered_rate``, mean per rate). Whether a line was drawn."""
+    sent per second (the table's ``offered_rate``, mean per rate; none in a table without)."""
     if not counts_conversations(df.get("workload", [])):
         rates = sorted(df["request_rate"].unique())
         ax.plot(rates, rates, color="0.6", linestyle=":", label=OFFERED_LABEL)
-        return True
-    if "offered_rate" not in df or df["offered_rate"].isna().all():
-        return False
-    sent = df.groupby("request_rate")["offered_rate"].mean().sort_index()
-    ax.plot(sent.index, sent.values, color="0.6", linestyle=":",
-            label=f"{OFFERED_LABEL} (requests sent/s)")
-    return True
+    elif "offered_rate" in df and df["offered_rate"].notna().any():
+        sent = df.groupby("request_rate")["offered_rate"].mean().sort_index()
+        ax.plot(sent.index, sent.values, color="0.6", linestyle=":",
+                label=f"{OFFERED_LABEL} (requests sent/s)")
 
 
 def save(fig: Figure, out: Path, stem: str) -> list[Path]:

@@ -106,6 +106,7 @@ def test_compare_puts_runs_side_by_side_with_changes_against_the_first(runs, tmp
     assert written[1].read_text() == text
     assert "| policy | multi_step | cp1 |  |" in text
     assert "| goodput of class a (req/s) |" in text
+    assert "| goodput, TTFT ≤ 20 ms (req/s) |" in text  # the targets it counted against
 
 
 def test_compare_command_prints_the_table_and_writes_where_told(runs, tmp_path, capsys,
