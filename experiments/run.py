@@ -39,7 +39,7 @@ from experiments.run_dir import (
     sweeping,
 )
 from experiments.run_log import RunLogHandler
-from experiments.sweep_workers import stop_with_sweep
+from experiments.sweep_workers import job_label, stop_with_sweep
 from policies import ModelSpec
 from policies.base import MOVED_SETTINGS, check_settings
 from policies.request import Request
@@ -452,8 +452,7 @@ def _app(cfg: DictConfig) -> str | None:
     hydra_cfg = HydraConfig.get()
     run_dir = hydra_cfg.runtime.output_dir
     # a sweep prints one line per run (its summary is in summary.txt and run.log)
-    sweep_label = ((hydra_cfg.job.override_dirname or "(defaults)")
-                   if hydra_cfg.mode == RunMode.MULTIRUN else None)
+    sweep_label = job_label(hydra_cfg) if hydra_cfg.mode == RunMode.MULTIRUN else None
     if cfg.get("skip_existing", False) and finished(run_dir, config_stamp(cfg)):
         line = f"skipping {run_dir}: result.json of this configuration exists"
         say(line)
