@@ -79,6 +79,7 @@ from itertools import repeat
 
 import numpy as np
 import simpy
+from simpy.core import StopSimulation
 from tqdm import tqdm
 
 from common.client import PROGRESS_BAR_FORMAT, Client
@@ -102,6 +103,7 @@ from simulator.overhead import (
     sse_chunks,
     window_output_times,
 )
+from simulator.processes import Simulation, UserProcess, start, user_processes
 from simulator.replica_state import FinishHook, ReplicaSim, Shared, Window
 
 _STATE, _TOKEN_TIMES = operator.attrgetter("state"), operator.attrgetter("token_times")
@@ -116,7 +118,8 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
              stream_per_step: bool = False, time_scale: float = 1.0,
              max_concurrency: int | None = None, progress: bool = True,
              on_finish: FinishHook | None = None, group_decodes: bool = True,
-             steps: StepRows | None = None) -> SimResult:
+             steps: StepRows | None = None,
+             processes: Sequence[UserProcess | str] | None = None) -> SimResult:
     """Serve ``requests`` (fresh ones: their timings are filled in) and return the run's summary.
 
     ``make_scheduler(num_blocks)`` builds one virtual engine's scheduler; ``max_model_len``
@@ -125,22 +128,25 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
     ``on_finish(requests, 0, runs)`` is called with each window's finished requests as their
     token times become final (``replica_state.FinishHook``). ``steps``: an empty StepRows that
     gets each window's row as it closes (a caller may read them while the run goes on); the
-    result's ``steps``.
+    result's ``steps``. ``processes``: SimPy processes of the caller's own, run beside the
+    simulation's (simulator/processes.py).
     """
     spec = ReplicaSpec(make_scheduler, model, hw, overhead, block_size, gpu_memory_utilization,
                        max_model_len, num_blocks, stream_per_step, time_scale,
                        group_decodes=group_decodes)
     return simulate_cluster(requests, [spec], RoundRobin(), max_concurrency=max_concurrency,
                             progress=progress, on_finish=on_finish,
-                            steps=None if steps is None else [steps]).total
+                            steps=None if steps is None else [steps],
+                            processes=processes).total
 
 
 def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], router: Router,
                      *, max_concurrency: int | None = None, progress: bool = True,
                      on_finish: FinishHook | None = None,
-                     steps: Sequence[StepRows] | None = None) -> ClusterResult:
+                     steps: Sequence[StepRows] | None = None,
+                     processes: Sequence[UserProcess | str] | None = None) -> ClusterResult:
     """Serve ``requests`` on the replicas, each request sent to the one ``router`` picks.
-    ``steps``: each replica's StepRows to fill (as ``simulate``'s)."""
+    ``steps``: each replica's StepRows to fill, and ``processes``, as ``simulate``'s."""
     if not replicas:
         raise ValueError("cluster.num_replicas must be >= 1, got 0")
     cluster = len(replicas) > 1
@@ -155,6 +161,7 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
                       or r.token_times or r.num_output_tokens)
         raise ValueError(f"simulate needs fresh requests: request {served.request_id} has "
                          "already been served")
+    users = user_processes(processes)
     env = simpy.Environment()
     client = Client(requests, max_concurrency)  # (it sends them in arrival order)
     wall = time.perf_counter()
@@ -164,11 +171,14 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
         sims = [_replica(shared, i, spec, StepRows(cluster) if steps is None else steps[i])
                 for i, spec in enumerate(replicas)]
         replica_of: dict[int, int] = {}
-        env.process(arrivals(shared, sims, router, replica_of))
+        own = [env.process(arrivals(shared, sims, router, replica_of))]
         for sim in sims:
             overlap = sim.schedulers[0].overlap
             for v in range(len(sim.schedulers)):
-                env.process(_engine_overlap(sim, v) if overlap else _engine(sim, v))
+                own.append(env.process(_engine_overlap(sim, v) if overlap else _engine(sim, v)))
+        start(users, Simulation(env, sims, client, requests))
+        # the run ends with the simulation's own processes (a user's may wait for ever)
+        env.all_of(own).callbacks.append(StopSimulation.callback)
         # The run makes millions of lists (token times, block tables) that live to its end
         # and few reference cycles: the cyclic collector would rescan them again and again
         # (a third of a 1M-request run) and free almost nothing. Reference counting still

@@ -92,3 +92,10 @@ class ReplicaSim:
     num_finished: int = 0
     steps: StepRows = field(default_factory=lambda: StepRows(False))
 
+    def stall(self, until: float) -> None:
+        """Hold the engine thread until ``until`` (a user's process: a replica that fails and
+        comes back with its KV cache, a long pause): nothing is scheduled and no output is
+        processed before then; the windows already on the GPU finish, and requests routed here
+        meanwhile wait for it."""
+        if until > self.cpu_free:
+            self.cpu_free = until

@@ -143,14 +143,14 @@ def _digest(value) -> str:
     return hashlib.sha256(repr(value).encode()).hexdigest()[:16]
 
 
-def run_case(name: str) -> dict:
+def run_case(name: str, processes: list | None = None) -> dict:
     """Each request's replica, send time, first scheduled time, first and last token times,
     finish time, token count and preemptions, a digest of its token times, and a digest of
     every replica's steps.csv rows."""
     make_requests, make_replicas, router, max_concurrency = CASES[name]
     requests = make_requests()
     res = simulate_cluster(requests, make_replicas(), make_router(router),
-                           max_concurrency=max_concurrency, progress=False)
+                           max_concurrency=max_concurrency, progress=False, processes=processes)
     return {
         "duration": res.total.duration,
         "num_windows": [r.num_windows for r in res.replicas],
@@ -173,6 +173,23 @@ def test_results_are_those_of_the_heap_engine(name):
     for g, r in zip(got["requests"], ref["requests"], strict=True):
         assert g == r, f"request {got['requests'].index(g)}: {g} != {r}"
     assert len(got["requests"]) == len(ref["requests"])
+
+
+@pytest.mark.parametrize("name", ["one-replica-overlap-front-end", "cluster-mixed",
+                                  "multi-turn-one-replica-max-concurrency"])
+def test_a_process_that_only_reads_changes_nothing(name):
+    """A user's process (simulator/processes.py) that wakes every 5 ms and reads the
+    simulation's state leaves every result as it was."""
+    seen = []
+
+    def monitor(env, sim):
+        while True:
+            seen.append(sum(s.num_waiting + s.num_running for r in sim.replicas
+                            for s in r.schedulers))
+            yield env.timeout(0.005)
+
+    assert run_case(name, [monitor]) == json.loads(REFERENCE.read_text())[name]
+    assert len(seen) > 100 and max(seen) > 0
 
 
 if __name__ == "__main__" and "--write" in sys.argv:
