@@ -263,10 +263,11 @@ def _engine(sim: ReplicaSim, v: int) -> Generator:
     asynchronous = sim.overhead.async_output_processing
     pending: Window | None = None  # async: last step's outputs, processed after the next schedule
     while True:
-        while sim.cpu_free - env.now > _EPS:  # the engine thread is busy (outputs, other engines)
+        now = env.now
+        while sim.cpu_free - now > _EPS:  # the engine thread is busy (outputs, other engines)
             yield At(env, sim.cpu_free)
-        t_start = env.now
-        batch = sched.schedule(t_start) if sched.has_unfinished else None
+            now = env.now
+        batch = sched.schedule(now) if sched.has_unfinished else None
         if batch is None:
             if pending is not None:
                 _claim_output_processing(sim, pending, pending.batch.num_steps - 1)
@@ -276,8 +277,8 @@ def _engine(sim: ReplicaSim, v: int) -> Generator:
             sim.wake[v] = env.event()
             yield sim.wake[v]
             continue
-        win = _open_window(sim, batch, v)
-        sim.cpu_free = env.now + win.schedule_cost
+        win = _open_window(sim, batch, v, now)
+        sim.cpu_free = now + win.schedule_cost
         if pending is not None:
             _claim_output_processing(sim, pending, pending.batch.num_steps - 1)
             pending = None
@@ -314,34 +315,38 @@ def _engine_overlap(sim: ReplicaSim, v: int) -> Generator:
     late = LateSchedule()
     processed = 0  # steps of ``last`` whose outputs are claimed
     while True:
-        while sim.cpu_free - env.now > _EPS:
+        now = env.now
+        while sim.cpu_free - now > _EPS:
             yield At(env, sim.cpu_free)
+            now = env.now
         if last is not None and sched.defers_schedule():
             at = late.schedule_at(last.batch, last.gpu_done[0] - last.stage_times[0])
-            if at is not None and at > env.now:
+            if at is not None and at > now:
                 # while it waits, the thread processes each step of the window in flight
                 # that finishes meanwhile (the engine polls it: real_backend/engine.py), when
                 # it finishes: claimed then, not now, so that work arriving in between (a
                 # request's front-end parse) is not queued behind it
                 while processed < len(last.gpu_done) and last.gpu_done[processed] <= at:
-                    call_at(env, max(env.now, last.gpu_done[processed]),
+                    call_at(env, max(now, last.gpu_done[processed]),
                             lambda w=last, j=processed: _claim_output_processing(sim, w, j, j + 1))
                     processed += 1
                 yield At(env, at)
-                while sim.cpu_free - env.now > _EPS:
+                now = env.now
+                while sim.cpu_free - now > _EPS:
                     yield At(env, sim.cpu_free)
-        batch = sched.schedule(env.now) if sched.has_unfinished else None
+                    now = env.now
+        batch = sched.schedule(now) if sched.has_unfinished else None
         win = None
         if batch is not None:
-            win = _open_window(sim, batch, v, gpu_free)
+            win = _open_window(sim, batch, v, now, gpu_free)
             late.observe_form(win.schedule_cost)
-            sim.cpu_free = env.now + win.schedule_cost
+            sim.cpu_free = now + win.schedule_cost
             gpu_free = win.gpu_done[-1]
         if last is not None:
             late.observe_window(last.batch, sum(last.stage_times))
             for j in range(processed, len(last.gpu_done)):  # each step's once it is done
                 _claim_output_processing(sim, last, j, j + 1, now=last.gpu_done[j])
-            yield At(env, max(env.now, sim.cpu_free))
+            yield At(env, max(now, sim.cpu_free))
             _close_window(sim, sched, last)
             sim.steps.rows.append(_window_row(sim, last, v))
         elif win is None:
@@ -352,8 +357,9 @@ def _engine_overlap(sim: ReplicaSim, v: int) -> Generator:
         last, processed = win, 0
 
 
-def _open_window(sim: ReplicaSim, batch: Batch, v: int, gpu_free: float | None = None) -> Window:
-    """Cost a freshly scheduled window: GPU time per step, CPU time per phase. With overlap
+def _open_window(sim: ReplicaSim, batch: Batch, v: int, now: float,
+                 gpu_free: float | None = None) -> Window:
+    """Cost a window scheduled ``now``: GPU time per step, CPU time per phase. With overlap
     (``gpu_free``: when the window before leaves the GPU) its steps' times are known now."""
     spec, k = sim.overhead, batch.num_steps
     overlap = gpu_free is not None
@@ -385,7 +391,6 @@ def _open_window(sim: ReplicaSim, batch: Batch, v: int, gpu_free: float | None =
     cost = schedule_time(spec, batch.num_seqs, shapes[0].num_tokens, shapes[0].kv_tokens,
                          batch.num_steps, overlap, shapes[0].num_prefill_seqs,
                          sim.model.num_layers)
-    now = sim.env.now
     # the GPU starts the window once it is scheduled (pipeline stages: a close lower bound),
     # with overlap once the window before it is done too
     start = now + cost if not overlap else max(now + cost, gpu_free)

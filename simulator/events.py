@@ -26,14 +26,14 @@ class At(Event):
     callbacks and the processes waiting for it run then (SimPy's ``Timeout`` at an absolute
     time)."""
 
+    _ok = True  # (triggered as it is made, as a Timeout, with no value)
+    _value = None
+
     def __init__(self, env: simpy.Environment, t: float) -> None:
         if t < env._now:
             raise ValueError(f"an event at {t} is in the past (now {env._now})")
-        # (Timeout's own initialisation, inlined as SimPy inlines it)
         self.env = env
         self.callbacks = []
-        self._ok = True
-        self._value = None
         heappush(env._queue, (t, NORMAL, next(env._eid), self))
 
 

@@ -72,16 +72,15 @@ def arrivals(shared: Shared, sims: list[ReplicaSim], router: Router,
             shared.client_wake = env.event()
             yield shared.client_wake
             now = env.now
-        elif client.has_followups and t > env.now:  # a later turn may fall due before t
+        elif client.has_followups and t > now:  # a later turn may fall due before t
             wake = shared.client_wake = env.event()
             call_at(env, t, lambda wake=wake: _wake_client(shared) if shared.client_wake is wake
                     else None)
             yield wake
             now = env.now
-        else:
-            if t > env.now:
-                yield At(env, t)
-            now = max(env.now, t)
+        elif t > now:  # (now is env.now: nothing was waited for since it was taken)
+            yield At(env, t)
+            now = t
     for sim in sims:  # nothing more comes: an idle engine learns it is done
         for v, wake in enumerate(sim.wake):
             if wake is not None and not sim.arrivals_left[v]:
