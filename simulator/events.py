@@ -3,8 +3,8 @@
 
 A process that computed the time it must wake at waits for ``At(env, t)``. A timeout of
 ``t - env.now`` wakes at ``env.now + (t - env.now)``, which can be a last bit away from ``t``
-(about one wake-up in fifty: a sum that falls on a tie rounds to the even neighbour), and no
-delay lands on ``t`` exactly then. So ``At`` is a SimPy event that SimPy schedules at ``t``
+(for about one pair of times in fifty the sum falls on a tie and rounds to the even
+neighbour), and then no delay lands on ``t`` exactly. So ``At`` is a SimPy event that SimPy schedules at ``t``
 itself, in its own queue and by its own order (time, then priority, then scheduling order):
 a process wakes at the time it computed whatever else shares the environment, a replica of a
 cluster keeps the timeline it has alone, and a run's files are the same to the bit. That
