@@ -242,9 +242,13 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     top_keys, sim_keys = known_settings()
     check_settings("the config's top level", cfg, top_keys)  # +gpu_memory_utilisation=0.5
     backend = plain(cfg["backend"])
+    processes = []  # the user's SimPy processes (backend.processes), imported and checked
     if backend.get("name") == "sim":  # the real backend's settings are checked by run_real
         check_settings("backend", backend, sim_keys)
         check_sim_settings(cfg, backend)
+        from simulator.processes import user_processes
+
+        processes = user_processes(backend.get("processes"))
     results = result_settings(plain(cfg.get("metrics") or {}), plain(cfg.get("goodput") or {}))
     model = ModelSpec.from_dict(plain(cfg["model"]))
     parallel = ParallelConfig.from_mapping(plain(cfg.get("parallel") or {}))
@@ -313,7 +317,8 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             cluster_outcome = simulate_cluster(requests, replica_specs, cluster.router,
                                                max_concurrency=limit, progress=progress,
                                                on_finish=finishes,
-                                               steps=None if steps is None else [steps])
+                                               steps=None if steps is None else [steps],
+                                               processes=processes)
             outcome = cluster_outcome.total
             if streamed is not None:  # its workers' memory back before the metrics' peak
                 streamed.finish()
