@@ -4,6 +4,7 @@ the backend. ``BACKENDS`` maps ``backend.name`` to each; experiments/run.py asks
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -156,16 +157,25 @@ class VllmBackend(Backend):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        from vllm_backend.engine import check_vllm_settings
-
         from vllm_backend import require_vllm
+        from vllm_backend.engine import check_vllm_settings
         from vllm_backend.mapping import vllm_policy
 
-        check_vllm_settings(self.settings)
+        check_vllm_settings(self.settings, self.model)
         if self.parallel.tensor_parallel_size > 1 or self.parallel.pipeline_parallel_size > 1:
-            raise ValueError("backend=vllm runs one GPU or the CPU: parallel.* must be 1")
+            raise ValueError("backend=vllm runs on one device: parallel.tensor_parallel_size "
+                             "and parallel.pipeline_parallel_size must be 1")
+        if self.choice.scheduler.overlap:
+            raise ValueError("scheduler.overlap: backend=vllm schedules synchronously (vLLM's "
+                             "CPU platform; VllmPolicyScheduler has no AsyncScheduler variant)")
         vllm_policy(self.choice.policy)  # a policy vLLM cannot run: one line, now
         require_vllm()
+        self.block_size = self.choice.scheduler.block_size
+        if self.settings.get("device", "cpu") == "cpu" and self.block_size % CPU_BLOCK:
+            self.block_size = -(-self.block_size // CPU_BLOCK) * CPU_BLOCK
+            warnings.warn(f"backend=vllm: scheduler.block_size {self.choice.scheduler.block_size}"
+                          f" is not a multiple of {CPU_BLOCK}, which vLLM's CPU attention "
+                          f"needs; the run's blocks hold {self.block_size} tokens", stacklevel=2)
 
     def run(self, requests: list[Request], run_dir: Path, *, max_concurrency: int | None,
             progress: bool) -> Any:
@@ -179,8 +189,9 @@ class VllmBackend(Backend):
                                     "hardware": plain(self.cfg["hardware"]),
                                     "parallel": plain(self.cfg.get("parallel") or {})}}
         schedlab = {"policy": {"name": choice.name, **choice.settings},
-                    "scheduler": {k: getattr(choice.scheduler, k)
-                                  for k in choice.scheduler.__dataclass_fields__},
+                    "scheduler": {**{k: getattr(choice.scheduler, k)
+                                     for k in choice.scheduler.__dataclass_fields__},
+                                  "block_size": self.block_size},
                     "step_time": step_time}
         return run_vllm(requests, self.model, self.settings, schedlab,
                         max_concurrency=max_concurrency, progress=progress)
@@ -188,6 +199,9 @@ class VllmBackend(Backend):
     def labels(self, outcome: Any) -> dict[str, Any]:
         return {"hardware": outcome.stats.get("device_name"), "overhead": None, "host": None}
 
+
+# vLLM's CPU attention takes KV blocks of a multiple of this many tokens
+CPU_BLOCK = 32
 
 BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (SimBackend, RealBackend, VllmBackend)}
 

@@ -150,8 +150,7 @@ def vllm_steps(llm, name: str, settings: dict, rows: list[dict],
         _serve(llm, rows)
     finally:
         pool.free_blocks(held)
-    return ([tokens for _, _, tokens, _ in sched.step_log],
-            sum(len(preempted) for _, _, _, preempted in sched.step_log))
+    return [log.tokens for log in sched.step_log], sched.num_preemptions
 
 
 def _serve(llm, rows: list[dict]) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -51,6 +51,18 @@ SETTINGS = ("policy", "scheduler", "step_time", "step_clock_s")
 # extra_args["schedlab"] of a request's SamplingParams: what a workload says of it that vLLM's
 # request does not carry (its id in the workload, SLO class and targets)
 REQUEST_FIELDS = ("request_id", "slo_class", "ttft_slo_ms", "tpot_slo_ms")
+
+
+class StepLog(NamedTuple):
+    """One schedule() call: its step, the clock's time, each request's scheduled tokens and the
+    requests preempted (schedlab ids), its prefill chunks and the KV tokens it attends over."""
+
+    step: int
+    now: float
+    tokens: dict[int, int]
+    preempted: list[int]
+    num_prefill_seqs: int
+    kv_tokens: int
 
 
 def _build_step_time(spec: dict[str, Any] | None) -> Any:
@@ -113,8 +125,8 @@ class VllmPolicyScheduler(Scheduler):
         self._budget_left = 0
         self._t0 = time.time()
         self.num_steps = 0
-        # one row per schedule(): (step, now, {schedlab id: tokens}, [preempted schedlab ids])
-        self.step_log: list[tuple[int, float, dict[int, int], list[int]]] = []
+        self.num_preemptions = 0
+        self.step_log: list[StepLog] = []  # one per schedule()
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: VllmRequest) -> None:
@@ -128,7 +140,7 @@ class VllmPolicyScheduler(Scheduler):
             rid = int(request.request_id) if request.request_id.isdigit() else len(self._vllm_of)
             while rid in self._vllm_of:
                 rid += 1
-        now = self._now()
+        now = self.now()
         mirror = Request(rid, now if self.step_clock_s is not None
                          else max(request.arrival_time - self._t0, 0.0),
                          request.num_prompt_tokens, request.max_tokens,
@@ -139,15 +151,22 @@ class VllmPolicyScheduler(Scheduler):
         self._mirror[request.request_id] = mirror
         self.view.recent_arrivals.append(mirror.arrival_time)
 
-    def _now(self) -> float:
+    def now(self) -> float:
+        """The policy's clock: seconds since configure() (or engine steps times
+        ``step_clock_s``); a run's request times are on it too."""
         if self.step_clock_s is not None:
             return self.num_steps * self.step_clock_s
         return time.time() - self._t0
 
+    def mirror(self, request_id: int) -> Request:
+        """The schedlab request that mirrors vLLM's (until the next step after it finished):
+        when it was first scheduled, its longest wait, its preemptions."""
+        return self._mirror[self._vllm_of[request_id].request_id]
+
     # ------------------------------------------------------------------ one step
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         policy, view = self.schedlab_policy, self.view
-        now = view.now = self._now()
+        now = view.now = self.now()
         self._sync()
         tokens, seqs = policy.window_budget(view)
         self.max_num_scheduled_tokens = min(tokens, self.scheduler_config.max_num_batched_tokens)
@@ -228,8 +247,16 @@ class VllmPolicyScheduler(Scheduler):
                 if mirror.waiting_since is not None:
                     mirror.max_wait = max(mirror.max_wait, now - mirror.waiting_since)
                     mirror.waiting_since = None
-        self.step_log.append((self.num_steps, now, {m[vid].request_id: n for vid, n in
-                                                    out.num_scheduled_tokens.items()}, preempted))
+        prefills = kv = 0
+        for vid, n in out.num_scheduled_tokens.items():
+            req = self.requests[vid]
+            kv += req.num_computed_tokens  # advanced by this step's tokens already
+            prefills += not (req.num_output_tokens > 0
+                             and req.num_computed_tokens - n >= req.num_tokens - 1)
+        self.step_log.append(StepLog(self.num_steps, now, {m[vid].request_id: n for vid, n in
+                                                           out.num_scheduled_tokens.items()},
+                                     preempted, prefills, kv))
+        self.num_preemptions += len(preempted)
         self.num_steps += 1
 
     # ------------------------------------------------------------------ vLLM's questions
