@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib
 import time
+import warnings
 from typing import Any, NamedTuple
 
 from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
@@ -124,6 +125,7 @@ class VllmPolicyScheduler(Scheduler):
         self._running_prefills_stopped = False
         self._budget_left = 0
         self._t0 = time.time()
+        self._capped = False
         self.num_steps = 0
         self.num_preemptions = 0
         self.step_log: list[StepLog] = []  # one per schedule()
@@ -169,8 +171,14 @@ class VllmPolicyScheduler(Scheduler):
         now = view.now = self.now()
         self._sync()
         tokens, seqs = policy.window_budget(view)
-        self.max_num_scheduled_tokens = min(tokens, self.scheduler_config.max_num_batched_tokens)
-        self.max_num_active_reqs = min(seqs, self.max_num_running_reqs)
+        limits = (self.scheduler_config.max_num_batched_tokens, self.max_num_running_reqs)
+        if (tokens > limits[0] or seqs > limits[1]) and not self._capped:
+            self._capped = True  # vLLM's own limits bound every step's; said once
+            warnings.warn(f"policy {policy.name} asks {tokens} tokens and {seqs} sequences for "
+                          f"a step; vLLM's max_num_batched_tokens {limits[0]} and max_num_seqs "
+                          f"{limits[1]} cap it", stacklevel=2)
+        self.max_num_scheduled_tokens = min(tokens, limits[0])
+        self.max_num_active_reqs = min(seqs, limits[1])
         running = {r.request_id: r for r in self.running}
         self._order = [rid for rid in self._order if rid in running]
         if policy.orders_queue:
