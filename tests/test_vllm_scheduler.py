@@ -188,7 +188,7 @@ def schedlab_steps(name: str, settings: dict, rows: list[dict],
             row = pending.popleft()
             sched.add_request(Request(
                 row["id"], now, len(row["ids"]), row["max_tokens"], prompt_token_ids=row["ids"],
-                prefix_segments=token_segments(row["ids"], SCHED["block_size"]),
+                prefix_segments=token_segments(row["ids"]),
                 priority=row["priority"], ttft_slo_ms=row["ttft_slo_ms"]))
         batch = sched.schedule(now)
         steps.append({s.request.request_id: s.num_query_tokens for s in batch.seqs}

@@ -39,6 +39,7 @@ from vllm.v1.request import RequestStatus
 
 from policies.base import Policy, check_number, check_settings, make_policy
 from policies.batch import ScheduledSeq
+from policies.hooks import PolicyHooks
 from policies.request import Request, RequestState
 from policies.scheduler import SchedulerConfig
 from vllm_backend.mapping import vllm_policy
@@ -105,6 +106,8 @@ class VllmPolicyScheduler(Scheduler):
         name = policy_settings.pop("name", None)
         module = policy_settings.pop("module", None)
         self.schedlab_policy: Policy = vllm_policy(make_policy(name, module, **policy_settings))
+        # its hooks as schedlab's scheduler calls them (a user's policy's answers checked)
+        self.hooks = PolicyHooks(self.schedlab_policy)
         sc = self.scheduler_config
         config = SchedulerConfig.from_dict(settings.get("scheduler") or {
             "max_num_seqs": sc.max_num_seqs, "max_num_batched_tokens": sc.max_num_batched_tokens,
@@ -167,10 +170,10 @@ class VllmPolicyScheduler(Scheduler):
 
     # ------------------------------------------------------------------ one step
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        policy, view = self.schedlab_policy, self.view
+        policy, hooks, view = self.schedlab_policy, self.hooks, self.view
         now = view.now = self.now()
         self._sync()
-        tokens, seqs = policy.window_budget(view)
+        tokens, seqs = hooks.window_budget(view)
         limits = (self.scheduler_config.max_num_batched_tokens, self.max_num_running_reqs)
         if (tokens > limits[0] or seqs > limits[1]) and not self._capped:
             self._capped = True  # vLLM's own limits bound every step's; said once
@@ -182,16 +185,21 @@ class VllmPolicyScheduler(Scheduler):
         running = {r.request_id: r for r in self.running}
         self._order = [rid for rid in self._order if rid in running]
         if policy.orders_queue:
-            key = policy.queue_key
-            waiting = sorted(self.waiting, key=lambda r: key(self._mirror[r.request_id], view))
+            key, m = hooks.queue_key, self._mirror
+            try:
+                waiting = sorted(self.waiting, key=lambda r: key(m[r.request_id], view))
+                if policy.preemptive:
+                    self._order.sort(key=lambda rid: key(m[rid], view))
+            except TypeError as err:  # keys that do not compare: a user's policy's
+                if not hooks.checked:
+                    raise
+                raise hooks.incomparable(err) from err
             self.waiting.clear()
             self.waiting.extend(waiting)
-            if policy.preemptive:
-                self._order.sort(key=lambda rid: key(self._mirror[rid], view))
         self._publish()
         self._held = set()
         if policy.preemptive and self.waiting:
-            for victim in policy.preempt_for_waiting(view):
+            for victim in hooks.preempt_for_waiting(view):
                 req = self._vllm_of[victim.request_id]
                 self.running.remove(req)
                 self._order.remove(req.request_id)
@@ -275,15 +283,14 @@ class VllmPolicyScheduler(Scheduler):
             return False
         if request.request_id in self._held:
             return False
-        policy = self.schedlab_policy
-        if type(policy).admit is Policy.admit:
+        if type(self.schedlab_policy).admit is Policy.admit:
             return True
         # admitted so far this step join the view's running queue (no preemption: vLLM
         # admits only in a step that preempted none)
         view, m = self.view, self._mirror
         view.running = [m[rid] for rid in self._order] + \
             [m[r.request_id] for r in self.running[self._num_running_before:]]
-        return policy.admit(m[request.request_id], view)
+        return self.hooks.admit(m[request.request_id], view)
 
     def _reserve_prefill_lookahead(self, request: VllmRequest, num_computed_tokens: int,
                                    num_new_tokens: int) -> int:
@@ -300,8 +307,7 @@ class VllmPolicyScheduler(Scheduler):
             chunk = 0
         else:
             left = request.num_tokens - num_computed_tokens
-            chunk = min(self.schedlab_policy.chunk_size(mirror, left, self._budget_left,
-                                                        self.view), n)
+            chunk = min(self.hooks.chunk_size(mirror, left, self._budget_left, self.view), n)
             if chunk <= 0 and running:  # schedlab's running prefills stop here
                 self._running_prefills_stopped = True
         if chunk > 0:
