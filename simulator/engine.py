@@ -84,6 +84,7 @@ from tqdm import tqdm
 
 from common.client import PROGRESS_BAR_FORMAT, Client
 from common.model_spec import ModelSpec
+from common.window_record import window_record
 from policies.batch import Batch
 from policies.hooks import checked_router
 from policies.late_schedule import LateSchedule
@@ -415,10 +416,11 @@ def _window_row(sim: ReplicaSim, win: Window, v: int) -> tuple:
     schedule_prepare_s); window ids count per virtual engine. In a cluster each row also names
     its replica and that replica's load as the window closes (the per-replica load figure)."""
     batch = win.batch
-    row = (v, batch.window_id, win.t_start, batch.num_steps, batch.num_seqs,
-           win.first.num_prefill_seqs, win.first.num_tokens, win.first.kv_tokens,
-           len(batch.preempted), batch.num_wasted_steps, win.schedule_cost,
-           tuple(win.stage_times))
+    first = win.first
+    row = (v, *window_record(batch.window_id, win.t_start, batch.num_steps, batch.num_seqs,
+                             first.num_prefill_seqs, first.num_tokens, first.kv_tokens,
+                             len(batch.preempted), batch.num_wasted_steps),
+           win.schedule_cost, tuple(win.stage_times))
     if sim.shared.cluster:
         load = sim.load
         row += (sim.index, load.outstanding, sum(s.num_waiting for s in sim.schedulers),
