@@ -121,6 +121,18 @@ def time_ms(fn, reps: int) -> list[float]:
     return out
 
 
+def transfer(pools: Pools, op: str, ids: tuple[torch.Tensor, torch.Tensor], count: int) -> None:
+    """One transfer of kind ``op`` (``OPS``) of ``count`` blocks: from ``ids[0]``, to ``ids[1]``."""
+    if op == "d2h":
+        pools.d2h(ids[0])
+    elif op == "h2d":
+        pools.h2d(ids[1])
+    elif op == "d2d":
+        pools.d2d(*ids)
+    else:
+        pools.plain(op, count)
+
+
 def check(pools: Pools, count: int, gen: torch.Generator) -> None:
     """One transfer of each kind, compared with its source block for block."""
     ids = torch.randperm(pools.num_blocks, generator=gen)[:count].to(pools.device)
@@ -156,12 +168,9 @@ def main(argv: list[str] | None = None) -> None:
         draws = [(torch.randperm(pools.num_blocks, generator=gen)[:count].to(pools.device),
                   torch.randperm(pools.num_blocks, generator=gen)[:count].to(pools.device))
                  for _ in range(args.reps + 2)]
-        fns = {"d2h": lambda r: pools.d2h(draws[r][0]),
-               "h2d": lambda r: pools.h2d(draws[r][1]),
-               "d2d": lambda r: pools.d2d(*draws[r])}
         for op in OPS:
-            fn = fns.get(op) or (lambda r, op=op: pools.plain(op, count))
-            ts = sorted(time_ms(fn, args.reps))
+            ts = sorted(time_ms(lambda r, op=op, draws=draws, count=count:
+                                transfer(pools, op, draws[r], count), args.reps))
             nbytes = count * pools.block_bytes
             med = statistics.median(ts)
             rows.append({"model": spec.name, "op": op, "blocks": count, "bytes": nbytes,
