@@ -21,6 +21,10 @@ MAX_LOGPROBS = 20
 # vLLM's bounds of the OpenAI penalties (its SamplingParams checks)
 MAX_PENALTY = 2.0
 
+# A token's logprobs as the engine returns them: its own, then the ids and logprobs of the most
+# likely tokens (as many as its request asks for)
+Logprob = tuple[float, list[int], list[float]]
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:

@@ -13,6 +13,7 @@ import torch
 from common.step_sizes import decode_graph_sizes, piecewise_graph_size, prefill_graph_key
 from policies.batch import Batch, ScheduledSeq
 from policies.request import Request
+from policies.sampling_params import Logprob
 from real_backend.async_output import StepOutputs
 from real_backend.config import BackendConfig
 from real_backend.cuda_graphs import (
@@ -37,10 +38,6 @@ from real_backend.model import (
 from real_backend.ops import PAD_SLOT_ID
 from real_backend.sampling import PenaltyState, TokenMap, sample, sample_rows, top_logprobs
 from real_backend.window_inputs import HostPlan, PlanSizes, plan_window
-
-# A token's logprobs: its own, then the ids and logprobs of the most likely tokens (as many as
-# its request asks for)
-Logprob = tuple[float, list[int], list[float]]
 
 PROMPT_LOGITS_ROWS = 1024  # prompt logprobs take the logits of this many tokens at a time
 

@@ -7,36 +7,22 @@ no-cache logits, in chunked prefills and beside a request that shares the prompt
 from __future__ import annotations
 
 import random
-from collections import Counter
 
 import pytest
 import torch
 from rb_util import DEVICE, load_spec
+from reference_sampling import dense_logits, penalized_greedy, reference_penalties
 
 from policies import Request, SchedulerConfig, make_scheduler
 from policies.prefix_cache import token_segments
 from policies.sampling_params import SamplingParams
 from real_backend.config import BackendConfig
 from real_backend.engine import build_runner, serve_on
-from real_backend.model import forward_dense
 from real_backend.sampling import apply_penalties
 
 SPEC = load_spec("tiny")
 BLOCK_SIZE = 4
 NUM_BLOCKS = 24  # 96 token slots for the requests below: the policies preempt
-
-
-def reference_penalties(logits: torch.Tensor, prompt: list[int], output: list[int],
-                        p: SamplingParams) -> torch.Tensor:
-    """vLLM's penalties on one row, token by token: a prompt or output token's logit divided by
-    the repetition penalty if positive, else multiplied; then each output token's logit less
-    frequency x its count and presence once."""
-    x = logits.clone()
-    for t in set(prompt) | set(output):
-        x[t] = x[t] / p.repetition_penalty if x[t] > 0 else x[t] * p.repetition_penalty
-    for t, c in Counter(output).items():
-        x[t] -= p.frequency_penalty * c + p.presence_penalty
-    return x
 
 
 def test_the_penalties_agree_with_a_plain_reference() -> None:
@@ -74,21 +60,6 @@ def runner_and_scheduler(policy: str, params: dict, budget: int | None = None,
     runner = build_runner(SPEC, BackendConfig(device=DEVICE, dtype="float32",
                                               num_blocks=NUM_BLOCKS), sched)
     return runner, sched
-
-
-def dense_logits(model, ids: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return forward_dense(model, torch.tensor(ids, device=model.device)).float().cpu()
-
-
-def penalized_greedy(model, prompt: list[int], n: int, p: SamplingParams) -> list[int]:
-    """Greedy generation recomputing the whole sequence every token, each token's logits
-    penalized by the reference."""
-    out: list[int] = []
-    for _ in range(n):
-        logits = reference_penalties(dense_logits(model, prompt + out)[-1], prompt, out, p)
-        out.append(int(logits.argmax()))
-    return out
 
 
 PENALTIES = [SamplingParams(repetition_penalty=1.8),
