@@ -138,7 +138,9 @@ def plan_window(batch: Batch, sizes: PlanSizes,
     logprobs this window computes runs in the flat step 1 (eager or piecewise, which keep
     every token's hidden state), whatever its length."""
     seqs = batch.seqs
-    spans = {i: span for i, s in enumerate(seqs) if (span := _prompt_span(s)) is not None}
+    own = any(s.request.sampling is not None for s in seqs)  # never in an offline run
+    spans = ({i: span for i, s in enumerate(seqs) if (span := _prompt_span(s)) is not None}
+             if own else {})
     multi = [i for i, s in enumerate(seqs) if s.num_query_tokens > 1 or i in spans]
     single = [i for i, s in enumerate(seqs) if s.num_query_tokens == 1 and i not in spans]
     order = multi + single
@@ -173,7 +175,7 @@ def plan_window(batch: Batch, sizes: PlanSizes,
         if rows != loaded:
             plan.decode[j] = decode_inputs(seqs, rows, j, sizes)
             loaded = rows
-    if any(s.request.sampling is not None for s in seqs):
+    if own:
         pen_rows = None
         if penalty_rows is not None:
             penalized = [i for i in step_rows[0]
