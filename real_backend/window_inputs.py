@@ -141,8 +141,11 @@ def plan_window(batch: Batch, sizes: PlanSizes,
     own = any(s.request.sampling is not None for s in seqs)  # never in an offline run
     spans = ({i: span for i, s in enumerate(seqs) if (span := _prompt_span(s)) is not None}
              if own else {})
-    multi = [i for i, s in enumerate(seqs) if s.num_query_tokens > 1 or i in spans]
-    single = [i for i, s in enumerate(seqs) if s.num_query_tokens == 1 and i not in spans]
+    multi = [i for i, s in enumerate(seqs) if s.num_query_tokens > 1]
+    single = [i for i, s in enumerate(seqs) if s.num_query_tokens == 1]
+    if spans:  # a one-token chunk that gives prompt logprobs runs in the flat step too
+        multi = [i for i, s in enumerate(seqs) if s.num_query_tokens > 1 or i in spans]
+        single = [i for i in single if i not in spans]
     order = multi + single
     if multi:
         sample_rows = [i for i in order if seqs[i].samples]
