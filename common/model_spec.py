@@ -7,6 +7,14 @@ from typing import Any
 
 from common.checks import check_int, check_number, check_settings
 
+# Hugging Face config.json key -> ModelSpec field (the keys whose names differ or that every
+# Llama config.json has), for checkpoints read (real_backend) and configs written (hf_config)
+HF_CONFIG_FIELDS = {
+    "num_hidden_layers": "num_layers", "hidden_size": "hidden_size",
+    "num_attention_heads": "num_heads", "num_key_value_heads": "num_kv_heads",
+    "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
@@ -62,6 +70,15 @@ class ModelSpec:
         if not isinstance(d.get("name"), str) or not d["name"]:
             raise ValueError(f"model.name must be a non-empty name, got {d.get('name')!r}")
         return cls(**d)
+
+    def hf_config(self, torch_dtype: str) -> dict[str, Any]:
+        """This shape as a Hugging Face Llama config.json (``torch_dtype``: its weights')."""
+        cfg: dict[str, Any] = {hf: getattr(self, ours) for hf, ours in HF_CONFIG_FIELDS.items()}
+        cfg.update(architectures=["LlamaForCausalLM"], model_type="llama", head_dim=self.head_dim,
+                   max_position_embeddings=self.max_model_len, rope_theta=self.rope_theta,
+                   rope_scaling=self.rope_scaling, rms_norm_eps=self.rms_norm_eps,
+                   tie_word_embeddings=self.tie_word_embeddings, torch_dtype=torch_dtype)
+        return cfg
 
     @property
     def q_size(self) -> int:

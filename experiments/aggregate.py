@@ -12,9 +12,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from hydra.experimental.callback import Callback
 
 from experiments.files import atomic_path
+from experiments.labels import SLO_COLUMNS
 from experiments.run_dir import AGGREGATE_FILES, record
 from experiments.scheduling_metrics import class_columns
 
@@ -36,6 +38,7 @@ SCHEDLAB_KEYS = ["backend", "policy", "k", "overlap", "tensor_parallel_size", "m
                  "num_blocks",
                  "num_invocations", "num_preemptions", "num_wasted_steps", "gpu_busy_fraction",
                  "simulated_seconds_per_wall_second", "time_scale", "config_sha256",
+                 "prefix_cache_hit_rate",
                  "router", "num_replicas"]  # a cluster's (cluster.num_replicas, router)
 
 
@@ -143,6 +146,11 @@ def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
             row["overlap"] = bool((ext.get("policy_settings") or {}).get("overlap", False))
         if row["tensor_parallel_size"] is None:  # results from before the setting: one GPU
             row["tensor_parallel_size"] = 1
+        if row["num_replicas"] is None:  # a run of one engine records no cluster
+            row["num_replicas"] = 1
+        slos = ext.get("goodput_slo_ms")
+        if isinstance(slos, dict):
+            row.update({SLO_COLUMNS[m]: v for m, v in slos.items() if m in SLO_COLUMNS})
         wl = ext.get("workload") or {}
         row.update(workload=wl.get("kind"), request_rate=wl.get("request_rate"),
                    burstiness=wl.get("burstiness"), max_concurrency=wl.get("max_concurrency"),
@@ -151,26 +159,51 @@ def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
     if isinstance(rate, (list, dict)):
         raise ValueError(f"request_rate must be a number or inf, got {short_repr(rate)}")
     row["request_rate"] = parse_rate(rate) if rate is not None else None
+    row["offered_rate"] = offered_rate(result, row)
     row["run_dir"] = str(path.parent)
     return row
+
+
+def offered_rate(result: dict[str, Any], row: dict[str, Any]) -> float | None:
+    """Requests sent per second, (sent - 1) / (last send - first send), from the send times
+    result.json keeps (``start_times``: ours, vllm bench serve's --save-detailed); inf where
+    all were sent at once. Without them, the configured request_rate where it counts requests
+    (a conversation workload's counts conversations, whose later turns wait for answers; a
+    trace has none)."""
+    starts = result.get("start_times")
+    if starts is None:
+        return None if row.get("workload") == "sharegpt_multiturn" else row["request_rate"]
+    if isinstance(starts, (str, dict)):
+        raise ValueError(f"start_times must be a list of send times, got {short_repr(starts)}")
+    try:
+        t = np.fromiter(starts, float)
+    except (TypeError, ValueError):
+        raise ValueError("start_times must be a list of numbers (send times in seconds)"
+                         ) from None
+    if len(t) < 2 or not np.isfinite(t).all():
+        return None
+    span = float(t.max() - t.min())
+    return (len(t) - 1) / span if span > 0 else math.inf
 
 
 def collect(root: str | os.PathLike) -> pd.DataFrame:
     import pandas as pd
 
-    paths = sorted(Path(root).rglob("result.json"))
-    rows = []
-    for p in paths:
-        res = read_json(p)
-        if not isinstance(res, dict) or "request_throughput" not in res:
-            raise ValueError(f"{p}: not a benchmark result (no request_throughput)")
-        try:
-            row = row_of(res, p)
-            check_row(row)
-        except (ValueError, TypeError, AttributeError, OverflowError) as err:
-            raise ValueError(f"{p}: not a benchmark result ({err})") from None
-        rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame([read_row(p) for p in sorted(Path(root).rglob("result.json"))])
+
+
+def read_row(path: Path) -> dict[str, Any]:
+    """The checked table row of one result.json; a file that is none is a ValueError naming
+    it (UnreadableFile where it is not JSON at all)."""
+    res = read_json(path)
+    if not isinstance(res, dict) or "request_throughput" not in res:
+        raise ValueError(f"{path}: not a benchmark result (no request_throughput)")
+    try:
+        row = row_of(res, path)
+        check_row(row)
+    except (ValueError, TypeError, AttributeError, OverflowError) as err:
+        raise ValueError(f"{path}: not a benchmark result ({err})") from None
+    return row
 
 
 TABLES = ("aggregate.csv", "aggregate.parquet")

@@ -61,6 +61,18 @@ def check_sim_settings(cfg: Mapping[str, Any], backend: Mapping[str, Any]) -> No
     check_number("gpu_memory_utilization", cfg.get("gpu_memory_utilization", 0.9))
 
 
+def profile_step_time(model: Mapping[str, Any], hardware: Mapping[str, Any],
+                      parallel: Mapping[str, Any] | None = None) -> Any:
+    """The StepTimeFn of a hardware profile's cost model for a model (config sections as
+    plain mappings): what policies that size windows by time price steps with. vLLM's engine
+    core builds it by this name from its additional_config (vllm_backend/scheduler.py)."""
+    from simulator.cost_model import step_time_fn
+    from simulator.hardware import HardwareSpec
+
+    spec = HardwareSpec.from_dict(dict(hardware), ParallelConfig.from_mapping(dict(parallel or {})))
+    return step_time_fn(ModelSpec.from_dict(dict(model)), spec)
+
+
 class PolicyChoice:
     """The policy a config names, with its settings and the scheduler limits checked, and how
     to make its scheduler over a KV cache of a given size (experiments.run and serve alike)."""

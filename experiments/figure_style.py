@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
+import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from experiments.files import atomic_path
-from experiments.labels import HUMAN_NAMES
+from experiments.labels import HUMAN_NAMES, counts_conversations
 
 # Colours are the policy's everywhere (tab10 in this order), so figures can be read side by side.
 # the ten of matplotlib's cycle, then colours apart from them for the policies past ten
@@ -80,6 +81,22 @@ def figure_legend(fig: Figure, groups: list[list[tuple[Any, str]]], note: str,
     else:
         spare.axis("off")
         spare.legend(handles, labels, loc="center", **style)
+
+
+OFFERED_LABEL = "offered load"
+
+
+def draw_offered(ax: Axes, df: pd.DataFrame) -> None:
+    """The offered load on a req/s axis over the configured rate (``request_rate``, x): the
+    line y = x where that rate counts requests; where it starts conversations, the requests
+    sent per second (the table's ``offered_rate``, mean per rate; none in a table without)."""
+    if not counts_conversations(df.get("workload", [])):
+        rates = sorted(df["request_rate"].unique())
+        ax.plot(rates, rates, color="0.6", linestyle=":", label=OFFERED_LABEL)
+    elif "offered_rate" in df and df["offered_rate"].notna().any():
+        sent = df.groupby("request_rate")["offered_rate"].mean().sort_index()
+        ax.plot(sent.index, sent.values, color="0.6", linestyle=":",
+                label=f"{OFFERED_LABEL} (requests sent/s)")
 
 
 def save(fig: Figure, out: Path, stem: str) -> list[Path]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 # The names a reader of a paper knows, for each setting's value as the table holds it (the
@@ -21,7 +22,8 @@ HUMAN_NAMES: dict[str, dict[str, str]] = {
                  "NVIDIA H100 80GB HBM3": "H100 SXM"},
     "model": {"llama3_8b": "Llama-3-8B", "llama3_70b": "Llama-3-70B",
               "llama3_2_1b": "Llama-3.2-1B", "llama3_2_3b": "Llama-3.2-3B",
-              "llama2_13b": "Llama-2-13B", "llama_30b": "LLaMA-30B", "tiny": "tiny test model"},
+              "llama2_13b": "Llama-2-13B", "llama_30b": "LLaMA-30B", "tiny": "tiny test model",
+              "tiny32": "tiny test model (32-wide heads)"},
     "overhead": {"vllm_v0_5": "vLLM v0.5 CPU overheads", "vllm_v0_6": "vLLM v0.6 CPU overheads",
                  "none": "no CPU overheads",
                  "schedlab_h200": "CPU overheads fitted on the H200 engine",
@@ -62,3 +64,41 @@ def with_unit(text: str, unit: str) -> str:
 
 def rate_label(rate: float | None) -> str:
     return "all at t=0" if rate is None or math.isinf(rate) else f"{rate:g} req/s"
+
+
+# result.json's goodput targets (schedlab.goodput_slo_ms) as the aggregate table's columns
+SLO_COLUMNS = {"ttft": "ttft_slo_ms", "tpot": "tpot_slo_ms", "e2el": "e2el_slo_ms"}
+# A conversation workload's request_rate starts conversations, not requests.
+CONVERSATION_WORKLOADS = frozenset({"sharegpt_multiturn"})
+
+
+def goodput_targets(row: Mapping[str, Any]) -> str:
+    """The goodput targets a table row counted against: "TTFT ≤ 1000 ms, TPOT ≤ 100 ms"
+    (empty where it records none)."""
+    return ", ".join(f"{m.upper()} ≤ {float(row[col]):g} ms"
+                     for m, col in SLO_COLUMNS.items() if present(row.get(col)))
+
+
+def goodput_label(rows: Iterable[Mapping[str, Any]]) -> str:
+    """A request_goodput axis's label naming its targets: the runs' one set, or where they
+    differ or went unrecorded, the setting that holds them."""
+    targets = {goodput_targets(row) for row in rows}
+    if len(targets) == 1 and "" not in targets:
+        return f"goodput (req/s meeting {targets.pop()})"
+    if len(targets) > 1 and "" not in targets:
+        return "goodput (req/s meeting each run's goodput.* targets)"
+    return "goodput (req/s meeting goodput.* targets)"
+
+
+def counts_conversations(workloads: Iterable[Any]) -> bool:
+    """Whether a table's request_rate starts conversations (each of its runs' workloads)."""
+    kinds = {str(w) for w in workloads if present(w)}
+    return bool(kinds) and kinds <= CONVERSATION_WORKLOADS
+
+
+def rate_axis_label(workloads: Iterable[Any], arrivals: str = "") -> str:
+    """The x label of a figure over the configured rate: requests or conversations a second."""
+    how = f", {arrivals}" if arrivals else ""
+    if counts_conversations(workloads):
+        return f"conversation rate (conversations/s{how})"
+    return f"request rate (req/s{how})"

@@ -365,6 +365,13 @@ def _fmt_value(v: Any, width: int = 80) -> str:
 
 # Labels of schedlab fields whose names alone mislead.
 _LABELS = {"num_wasted_steps": "num_wasted_steps (decode slots)"}
+# What vLLM counts, said where its numbers look wrong: where tokens stream several to a chunk
+# (a multi-step window's), the peak counts chunks and ITL spans a chunk's tokens.
+PEAK_NOTE = ("(peak below the mean: vLLM counts one token per streamed chunk, which may carry "
+             "several, in whole seconds from the first send)")
+ITL_NOTE = ("(ITL far above TPOT: vLLM's ITL is the gap between streamed chunks, which may "
+            "carry several tokens; TPOT is per token)")
+ITL_OVER_TPOT = 2.0  # mean ITL this many times mean TPOT, or more, is "far above"
 
 
 def traffic_lines(summary: Mapping[str, Any]) -> list[str]:
@@ -407,6 +414,8 @@ def format_summary(summary: Mapping[str, Any], extra: Mapping[str, Any] | None =
     row("Output token throughput (tok/s):", summary["output_throughput"], ".2f")
     if summary.get("max_output_tokens_per_s") is not None:
         row("Peak output token throughput (tok/s):", summary["max_output_tokens_per_s"], ".2f")
+        if summary["max_output_tokens_per_s"] < summary["output_throughput"]:
+            lines.append(PEAK_NOTE)
         row("Peak concurrent requests:", summary["max_concurrent_requests"], ".2f")
     row("Total Token throughput (tok/s):", summary["total_token_throughput"], ".2f")
     for key, name, header in METRICS:
@@ -422,6 +431,9 @@ def format_summary(summary: Mapping[str, Any], extra: Mapping[str, Any] | None =
             pct = [_p_word(p) for p in shown[key]]
         for p in pct:
             row(f"P{p} {name} (ms):", summary[f"p{p}_{key}_ms"], ".2f")
+        if key == "itl" and summary.get("mean_tpot_ms", 0) > 0 and \
+                summary["mean_itl_ms"] >= ITL_OVER_TPOT * summary["mean_tpot_ms"]:
+            lines.append(ITL_NOTE)
     if extra:
         lines.append("{s:{c}^{n}}".format(s=" schedlab ", n=50, c="-"))
         for k, v in extra.items():

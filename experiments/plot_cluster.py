@@ -16,8 +16,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
-from experiments.figure_style import save  # noqa: E402
+from experiments.figure_style import draw_offered, save  # noqa: E402
+from experiments.labels import goodput_label, rate_axis_label  # noqa: E402
 
 ROUTER_ORDER = ("round_robin", "random", "least_outstanding", "least_kv", "power_of_two",
                 "prefix_affinity")
@@ -45,12 +47,18 @@ def load_figure(run_dir: Path, out: Path | None = None) -> list[Path]:
 
 
 def router_sweep_figure(table: Path, out: Path | None = None) -> list[Path]:
-    """Goodput against request rate, a line per router, a panel per replica count."""
+    """The router sweep's figure from its aggregate.csv (router_figure), saved beside it."""
     df = pd.read_csv(table)
     missing = {"router", "num_replicas", "request_rate", "request_goodput"} - set(df)
     if missing:
         raise ValueError(f"{table} lacks {sorted(missing)}: not a router sweep's table "
                          "(+experiment=router_sweep)")
+    return save(router_figure(df), out or table.parent, "router_sweep_goodput")
+
+
+def router_figure(df: pd.DataFrame) -> Figure:
+    """Goodput against the configured rate (requests, or conversations, a second), a line per
+    router, a panel per replica count, with the offered load; the y axis names the targets."""
     counts = sorted(df["num_replicas"].unique())
     fig, axes = plt.subplots(1, len(counts), figsize=(4.2 * len(counts), 3.6), squeeze=False)
     routers = sorted(df["router"].unique(),
@@ -61,12 +69,13 @@ def router_sweep_figure(table: Path, out: Path | None = None) -> list[Path]:
             rows = mine[mine["router"] == router].sort_values("request_rate")
             ax.plot(rows["request_rate"], rows["request_goodput"], marker="o", ms=3,
                     color=f"C{i}", label=router)
+        draw_offered(ax, mine)
         ax.set_title(f"{n} replicas")
-        ax.set_xlabel("request rate (req/s)")
+        ax.set_xlabel(rate_axis_label(df["workload"] if "workload" in df else []))
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("goodput (req/s meeting goodput.* targets)")
+    axes[0][0].set_ylabel(goodput_label(df.to_dict("records")).replace(" (", "\n(", 1))
     axes[0][-1].legend(fontsize=7)
-    return save(fig, out or table.parent, "router_sweep_goodput")
+    return fig
 
 
 def main() -> None:

@@ -14,8 +14,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from experiments.figure_style import policy_colours, policy_order, save  # noqa: E402
-from experiments.labels import human  # noqa: E402
+from experiments.figure_style import (  # noqa: E402
+    draw_offered,
+    policy_colours,
+    policy_order,
+    save,
+)
+from experiments.labels import goodput_label, human, rate_axis_label  # noqa: E402
 
 
 def _context(df: pd.DataFrame) -> str:
@@ -24,10 +29,14 @@ def _context(df: pd.DataFrame) -> str:
     return ", ".join(parts)
 
 
+def _rate_label(df: pd.DataFrame) -> str:
+    return rate_axis_label(df["workload"] if "workload" in df else [], "Poisson")
+
+
 def _goodput_column(df: pd.DataFrame) -> tuple[str, str]:
     if "class_goodput" in df and df["class_goodput"].notna().any():
         return "class_goodput", "goodput (req/s meeting their class's TTFT and TPOT targets)"
-    return "request_goodput", "goodput (req/s meeting goodput.* targets)"
+    return "request_goodput", goodput_label(df.to_dict("records"))
 
 
 def _by_policy(df: pd.DataFrame, column: str) -> Iterator[tuple[str, pd.Series]]:
@@ -59,11 +68,11 @@ def policy_figures(df: pd.DataFrame) -> Iterator[tuple[str, Figure]]:
             ax.plot(series.index, series.values, marker="o", color=colours[policy],
                     label=human("policy", policy))
         if stem == "goodput_vs_rate":
-            ax.plot(rates, rates, color="0.6", linestyle=":", label="offered load")
+            draw_offered(ax, df)
             ax.set_ylim(bottom=0)
         if log:
             ax.set_yscale("log")
-        ax.set_xlabel("request rate (req/s, Poisson)")
+        ax.set_xlabel(_rate_label(df))
         ax.set_ylabel(label)
         ax.set_title(f"{label.split(' (')[0]} versus load" + (f"\n{context}" if context else ""),
                      fontsize=10)
@@ -86,18 +95,17 @@ def _overview(df: pd.DataFrame, colours: dict[str, str], goodput: str, goodput_l
     if "p99_ttft_ms" not in df:
         return None
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
-    rates = sorted(df["request_rate"].unique())
     for ax, column, label, log in ((axes[0], goodput, goodput_label, False),
                                    (axes[1], "p99_ttft_ms", "p99 TTFT (ms)", True)):
         for policy, series in _by_policy(df, column):
             ax.plot(series.index, series.values, marker="o", color=colours[policy],
                     label=human("policy", policy))
         if not log:
-            ax.plot(rates, rates, color="0.6", linestyle=":", label="offered load")
+            draw_offered(ax, df)
             ax.set_ylim(bottom=0)
         else:
             ax.set_yscale("log")
-        ax.set_xlabel("request rate (req/s, Poisson)")
+        ax.set_xlabel(_rate_label(df))
         ax.set_ylabel(label.replace(" (req/s meeting", "\n(req/s meeting"))
         ax.grid(alpha=0.3)
     if not _draw_cdf(axes[2], df[df["request_rate"] == rate], colours):

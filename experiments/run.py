@@ -19,13 +19,7 @@ from omegaconf import DictConfig
 
 from common.parallel import ParallelConfig
 from common.paths import conf_dir
-from experiments.choices import (
-    ClusterChoice,
-    PolicyChoice,
-    check_sim_settings,
-    known_settings,
-    plain,
-)
+from experiments.choices import ClusterChoice, PolicyChoice, known_settings, plain
 from experiments.files import interrupts_held
 from experiments.run_dir import (
     MANIFEST,
@@ -39,7 +33,7 @@ from experiments.run_dir import (
     sweeping,
 )
 from experiments.run_log import RunLogHandler
-from experiments.sweep_workers import stop_with_sweep
+from experiments.sweep_workers import job_label, stop_with_sweep
 from policies import ModelSpec
 from policies.base import MOVED_SETTINGS, check_settings
 from policies.request import Request
@@ -224,7 +218,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     Every setting is checked, and every input read, before run_dir is touched; then a previous
     run's result files go, if schedlab wrote them there (run_dir's manifest lists them): a file
     of that name it did not write, or an input the run would overwrite, is refused."""
-    from experiments.finished_requests import FinishedRequests
+    from experiments.backends import backend_class
     from experiments.metrics import (
         format_summary,
         prefix_cache_hit_rate,
@@ -232,27 +226,23 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         save_result_metadata,
         summarize,
     )
-    from experiments.request_times import TimesTable
     from experiments.result_files import RESULT_FILES, write_results
     from experiments.scheduling_metrics import scheduling_metrics
     from experiments.workload import build_requests, load_tokenizer, max_concurrency
     from experiments.workload.settings import get_float
 
     run_dir = Path(run_dir)
-    top_keys, sim_keys = known_settings()
+    top_keys, _ = known_settings()
     check_settings("the config's top level", cfg, top_keys)  # +gpu_memory_utilisation=0.5
-    backend = plain(cfg["backend"])
-    if backend.get("name") == "sim":  # the real backend's settings are checked by run_real
-        check_settings("backend", backend, sim_keys)
-        check_sim_settings(cfg, backend)
+    backend_cls = backend_class(cfg)
+    backend_cls.check(cfg)  # its settings; what needs the run's choices, when it is built
     results = result_settings(plain(cfg.get("metrics") or {}), plain(cfg.get("goodput") or {}))
     model = ModelSpec.from_dict(plain(cfg["model"]))
     parallel = ParallelConfig.from_mapping(plain(cfg.get("parallel") or {}))
     parallel.check_model(model)
     choice = PolicyChoice(cfg, model)
     # cluster.*, router.*; the simulator's replica groups, a group's settings checked
-    cluster = ClusterChoice(cfg, backend, parallel)
-    sections = cluster.sections  # the run's, or its one replica's (its group's)
+    cluster = ClusterChoice(cfg, plain(cfg["backend"]), parallel)
     max_len_set_by = None  # model.max_model_len
     if cluster.groups:  # the simulator: a request may go to any replica
         max_len, max_len_set_by = cluster.request_limit()
@@ -261,7 +251,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     else:
         max_len = model.max_model_len
     policy = choice.policy
-    with_ids = backend["name"] == "real"  # the simulator needs lengths only
+    with_ids = backend_cls.needs_token_ids  # the simulator needs lengths only
     workload = plain(cfg["workload"])
     # The workload's objects live to the run's end: the cyclic collector, which would rescan
     # them again and again as they are made (half the time of making 1M), waits until they
@@ -282,47 +272,17 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     finally:
         if collecting:
             gc.enable()
-    streamed = cluster_outcome = None
+    backend = None
     try:
-        time_scale = float(backend.get("time_scale", 1.0))  # the simulator's
         progress = bool(cfg.get("progress", True))
-        settings = {k: v for k, v in backend.items() if k != "name"}
-        if backend["name"] == "sim":
-            replica_specs = cluster.replica_specs(backend)
-        elif backend["name"] == "real":
-            from real_backend.config import BackendConfig
-            from real_backend.engine import check_overlap_backend
-
-            check_overlap_backend(choice.new_scheduler(1), BackendConfig.from_mapping(settings))
-        else:
-            raise ValueError(f"backend.name must be sim or real, got {backend['name']!r}")
+        backend = backend_cls(cfg, choice, model, parallel, cluster)
         # Every setting is checked: now the run directory (a run of a sweep: a job directory)
         setting = "hydra.run.dir" if sweep_label is None else "hydra.sweep.dir"
         check_inputs_outside(cfg, run_dir, (*RESULT_FILES, MANIFEST), setting)
         remove_recorded(run_dir, RESULT_FILES, setting)
 
         wall0 = time.perf_counter()
-        if backend["name"] == "sim":
-            from simulator.engine import simulate_cluster
-            from simulator.outcome import StepRows
-
-            # one replica's steps.csv rows are written as the run goes, with requests.csv's
-            steps = StepRows(False) if cluster.size == 1 else None
-            finishes = FinishedRequests(requests, run_dir, cluster=cluster.size > 1, steps=steps)
-            streamed = finishes.streamed
-            cluster_outcome = simulate_cluster(requests, replica_specs, cluster.router,
-                                               max_concurrency=limit, progress=progress,
-                                               on_finish=finishes,
-                                               steps=None if steps is None else [steps])
-            outcome = cluster_outcome.total
-            if streamed is not None:  # its workers' memory back before the metrics' peak
-                streamed.finish()
-        else:
-            from real_backend.engine import run_real
-
-            outcome = run_real(requests, choice.new_scheduler, model, settings,
-                               max_concurrency=limit,
-                               progress=progress, parallel=parallel)
+        outcome = backend.run(requests, run_dir, max_concurrency=limit, progress=progress)
         wall = time.perf_counter() - wall0
         gc.freeze()  # what the run made (its steps, delivery times) lives to its end too
 
@@ -330,8 +290,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             say(f"writing results to {run_dir} ...", console=sweep_label is None)
         texts = generated_texts(requests, tokenizer) if tokenizer is not None else None
         # once, for every metric and file below (the simulator's: taken as each request finished)
-        times = finishes.table() if backend["name"] == "sim" else \
-            TimesTable.of_requests(requests)
+        times = backend.times(requests)
         summary = summarize(requests, outcome.duration, percentiles=results.percentiles,
                             goodput=results.goodput, generated_texts=texts,
                             per_request=results.save_per_request, times=times, streamed=True)
@@ -342,13 +301,13 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         summary.update(scheduling)
         trace = workload.get("kind") == "trace"
         result = {**save_result_metadata(
-            backend=f"schedlab-{backend['name']}", model_id=model.name, tokenizer_id=tokenizer_id,
+            backend=f"schedlab-{backend.name}", model_id=model.name, tokenizer_id=tokenizer_id,
             num_prompts=len(requests),
             request_rate=None if trace else get_float(workload, "request_rate", math.inf),
             burstiness=None if trace else get_float(workload, "burstiness", 1.0),
             max_concurrency=limit), **summary}
         extra = {
-            "backend": backend["name"],
+            "backend": backend.name,
             "policy": choice.name,
             "policy_settings": policy.describe(),
             "k": getattr(policy, "num_steps", 1),
@@ -358,13 +317,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             "model": model.name,
             "tensor_parallel_size": parallel.tensor_parallel_size,
             "pipeline_parallel_size": parallel.pipeline_parallel_size,
-            "hardware": (sections["hardware"].get("name") if backend["name"] == "sim"
-                         else getattr(outcome, "stats", {}).get("device_name",
-                                                                backend.get("device"))),
-            "overhead": sections["overhead"].get("name") if backend["name"] == "sim" else None,
-            # the host profile (conf/host) the overhead's CPU costs were scaled by, if any
-            "host": ((sections["overhead"].get("host") or {}).get("name")
-                     if backend["name"] == "sim" else None),
+            **backend.labels(outcome),  # hardware, overhead, host
             "workload": workload,
             "wall_seconds": wall,
             **outcome_stats(outcome),
@@ -379,16 +332,14 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             from simulator.cluster import replica_summaries
 
             extra.update(router=cluster.router_name, num_replicas=cluster.size)
+            cluster_outcome = backend.cluster_outcome
             replica_of = cluster_outcome.replica_of
             result["replicas"] = replica_summaries(cluster_outcome, times.ttft, times.output_len,
                                                    times.completed, cluster.labels)
         if classes:
             extra["classes"] = classes
-        if backend["name"] == "sim":
-            extra["time_scale"] = time_scale
-            extra["simulated_seconds"] = outcome.duration
-            extra["simulated_seconds_per_wall_second"] = outcome.duration / max(wall, 1e-9)
-        if backend.get("save_token_ids"):
+        extra.update(backend.run_fields(outcome, wall))
+        if backend.settings.get("save_token_ids"):
             result["output_token_ids"] = [list(r.output_token_ids) for r in requests]
         hidden = {STAMP_KEY, *(CUDA_ONLY_FIELDS if extra.get("device") == "cpu" else ())}
         text = format_summary(result, {k: v for k, v in extra.items() if k not in hidden},
@@ -396,7 +347,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         with result_as_one_unit(run_dir) as commit:
             write_results(run_dir, result, requests, extra,
                           steps=getattr(outcome, "steps", None), summary_text=text,
-                          replicas=replica_of, times=times, streamed=streamed)
+                          replicas=replica_of, times=times, streamed=backend.streamed)
             if sweep_label is None:
                 lines = [text, f"results: {run_dir}{os.sep} ({', '.join(_written(run_dir))})"]
                 commit(lines, lines)
@@ -404,9 +355,10 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
                 line = sweep_line(sweep_label, result, run_dir)
                 commit([text, line], [line])
         if LEAVE_TO_EXIT and sweep_label is None and len(requests) >= LONG_WRITE_REQUESTS:
-            _left_to_exit.append((requests, outcome, cluster_outcome, times))
+            _left_to_exit.append((requests, outcome, backend, times))
         return {**result, "schedlab": extra}
     except BaseException:
+        streamed = backend.streamed if backend is not None else None
         if streamed is not None:  # its files' copies removed, its workers stopped
             with contextlib.suppress(OSError):  # the run's own error is the one to report
                 streamed.__exit__(*sys.exc_info())
@@ -452,8 +404,7 @@ def _app(cfg: DictConfig) -> str | None:
     hydra_cfg = HydraConfig.get()
     run_dir = hydra_cfg.runtime.output_dir
     # a sweep prints one line per run (its summary is in summary.txt and run.log)
-    sweep_label = ((hydra_cfg.job.override_dirname or "(defaults)")
-                   if hydra_cfg.mode == RunMode.MULTIRUN else None)
+    sweep_label = job_label(hydra_cfg) if hydra_cfg.mode == RunMode.MULTIRUN else None
     if cfg.get("skip_existing", False) and finished(run_dir, config_stamp(cfg)):
         line = f"skipping {run_dir}: result.json of this configuration exists"
         say(line)

@@ -1,5 +1,6 @@
 """A sweep's jobs: one line each on the sweep's console under every launcher (submitit's jobs
-print into log files, so their lines come back as the jobs' returns); a joblib sweep's worker
+print into log files, so their lines come back as the jobs' returns), named "run 3 of 12"; a
+joblib sweep's worker
 processes stop when the sweep process is gone (killed), instead of running its remaining jobs
 for no one; and no job's config outlives it."""
 
@@ -15,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -30,6 +33,9 @@ LAUNCHER_LOGGERS = ("hydra._internal.core_plugins.basic_launcher",
 # the joblib launcher, whose workers are children of the sweep process on the same host (a
 # SLURM or Ray worker, which may inherit the environment too, has other parents).
 SWEEP_PID_ENV = "SCHEDLAB_SWEEP_PID"
+# The number of jobs in the sweep, set by the sweep process for its jobs (a job's config has
+# only its own overrides); the workers of every launcher that passes on the environment have it.
+SWEEP_JOBS_ENV = "SCHEDLAB_SWEEP_JOBS"
 _watching = False
 
 
@@ -40,6 +46,11 @@ class SweepWorkersCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         for name in LAUNCHER_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
+        jobs = sweep_size(config)
+        if jobs is None:
+            os.environ.pop(SWEEP_JOBS_ENV, None)
+        else:
+            os.environ[SWEEP_JOBS_ENV] = str(jobs)
         launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
         if "submitit" in launcher:
             print_submitit_lines()
@@ -59,6 +70,36 @@ class SweepWorkersCallback(Callback):
         # joblib or submitit worker no longer pickles them back.
         job_return.cfg = None
         job_return.hydra_cfg = None
+
+
+def sweep_size(config: DictConfig) -> int | None:
+    """How many jobs Hydra's basic sweeper makes of the multirun's overrides (the sweeper's
+    params and the command line's), split as the sweeper splits them; None under another
+    sweeper, or overrides only the sweeper itself can read."""
+    if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith(
+            BasicSweeper.__name__):
+        return None
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    args = [f"{k}={v}" for k, v in params.items()]
+    args += list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
+    try:
+        batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args),
+                                               None)
+    except Exception:  # the sweeper reports what it cannot parse; the lines go without a total
+        return None
+    return sum(len(batch) for batch in batches)
+
+
+def job_label(hydra_cfg: DictConfig) -> str:
+    """A sweep's run as its line names it: "run 3 of 12 (policy=cp1,workload.request_rate=20)"
+    (its job number and overrides; without the sweep's size, "run 3 (...)")."""
+    overrides = hydra_cfg.job.override_dirname or "defaults"
+    num = OmegaConf.select(hydra_cfg, "job.num")
+    if num is None:
+        return overrides
+    total = os.environ.get(SWEEP_JOBS_ENV, "")
+    of = f" of {total}" if total.isdigit() else ""
+    return f"run {int(num) + 1}{of} ({overrides})"
 
 
 def stop_with_sweep() -> None:

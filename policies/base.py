@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from common.checks import (  # noqa: F401  (the policies' settings are checked with these)
@@ -173,13 +174,14 @@ def build_registered(kind: str, registry: dict[str, type], name: str, module: st
     return cls(**params)
 
 
-def import_user_module(module: str, setting: str) -> None:
-    """Import a user's module of policies or routers (a dotted name or a .py path) once; its
-    errors are one line naming ``setting`` (policy.module, router.module)."""
+def import_user_module(module: str, setting: str) -> ModuleType:
+    """Import a user's module (of policies, routers or a simulation's processes: a dotted name
+    or a .py path) once, and return it; its errors are one line naming ``setting``
+    (policy.module, router.module, backend.processes)."""
     if not isinstance(module, str) or not module:
         raise ValueError(f"{setting} must be a module name or a .py file, got {module!r}")
     if module in _IMPORTED:
-        return
+        return _IMPORTED[module]
     path = Path(module).expanduser()
     try:
         if module.endswith(".py"):
@@ -192,14 +194,15 @@ def import_user_module(module: str, setting: str) -> None:
         else:
             if "" not in sys.path and os.getcwd() not in sys.path:
                 sys.path.insert(0, os.getcwd())
-            importlib.import_module(module)
+            mod = importlib.import_module(module)
     except ValueError:
         raise
     except Exception as err:  # the user's code: its error, in one line
         line = "" if isinstance(err, SyntaxError) else where(err.__traceback__)  # (it says it)
         raise ValueError(f"{setting} {module} failed to import: "
                          f"{type(err).__name__}: {err}{line}") from None
-    _IMPORTED.add(module)
+    _IMPORTED[module] = mod
+    return mod
 
 
-_IMPORTED: set[str] = set()
+_IMPORTED: dict[str, ModuleType] = {}

@@ -17,7 +17,7 @@ class BlockManager:
     can still append slots (vLLM's default 1%); appends themselves may use every block.
 
     With ``enable_caching`` (vLLM V1's automatic prefix caching) a full prompt block, once
-    scheduled for computation, is indexed by its hash (policies/prefix_cache.py); a request
+    scheduled for computation, is indexed by its key (policies/prefix_cache.py); a request
     admitted later starts with the longest run of its leading blocks found there, shared by
     reference count. A block no table holds is free, but an indexed one keeps its KV until it
     is needed: blocks are handed out from the never-indexed free ones first, then the indexed
@@ -47,8 +47,8 @@ class BlockManager:
         self._refs: dict[int, int] = {}  # block -> block tables holding it
         # The prefix cache: free indexed blocks in LRU order, and the index both ways
         self._evictable: OrderedDict[int, None] = OrderedDict()
-        self._by_hash: dict[int, int] = {}
-        self._hash_of: dict[int, int] = {}
+        self._by_hash: dict[bytes, int] = {}  # block key -> block
+        self._hash_of: dict[int, bytes] = {}
         # Blocks taken by count whose ids are not picked yet (a decode group's, which reads no
         # block table: policies/decode_group.py); ``assign`` picks them. They are not free.
         # While any are, the free list holds more ids than there are free blocks: only a

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from policies.scheduler import Scheduler
 
 # schedlab's packages: a class whose module is in one of them is schedlab's own
-_PACKAGES = ("common", "policies", "simulator", "real_backend", "experiments", "benchmarks")
+_PACKAGES = ("common", "policies", "simulator", "real_backend", "vllm_backend", "experiments",
+             "benchmarks")
 _ROOT = Path(__file__).resolve().parents[1]
 # frames in these files are no user's code (schedlab's, Python's and installed libraries')
 _NOT_USERS = tuple(str(_ROOT / p) + os.sep for p in _PACKAGES) + tuple(

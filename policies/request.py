@@ -47,17 +47,18 @@ class Request:
     # block of the trace's block size), for prefix caching; None where the workload has none.
     hash_ids: tuple[int, ...] | None = None
     # What the prompt is made of, for prefix caching (policies/prefix_cache.py): (content key,
-    # tokens) pieces whose lengths sum to prompt_len, equal keys meaning equal tokens; None:
-    # the prompt token ids say it, or nothing is known (no block of it is ever shared).
-    prefix_segments: tuple[tuple[int, int], ...] | None = None
+    # tokens) pieces whose lengths sum to prompt_len, equal keys meaning equal tokens (an int
+    # names a workload's content; bytes are a served prompt's token ids themselves); None:
+    # nothing is known (no block of it is ever shared).
+    prefix_segments: tuple[tuple[int | bytes, int], ...] | None = None
     # A later turn of a conversation: the request id of the turn it follows; the client sends
     # it think_time seconds after that turn's last token (common/client.py).
     previous_turn: int | None = None
     think_time: float = 0.0
-    # Prefix caching: the full prompt blocks' hashes (computed once), how many of its block
+    # Prefix caching: the full prompt blocks' keys (computed once), how many of its block
     # table's blocks are in the cache's index, and the prompt tokens found cached when it was
     # first admitted (the hit count).
-    block_hashes: list[int] | None = None
+    block_hashes: list[bytes] | None = None
     num_hashed_blocks: int = 0
     num_cached_prompt_tokens: int = 0
     # The conversation a request is a turn of (prefix_affinity keeps a conversation on one

@@ -21,6 +21,13 @@ _RUNNING = RequestState.RUNNING
 _REGROUP_AFTER = 8
 
 
+def token_budget(policy: Policy, config: SchedulerConfig, max_model_len: int) -> int:
+    """A window's tokens at most: ``scheduler.max_num_batched_tokens``, else vLLM's default
+    (2048 with chunked prefill, else max(max_model_len, 2048))."""
+    default = 2048 if policy.mixed_batches else max(max_model_len, 2048)
+    return config.max_num_batched_tokens or default
+
+
 class Scheduler(WindowUpdate):
     """Forms windows for one engine; knows nothing about clocks, devices or simpy.
 
@@ -40,8 +47,7 @@ class Scheduler(WindowUpdate):
             raise ValueError(f"policy.num_steps = {policy.max_steps} exceeds model.max_model_len "
                              f"{max_model_len}: a window cannot run more steps than a sequence "
                              "has positions")
-        default_budget = 2048 if policy.mixed_batches else max(max_model_len, 2048)
-        self.max_num_batched_tokens = config.max_num_batched_tokens or default_budget
+        self.max_num_batched_tokens = token_budget(policy, config, max_model_len)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.watermark,
                                           config.enable_prefix_caching)
         self.waiting: deque[Request] = deque()

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from common.client import PROGRESS_BAR_FORMAT, Client
 from common.model_spec import ModelSpec
 from common.parallel import ParallelConfig
+from common.window_record import WINDOW_COLUMNS, window_record
 from policies.batch import Batch
 from policies.late_schedule import LateSchedule
 from policies.request import Request
@@ -370,13 +371,14 @@ def host_cpu() -> str:
 
 def _window_row(batch: Batch, out: WindowResult, t_start: float, schedule_s: float,
                 update_s: float) -> dict[str, Any]:
+    """steps.csv's row of a served window: the window record, then the engine's timings."""
+    record = window_record(
+        batch.window_id, t_start, batch.num_steps, len(batch.seqs),
+        len(batch.seqs) - batch.num_decode_seqs, out.num_tokens,
+        sum(s.num_cached_tokens + s.num_query_tokens for s in batch.seqs), len(batch.preempted),
+        batch.num_wasted_steps)
     return {
-        "window": batch.window_id, "t_start": t_start, "k": batch.num_steps,
-        "num_seqs": len(batch.seqs), "num_prefill_seqs": len(batch.seqs) - batch.num_decode_seqs,
-        "num_tokens": out.num_tokens,
-        "kv_tokens": sum(s.num_cached_tokens + s.num_query_tokens for s in batch.seqs),
-        "num_preempted": len(batch.preempted),
-        "num_wasted_steps": batch.num_wasted_steps, "schedule_s": schedule_s,
+        **dict(zip(WINDOW_COLUMNS, record, strict=True)), "schedule_s": schedule_s,
         "prepare_s": out.prepare_s, "launch_s": out.launch_s, "pythonize_s": out.pythonize_s,
         "update_s": update_s,
         "gpu_s": sum(out.gpu_step_s),

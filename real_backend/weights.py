@@ -12,18 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from common.model_spec import ModelSpec
+from common.model_spec import HF_CONFIG_FIELDS, ModelSpec
 from real_backend.model import LayerWeights, Llama, rope_table
 
 if TYPE_CHECKING:
     from real_backend.parallel import TPGroup
 
 # config.json key -> ModelSpec field, checked on load so a checkpoint never silently mismatches.
-_HF_CONFIG = {
-    "num_hidden_layers": "num_layers", "hidden_size": "hidden_size",
-    "num_attention_heads": "num_heads", "num_key_value_heads": "num_kv_heads",
-    "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
-}
+_HF_CONFIG = HF_CONFIG_FIELDS
 
 
 def _empty_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype,
@@ -319,12 +315,7 @@ def save_hf_model(model: Llama, path: str | Path, num_shards: int = 1) -> None:
         raise ValueError("save_hf_model writes a whole model, not a tensor-parallel rank's share")
     spec, path = model.spec, Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    cfg = {hf: getattr(spec, ours) for hf, ours in _HF_CONFIG.items()}
-    cfg.update(architectures=["LlamaForCausalLM"], model_type="llama", head_dim=spec.head_dim,
-               max_position_embeddings=spec.max_model_len, rope_theta=spec.rope_theta,
-               rope_scaling=spec.rope_scaling, rms_norm_eps=spec.rms_norm_eps,
-               tie_word_embeddings=spec.tie_word_embeddings,
-               torch_dtype=str(model.dtype).removeprefix("torch."))
+    cfg = spec.hf_config(str(model.dtype).removeprefix("torch."))
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     names = list(_placements(spec, model).items())
     weight_map: dict[str, str] = {}

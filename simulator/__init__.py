@@ -1,4 +1,4 @@
-"""The discrete-event simulator: an event-heap engine (one replica or a cluster behind a router) over the policies/ scheduler and cost models."""
+"""The discrete-event simulator: processes on one SimPy environment (one replica or a cluster behind a router) over the policies/ scheduler and cost models."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
-"""The simulated serving engine: processes on an event heap that drive policies/ schedulers over a
-cost model, for one replica or a cluster of them behind a router.
+"""The simulated serving engine: SimPy processes on one environment that drive policies/
+schedulers over a cost model, for one replica or a cluster of them behind a router.
 
 Timeline of one window (every decision is the scheduler's; this module only keeps time):
 
 1. The engine thread (one CPU, shared by the ``pp`` virtual engines) calls ``schedule()`` once
    it is free and spends the overhead model's schedule + input-preparation time.
 2. The window's k steps run back to back on the GPU (advance_step between them, in the cost
-   model). With ``pp`` > 1 each step flows through the ``pp`` stages, each a serial resource,
+   model). With ``pp`` > 1 each step flows through the ``pp`` stages, each a ``simpy.Resource``,
    so the virtual engines' micro-batches fill the pipeline and bubbles appear when fewer
    than ``pp`` are in flight; a step's sampled tokens return to the first stage before the
    next step starts.
@@ -54,12 +54,17 @@ the benchmark client sends them (``common.client``: at their arrival times, with
 ``max_concurrency`` a request waits for an unfinished one's last token to be delivered), pass
 through the front end's per-request work (``api_per_request_us``: on the engine thread, or on
 the API-server process) and go round-robin to the virtual engines.
-Events are per CPU phase and GPU window (per step and stage when pp > 1), never per token.
+Events are per CPU phase and GPU window (per step and stage when pp > 1), never per token: each
+virtual engine's loop and the client's arrivals are SimPy processes, an idle engine or a client
+waiting for a finish waits for a ``simpy.Event``, and the work of an instant (a request reaching
+its scheduler after the front end, output processing claimed as a step ends, a slot freed) is a
+callback on an event (``events.call_at``) rather than a process of its own
+(docs/simulator.md).
 
-8. A cluster (``simulate_cluster``) is replicas on one event heap, each a whole engine as above
-   (its own schedulers, KV cache, engine thread, API server, GPU and clock); the client sends
-   each request to the replica a router (policies/routers.py) picks at its send time. Every
-   process wakes at an absolute time (simulator/events.py), so a replica's timeline is the one
+8. A cluster (``simulate_cluster``) is replicas on one SimPy environment, each a whole engine as
+   above (its own schedulers, KV cache, engine thread, API server, GPU and clock); the client
+   sends each request to the replica a router (policies/routers.py) picks at its send time.
+   Every process wakes at an absolute time (``events.At``), so a replica's timeline is the one
    it has alone on the same requests.
 """
 
@@ -73,10 +78,13 @@ from dataclasses import fields
 from itertools import repeat
 
 import numpy as np
+import simpy
+from simpy.core import StopSimulation
 from tqdm import tqdm
 
 from common.client import PROGRESS_BAR_FORMAT, Client
 from common.model_spec import ModelSpec
+from common.window_record import window_record
 from policies.batch import Batch
 from policies.hooks import checked_router
 from policies.late_schedule import LateSchedule
@@ -85,7 +93,7 @@ from policies.routers import ReplicaLoad, RoundRobin, Router
 from policies.scheduler import Scheduler, SchedulerStats
 from simulator.clock import PowerClock
 from simulator.cost_model import window_shapes
-from simulator.events import EventLoop, Signal, Stage
+from simulator.events import At, call_at
 from simulator.front_end import apply_delivery_times, arrivals, client_finished, deliver
 from simulator.hardware import HardwareSpec
 from simulator.memory import blocks_per_engine
@@ -97,6 +105,7 @@ from simulator.overhead import (
     sse_chunks,
     window_output_times,
 )
+from simulator.processes import Simulation, UserProcess, start, user_processes
 from simulator.replica_state import FinishHook, ReplicaSim, Shared, Window
 
 _STATE, _TOKEN_TIMES = operator.attrgetter("state"), operator.attrgetter("token_times")
@@ -115,7 +124,8 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
              stream_per_step: bool = False, time_scale: float = 1.0,
              max_concurrency: int | None = None, progress: bool = True,
              on_finish: FinishHook | None = None, group_decodes: bool = True,
-             steps: StepRows | None = None) -> SimResult:
+             steps: StepRows | None = None,
+             processes: Sequence[UserProcess | str] | None = None) -> SimResult:
     """Serve ``requests`` (fresh ones: their timings are filled in) and return the run's summary.
 
     ``make_scheduler(num_blocks)`` builds one virtual engine's scheduler; ``max_model_len``
@@ -124,22 +134,25 @@ def simulate(requests: list[Request], make_scheduler: Callable[[int], Scheduler]
     ``on_finish(requests, 0, runs)`` is called with each window's finished requests as their
     token times become final (``replica_state.FinishHook``). ``steps``: an empty StepRows that
     gets each window's row as it closes (a caller may read them while the run goes on); the
-    result's ``steps``.
+    result's ``steps``. ``processes``: SimPy processes of the caller's own, run beside the
+    simulation's (simulator/processes.py).
     """
     spec = ReplicaSpec(make_scheduler, model, hw, overhead, block_size, gpu_memory_utilization,
                        max_model_len, num_blocks, stream_per_step, time_scale,
                        group_decodes=group_decodes)
     return simulate_cluster(requests, [spec], RoundRobin(), max_concurrency=max_concurrency,
                             progress=progress, on_finish=on_finish,
-                            steps=None if steps is None else [steps]).total
+                            steps=None if steps is None else [steps],
+                            processes=processes).total
 
 
 def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], router: Router,
                      *, max_concurrency: int | None = None, progress: bool = True,
                      on_finish: FinishHook | None = None,
-                     steps: Sequence[StepRows] | None = None) -> ClusterResult:
+                     steps: Sequence[StepRows] | None = None,
+                     processes: Sequence[UserProcess | str] | None = None) -> ClusterResult:
     """Serve ``requests`` on the replicas, each request sent to the one ``router`` picks.
-    ``steps``: each replica's StepRows to fill (as ``simulate``'s)."""
+    ``steps``: each replica's StepRows to fill, and ``processes``, as ``simulate``'s."""
     if not replicas:
         raise ValueError("cluster.num_replicas must be >= 1, got 0")
     cluster = len(replicas) > 1
@@ -154,20 +167,24 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
                       or r.token_times or r.num_output_tokens)
         raise ValueError(f"simulate needs fresh requests: request {served.request_id} has "
                          "already been served")
-    loop = EventLoop()
+    users = user_processes(processes)
+    env = simpy.Environment()
     client = Client(requests, max_concurrency)  # (it sends them in arrival order)
     wall = time.perf_counter()
     with tqdm(total=len(requests), disable=not progress, desc="simulating",
               bar_format=PROGRESS_BAR_FORMAT) as bar:
-        shared = Shared(loop, client, bar, on_finish, cluster)
+        shared = Shared(env, client, bar, on_finish, cluster)
         sims = [_replica(shared, i, spec, StepRows(cluster) if steps is None else steps[i])
                 for i, spec in enumerate(replicas)]
         replica_of: dict[int, int] = {}
-        loop.process(arrivals(shared, sims, checked_router(router), replica_of))
+        own = [env.process(arrivals(shared, sims, checked_router(router), replica_of))]
         for sim in sims:
             overlap = sim.schedulers[0].overlap
             for v in range(len(sim.schedulers)):
-                loop.process(_engine_overlap(sim, v) if overlap else _engine(sim, v))
+                own.append(env.process(_engine_overlap(sim, v) if overlap else _engine(sim, v)))
+        start(users, Simulation(env, sims, client, requests))
+        # the run ends with the simulation's own processes (a user's may wait for ever)
+        env.all_of(own).callbacks.append(StopSimulation.callback)
         # The run makes millions of lists (token times, block tables) that live to its end
         # and few reference cycles: the cyclic collector would rescan them again and again
         # (a third of a 1M-request run) and free almost nothing. Reference counting still
@@ -175,7 +192,7 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
         collecting = gc.isenabled()
         gc.disable()
         try:
-            loop.run()
+            env.run()
         finally:
             if collecting:
                 gc.enable()
@@ -225,8 +242,9 @@ def _replica(shared: Shared, index: int, spec: ReplicaSpec, steps: StepRows) -> 
     if schedulers[0].overlap and pp > 1:  # Scheduler.overlap: wherever it is configured
         raise ValueError(f"scheduler.overlap with parallel.pipeline_parallel_size = {pp} is not "
                          "modelled (1 only)")
-    loop = shared.loop
-    return ReplicaSim(loop, shared, index, [Stage(loop) for _ in range(pp)] if pp > 1 else [],
+    env = shared.env
+    stages = [simpy.Resource(env) for _ in range(pp)] if pp > 1 else []  # FIFO, capacity one
+    return ReplicaSim(env, shared, index, stages,
                       schedulers, spec.model, spec.hw, overhead, spec.stream_per_step,
                       [None] * pp, PowerClock(spec.model, spec.hw), time_scale,
                       ReplicaLoad(index, schedulers, spec.group), num_blocks, [0] * pp,
@@ -248,29 +266,30 @@ def _result(sim: ReplicaSim, requests: list[Request], wall: float) -> SimResult:
 
 def _engine(sim: ReplicaSim, v: int) -> Generator:
     """Virtual engine ``v``'s loop: schedule, run the window on the GPU, hand off its outputs."""
-    loop, sched = sim.loop, sim.schedulers[v]
+    env, sched = sim.env, sim.schedulers[v]
     asynchronous = sim.overhead.async_output_processing
     pending: Window | None = None  # async: last step's outputs, processed after the next schedule
     while True:
-        while sim.cpu_free - loop.now > _EPS:  # the engine thread is busy (outputs, other engines)
-            yield sim.cpu_free
-        t_start = loop.now
-        batch = sched.schedule(t_start) if sched.has_unfinished else None
+        now = env.now
+        while sim.cpu_free - now > _EPS:  # the engine thread is busy (outputs, other engines)
+            yield At(env, sim.cpu_free)
+            now = env.now
+        batch = sched.schedule(now) if sched.has_unfinished else None
         if batch is None:
             if pending is not None:
                 _claim_output_processing(sim, pending, pending.batch.num_steps - 1)
                 pending = None
             if _all_done(sim, v):
                 return
-            sim.wake[v] = Signal(loop)
+            sim.wake[v] = env.event()
             yield sim.wake[v]
             continue
-        win = _open_window(sim, batch, v)
-        sim.cpu_free = loop.now + win.schedule_cost
+        win = _open_window(sim, batch, v, now)
+        sim.cpu_free = now + win.schedule_cost
         if pending is not None:
             _claim_output_processing(sim, pending, pending.batch.num_steps - 1)
             pending = None
-        yield loop.now + win.schedule_cost
+        yield env.timeout(win.schedule_cost)  # (at now + cost, as cpu_free)
         yield from _run_steps(sim, win)
         _close_window(sim, sched, win)
         sim.steps.rows.append(_window_row(sim, win, v))
@@ -295,52 +314,57 @@ def _engine_overlap(sim: ReplicaSim, v: int) -> Generator:
     """Virtual engine ``v``'s loop with overlap scheduling: schedule and launch window n+1, then
     process window n's outputs and update() it while window n+1 runs (formed late when the
     scheduler defers: policies/late_schedule.py)."""
-    loop, sched = sim.loop, sim.schedulers[v]
+    env, sched = sim.env, sim.schedulers[v]
     last: Window | None = None  # launched; its outputs not processed yet
     gpu_free = 0.0
     late = LateSchedule()
     processed = 0  # steps of ``last`` whose outputs are claimed
     while True:
-        while sim.cpu_free - loop.now > _EPS:
-            yield sim.cpu_free
+        now = env.now
+        while sim.cpu_free - now > _EPS:
+            yield At(env, sim.cpu_free)
+            now = env.now
         if last is not None and sched.defers_schedule():
             at = late.schedule_at(last.batch, last.gpu_done[0] - last.stage_times[0])
-            if at is not None and at > loop.now:
+            if at is not None and at > now:
                 # while it waits, the thread processes each step of the window in flight
                 # that finishes meanwhile (the engine polls it: real_backend/engine.py), when
                 # it finishes: claimed then, not now, so that work arriving in between (a
                 # request's front-end parse) is not queued behind it
                 while processed < len(last.gpu_done) and last.gpu_done[processed] <= at:
-                    loop.at(max(loop.now, last.gpu_done[processed]),
+                    call_at(env, max(now, last.gpu_done[processed]),
                             lambda w=last, j=processed: _claim_output_processing(sim, w, j, j + 1))
                     processed += 1
-                yield at
-                while sim.cpu_free - loop.now > _EPS:
-                    yield sim.cpu_free
-        batch = sched.schedule(loop.now) if sched.has_unfinished else None
+                yield At(env, at)
+                now = env.now
+                while sim.cpu_free - now > _EPS:
+                    yield At(env, sim.cpu_free)
+                    now = env.now
+        batch = sched.schedule(now) if sched.has_unfinished else None
         win = None
         if batch is not None:
-            win = _open_window(sim, batch, v, gpu_free)
+            win = _open_window(sim, batch, v, now, gpu_free)
             late.observe_form(win.schedule_cost)
-            sim.cpu_free = loop.now + win.schedule_cost
+            sim.cpu_free = now + win.schedule_cost
             gpu_free = win.gpu_done[-1]
         if last is not None:
             late.observe_window(last.batch, sum(last.stage_times))
             for j in range(processed, len(last.gpu_done)):  # each step's once it is done
                 _claim_output_processing(sim, last, j, j + 1, now=last.gpu_done[j])
-            yield max(loop.now, sim.cpu_free)
+            yield At(env, max(now, sim.cpu_free))
             _close_window(sim, sched, last)
             sim.steps.rows.append(_window_row(sim, last, v))
         elif win is None:
             if _all_done(sim, v):
                 return
-            sim.wake[v] = Signal(loop)
+            sim.wake[v] = env.event()
             yield sim.wake[v]
         last, processed = win, 0
 
 
-def _open_window(sim: ReplicaSim, batch: Batch, v: int, gpu_free: float | None = None) -> Window:
-    """Cost a freshly scheduled window: GPU time per step, CPU time per phase. With overlap
+def _open_window(sim: ReplicaSim, batch: Batch, v: int, now: float,
+                 gpu_free: float | None = None) -> Window:
+    """Cost a window scheduled ``now``: GPU time per step, CPU time per phase. With overlap
     (``gpu_free``: when the window before leaves the GPU) its steps' times are known now."""
     spec, k = sim.overhead, batch.num_steps
     overlap = gpu_free is not None
@@ -372,7 +396,6 @@ def _open_window(sim: ReplicaSim, batch: Batch, v: int, gpu_free: float | None =
     cost = schedule_time(spec, batch.num_seqs, shapes[0].num_tokens, shapes[0].kv_tokens,
                          batch.num_steps, overlap, shapes[0].num_prefill_seqs,
                          sim.model.num_layers)
-    now = sim.loop.now
     # the GPU starts the window once it is scheduled (pipeline stages: a close lower bound),
     # with overlap once the window before it is done too
     start = now + cost if not overlap else max(now + cost, gpu_free)
@@ -393,10 +416,11 @@ def _window_row(sim: ReplicaSim, win: Window, v: int) -> tuple:
     schedule_prepare_s); window ids count per virtual engine. In a cluster each row also names
     its replica and that replica's load as the window closes (the per-replica load figure)."""
     batch = win.batch
-    row = (v, batch.window_id, win.t_start, batch.num_steps, batch.num_seqs,
-           win.first.num_prefill_seqs, win.first.num_tokens, win.first.kv_tokens,
-           len(batch.preempted), batch.num_wasted_steps, win.schedule_cost,
-           tuple(win.stage_times))
+    first = win.first
+    row = (v, *window_record(batch.window_id, win.t_start, batch.num_steps, batch.num_seqs,
+                             first.num_prefill_seqs, first.num_tokens, first.kv_tokens,
+                             len(batch.preempted), batch.num_wasted_steps),
+           win.schedule_cost, tuple(win.stage_times))
     if sim.shared.cluster:
         load = sim.load
         row += (sim.index, load.outstanding, sum(s.num_waiting for s in sim.schedulers),
@@ -406,26 +430,27 @@ def _window_row(sim: ReplicaSim, win: Window, v: int) -> tuple:
 
 def _run_steps(sim: ReplicaSim, win: Window) -> Generator:
     """The window's k steps on the GPU (through every pipeline stage when pp > 1)."""
-    loop, k = sim.loop, win.batch.num_steps
+    env, k = sim.env, win.batch.num_steps
     asynchronous = sim.overhead.async_output_processing
     if not sim.stages:
         # One engine owns the GPU and the engine thread, so the whole window is known now:
         # one wake-up, and the async output processing of steps 1..k-1 claimed in advance.
-        t = loop.now
+        t = env.now
         for j, dt in enumerate(win.stage_times):
             t += dt
             win.gpu_done.append(t)
             if asynchronous and j < k - 1:
                 _claim_output_processing(sim, win, j, j + 1, now=t)
-        yield t
+        yield At(env, t)
         return
     for j, dt in enumerate(win.stage_times):
         if dt > 0.0:  # a step nobody takes part in runs nothing and shares its GPU time key
             for stage in sim.stages:
-                yield stage.request()
-                yield loop.now + dt
-                stage.release()
-        win.gpu_done.append(loop.now)
+                turn = stage.request()
+                yield turn
+                yield env.timeout(dt)
+                stage.release(turn)
+        win.gpu_done.append(env.now)
         if asynchronous and j < k - 1:
             _claim_output_processing(sim, win, j, j + 1)
 
@@ -448,7 +473,7 @@ def _close_window(sim: ReplicaSim, sched: Scheduler, win: Window) -> None:
 def _claim_output_processing(sim: ReplicaSim, win: Window, first: int, last: int | None = None,
                              now: float | None = None) -> None:
     """Queue output processing of steps [first, last) on the engine thread at time ``now``."""
-    t = max(sim.loop.now if now is None else now, sim.cpu_free)
+    t = max(sim.env.now if now is None else now, sim.cpu_free)
     start = t
     last = win.batch.num_steps if last is None else last
     for j in range(first, last):

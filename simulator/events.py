@@ -1,104 +1,44 @@
-"""The simulator's event heap: callbacks at absolute times, processes as generators, signals
-and FIFO stages; simpy's ordering (time, then scheduling order) without its machinery.
+"""What the simulator adds to SimPy's vocabulary: an event at an absolute time (``At``), and
+``call_at`` for a callback then.
 
-A process is a generator that yields either a time (resume at that absolute time) or a
-``Signal`` (resume once it fires). Waking at an absolute time, not after a delay, means a
-process resumes at exactly the time it computed: the same whatever else shares the heap, so a
-replica of a cluster keeps the timeline it has alone.
+A process that computed the time it must wake at waits for ``At(env, t)``. A timeout of
+``t - env.now`` wakes at ``env.now + (t - env.now)``, which can be a last bit away from ``t``
+(for about one pair of times in fifty the sum falls on a tie and rounds to the even
+neighbour), and then no delay lands on ``t`` exactly. So ``At`` is a SimPy event that SimPy schedules at ``t``
+itself, in its own queue and by its own order (time, then priority, then scheduling order):
+a process wakes at the time it computed whatever else shares the environment, a replica of a
+cluster keeps the timeline it has alone, and a run's files are the same to the bit. That
+needs SimPy's queue entry ``(time, priority, event id, event)``, which is why pyproject.toml
+pins simpy's version and tests/test_sim_events.py checks the entry.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
-from collections.abc import Callable, Generator
-from types import GeneratorType
-from typing import Any
+from collections.abc import Callable
+from heapq import heappush
 
-Process = Generator[Any, None, None]
+import simpy
+from simpy.events import NORMAL, Event
 
 
-class EventLoop:
-    __slots__ = ("now", "_heap", "_seq")
+class At(Event):
+    """An event that happens at time ``t`` (>= now), after the events already due then; its
+    callbacks and the processes waiting for it run then (SimPy's ``Timeout`` at an absolute
+    time)."""
 
-    def __init__(self) -> None:
-        self.now: float = 0  # an int until the first event, as simpy's (a t=0 run's files say 0)
-        self._heap: list[tuple[float, int, Callable[[], None] | Process]] = []
-        self._seq = 0
+    _ok = True  # (triggered as it is made, as a Timeout, with no value)
+    _value = None
 
-    def at(self, t: float, fn: Callable[[], None] | Process) -> None:
-        """Call ``fn`` at time ``t`` (>= now), after whatever is already due then (a process:
-        resume it then)."""
-        self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, fn))
-
-    def process(self, gen: Process) -> None:
-        """Start ``gen`` now (after what is already due now)."""
-        self.at(self.now, gen)
-
-    def _step(self, gen: Process) -> None:
-        try:
-            what = next(gen)
-        except StopIteration:
-            return
-        if what.__class__ is float or what.__class__ is int:
-            self.at(what, gen)
-        else:
-            what.waiter = gen
-
-    def run(self) -> None:
-        heap, pop, step = self._heap, heapq.heappop, self._step
-        while heap:
-            t, _, fn = pop(heap)
-            self.now = t
-            if fn.__class__ is GeneratorType:  # a process waiting for this time
-                step(fn)
-            else:
-                fn()
+    def __init__(self, env: simpy.Environment, t: float) -> None:
+        if t < env._now:
+            raise ValueError(f"an event at {t} is in the past (now {env._now})")
+        self.env = env
+        self.callbacks = []
+        heappush(env._queue, (t, NORMAL, next(env._eid), self))
 
 
-class Signal:
-    """A one-shot event a process waits on (it yields it): ``fire()`` queues its resumption
-    now, behind what is already due now, as a simpy event's succeed() does; a signal fired
-    before its process yields it resumes that process at the fire's place in the queue."""
+def call_at(env: simpy.Environment, t: float, fn: Callable[[], object]) -> None:
+    """Call ``fn()`` at time ``t`` (>= now), after what is already due then: a callback on an
+    ``At`` event, where a process of its own would cost more than the work it does."""
+    At(env, t).callbacks.append(lambda _: fn())
 
-    __slots__ = ("loop", "waiter")
-
-    def __init__(self, loop: EventLoop) -> None:
-        self.loop = loop
-        self.waiter: Process | None = None
-
-    def fire(self) -> None:
-        self.loop.at(self.loop.now, self._resume)
-
-    def _resume(self) -> None:
-        waiter, self.waiter = self.waiter, None
-        if waiter is not None:
-            self.loop._step(waiter)
-
-
-class Stage:
-    """A FIFO server of capacity one (a pipeline stage): ``request()`` is a Signal that fires
-    when the stage is this process's; ``release()`` hands it to the next in line."""
-
-    __slots__ = ("loop", "busy", "queue")
-
-    def __init__(self, loop: EventLoop) -> None:
-        self.loop = loop
-        self.busy = False
-        self.queue: deque[Signal] = deque()
-
-    def request(self) -> Signal:
-        granted = Signal(self.loop)
-        if self.busy:
-            self.queue.append(granted)
-        else:
-            self.busy = True
-            granted.fire()
-        return granted
-
-    def release(self) -> None:
-        if self.queue:
-            self.queue.popleft().fire()
-        else:
-            self.busy = False

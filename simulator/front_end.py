@@ -14,7 +14,7 @@ import numpy as np
 
 from policies.request import Request
 from policies.routers import Router
-from simulator.events import Signal
+from simulator.events import At, call_at
 from simulator.overhead import api_time, request_time
 from simulator.replica_state import ReplicaSim, Shared, Window
 
@@ -25,11 +25,11 @@ def arrivals(shared: Shared, sims: list[ReplicaSim], router: Router,
               replica_of: dict[int, int]) -> Generator:
     """Send requests as the client does (at their arrival times; with max_concurrency, when a
     slot frees), each to the replica the router picks, round-robin over its virtual engines."""
-    loop, client = shared.loop, shared.client
+    env, client = shared.env, shared.client
     loads = [sim.load for sim in sims]
     single = len(sims) == 1
     fronts = [request_time(sim.overhead) for sim in sims]
-    now = loop.now
+    now = env.now
     # one engine that takes requests as they come (no front-end time, one virtual engine):
     # each burst reaches its scheduler at once, as _enter would take it one by one
     direct = sims[0].schedulers[0] if single and fronts[0] <= 0.0 \
@@ -64,29 +64,28 @@ def arrivals(shared: Shared, sims: list[ReplicaSim], router: Router,
                 sim.cpu_busy += front
             else:
                 sim.api_free = entry = max(sim.api_free, now) + front
-            loop.at(entry, lambda sim=sim, req=req, v=v: _enter(sim, req, v))
+            call_at(env, entry, lambda sim=sim, req=req, v=v: _enter(sim, req, v))
         t = client.next_send_time()
         if t is None:  # every slot is held: wait for a finish
             if not client.num_unsent:
                 break
-            shared.client_wake = Signal(loop)
+            shared.client_wake = env.event()
             yield shared.client_wake
-            now = loop.now
-        elif client.has_followups and t > loop.now:  # a later turn may fall due before t
-            wake = shared.client_wake = Signal(loop)
-            loop.at(t, lambda wake=wake: _wake_client(shared) if shared.client_wake is wake
+            now = env.now
+        elif client.has_followups and t > now:  # a later turn may fall due before t
+            wake = shared.client_wake = env.event()
+            call_at(env, t, lambda wake=wake: _wake_client(shared) if shared.client_wake is wake
                     else None)
             yield wake
-            now = loop.now
-        else:
-            if t > loop.now:
-                yield t
-            now = max(loop.now, t)
+            now = env.now
+        elif t > now:  # (now is env.now: nothing was waited for since it was taken)
+            yield At(env, t)
+            now = t
     for sim in sims:  # nothing more comes: an idle engine learns it is done
         for v, wake in enumerate(sim.wake):
             if wake is not None and not sim.arrivals_left[v]:
                 sim.wake[v] = None
-                wake.fire()
+                wake.succeed()
 
 
 def _enter(sim: ReplicaSim, req: Request, v: int) -> None:
@@ -101,7 +100,7 @@ def _wake_engine(sim: ReplicaSim, v: int) -> None:
     wake = sim.wake[v]
     if wake is not None:
         sim.wake[v] = None
-        wake.fire()
+        wake.succeed()
 
 
 def client_finished(sim: ReplicaSim, win: Window) -> None:
@@ -131,23 +130,23 @@ def client_finished(sim: ReplicaSim, win: Window) -> None:
                 # a new list: the hook may keep the one it was given
                 r.token_times = r.token_times + log[start:end].tolist()
     client = shared.client
-    loop = sim.loop
+    env = sim.env
     if client.max_concurrency is None:  # no slot waits on a finish; a later turn may
         for due in client.finished(finished, map(_FINISH_TIME, finished)):
-            loop.at(max(due, loop.now), lambda: _wake_client(shared))
+            call_at(env, max(due, env.now), lambda: _wake_client(shared))
         return
     at: dict[float, list[Request]] = {}
     for r in finished:
         at.setdefault(r.finish_time, []).append(r)
     for t, reqs in at.items():
-        loop.at(max(t, loop.now), lambda reqs=reqs: _slots_freed(shared, reqs))
+        call_at(env, max(t, env.now), lambda reqs=reqs: _slots_freed(shared, reqs))
 
 
 def _slots_freed(shared: Shared, reqs: list[Request]) -> None:
-    loop = shared.loop
-    for due in shared.client.finished(reqs, [loop.now] * len(reqs)):
-        if due > loop.now:
-            loop.at(due, lambda: _wake_client(shared))
+    env = shared.env
+    for due in shared.client.finished(reqs, [env.now] * len(reqs)):
+        if due > env.now:
+            call_at(env, due, lambda: _wake_client(shared))
     _wake_client(shared)
 
 
@@ -155,7 +154,7 @@ def _wake_client(shared: Shared) -> None:
     """The client may have a request to send now (a slot freed, a later turn due)."""
     wake, shared.client_wake = shared.client_wake, None
     if wake is not None:
-        wake.fire()
+        wake.succeed()
 
 
 def deliver(sim: ReplicaSim, win: Window) -> None:

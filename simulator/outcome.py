@@ -11,14 +11,15 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from common.model_spec import ModelSpec
+from common.window_record import window_columns
 from policies.request import Request
 from policies.scheduler import Scheduler, SchedulerStats
 from simulator.hardware import HardwareSpec
 from simulator.overhead import OverheadSpec
 
-STEP_COLUMNS = ("virtual_engine", "window", "t_start", "k", "num_seqs", "num_prefill_seqs",
-                "num_tokens", "kv_tokens", "num_preempted", "num_wasted_steps",
-                "schedule_prepare_s", "gpu_s", "gpu_step_s")
+# the window record (common/window_record.py) after the virtual engine, then the timings
+STEP_COLUMNS = window_columns(("schedule_prepare_s", "gpu_s", "gpu_step_s"),
+                              lead=("virtual_engine",))
 CLUSTER_STEP_COLUMNS = ("replica", "outstanding", "num_waiting", "num_running", "kv_blocks_used")
 
 

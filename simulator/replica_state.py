@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import simpy
 from tqdm import tqdm
 
 from common.client import Client
@@ -16,7 +17,6 @@ from policies.request import Request
 from policies.routers import ReplicaLoad
 from policies.scheduler import Scheduler
 from simulator.clock import PowerClock
-from simulator.events import EventLoop, Signal, Stage
 from simulator.hardware import HardwareSpec
 from simulator.outcome import StepRows
 from simulator.overhead import OverheadSpec
@@ -52,28 +52,28 @@ class Window:
 class Shared:
     """What the replicas of one simulation share: the clock, the client and the progress bar."""
 
-    loop: EventLoop
+    env: simpy.Environment
     client: Client
     pbar: tqdm
     on_finish: FinishHook | None
     cluster: bool  # more than one replica: routing loads are kept, steps rows name the replica
-    client_wake: Signal | None = None  # the arrival process waits for a finish
+    client_wake: simpy.Event | None = None  # the arrival process waits for a finish
 
 
 @dataclass(slots=True, eq=False)
 class ReplicaSim:
     """One replica: its virtual engines' schedulers, engine thread, API server and GPU."""
 
-    loop: EventLoop
+    env: simpy.Environment
     shared: Shared
     index: int
-    stages: list[Stage]  # empty when pp == 1: the one engine owns the GPU
+    stages: list[simpy.Resource]  # pipeline stages; none when pp == 1: one engine owns the GPU
     schedulers: list[Scheduler]
     model: ModelSpec
     hw: HardwareSpec
     overhead: OverheadSpec
     stream_per_step: bool
-    wake: list[Signal | None]
+    wake: list[simpy.Event | None]  # an idle virtual engine waits for work
     clock: PowerClock  # the GPU's power-limited SM clock (off unless the profile sets it)
     time_scale: float  # multiplies each step's GPU time (the CPU costs come scaled in overhead)
     load: ReplicaLoad  # what a router sees of it
@@ -91,3 +91,11 @@ class ReplicaSim:
     cpu_busy: float = 0.0
     num_finished: int = 0
     steps: StepRows = field(default_factory=lambda: StepRows(False))
+
+    def stall(self, until: float) -> None:
+        """Hold the engine thread until ``until`` (a user's process: a replica that fails and
+        comes back with its KV cache, a long pause): nothing is scheduled and no output is
+        processed before then; the windows already on the GPU finish, and requests routed here
+        meanwhile wait for it."""
+        if until > self.cpu_free:
+            self.cpu_free = until

@@ -3,6 +3,7 @@ narrow panel can label (3-4 round values, never one), and "1 run", not "1 runs".
 
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
@@ -44,3 +45,56 @@ def test_one_measured_run_is_singular():
     text = " ".join(t.get_text() for t in validation_figure(df).legends[0].texts) + \
         validation_figure(df).legends[0].get_title().get_text()
     assert "measured: 1 run;" in text and "1 runs" not in text
+
+
+def _rate_table(workload: str, **extra) -> pd.DataFrame:
+    """A sweep's table: two routers (or policies) x 2 and 4 replicas x rates 2 and 4, goodput
+    against TTFT 1 s and TPOT 100 ms; a conversation sends 3 requests, so 3x the rate."""
+    rows = [{"router": router, "policy": policy, "num_replicas": n, "request_rate": rate,
+             "request_goodput": rate * 0.9, "workload": workload, "offered_rate": rate * 3.0,
+             "ttft_slo_ms": 1000.0, "tpot_slo_ms": 100.0, "p99_ttft_ms": 50.0, **extra}
+            for router, policy in (("round_robin", "single_step"), ("least_kv", "cp1"))
+            for n in (2, 4) for rate in (2.0, 4.0)]
+    return pd.DataFrame(rows)
+
+
+def _offered_line(ax):
+    (line,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("offered load")]
+    return list(line.get_xdata()), list(line.get_ydata())
+
+
+def test_router_figure_names_the_rate_s_unit_the_goodput_targets_and_the_offered_load():
+    from experiments.plot_cluster import router_figure
+
+    fig = router_figure(_rate_table("sharegpt"))
+    for ax in fig.axes:  # a panel per replica count, each with the offered load, y = x
+        assert ax.get_xlabel() == "request rate (req/s)"
+        assert _offered_line(ax) == ([2.0, 4.0], [2.0, 4.0])
+    assert fig.axes[0].get_ylabel() == "goodput\n(req/s meeting TTFT ≤ 1000 ms, TPOT ≤ 100 ms)"
+    plt.close(fig)
+    # conversations: the rate starts conversations; the offered load is the requests they sent
+    fig = router_figure(_rate_table("sharegpt_multiturn"))
+    assert fig.axes[0].get_xlabel() == "conversation rate (conversations/s)"
+    assert _offered_line(fig.axes[0]) == ([2.0, 4.0], [6.0, 12.0])
+    plt.close(fig)
+    # runs with other targets, or none recorded: the label says where the targets are
+    mixed = _rate_table("sharegpt")
+    mixed.loc[0, "ttft_slo_ms"] = 500.0
+    fig = router_figure(mixed)
+    assert fig.axes[0].get_ylabel() == "goodput\n(req/s meeting each run's goodput.* targets)"
+    plt.close(fig)
+    fig = router_figure(_rate_table("sharegpt").drop(columns=["ttft_slo_ms", "tpot_slo_ms"]))
+    assert fig.axes[0].get_ylabel() == "goodput\n(req/s meeting goodput.* targets)"
+    plt.close(fig)
+
+
+def test_policy_goodput_figure_on_conversations_names_them_and_their_offered_requests():
+    from experiments.plot_policies import policy_figures
+
+    figures = dict(policy_figures(_rate_table("sharegpt_multiturn")))
+    ax = figures["goodput_vs_rate"].axes[0]
+    assert ax.get_xlabel() == "conversation rate (conversations/s, Poisson)"
+    assert ax.get_ylabel() == "goodput (req/s meeting TTFT ≤ 1000 ms, TPOT ≤ 100 ms)"
+    assert _offered_line(ax) == ([2.0, 4.0], [6.0, 12.0])
+    for fig in figures.values():
+        plt.close(fig)

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # what a build reads: pyproject.toml, the README it names, the packages and the configs
 SOURCES = ("pyproject.toml", "README.md", "common", "policies", "simulator", "real_backend",
-           "experiments", "conf")
+           "vllm_backend", "experiments", "conf")
 
 
 def _files(root: Path) -> set[str]:

@@ -139,9 +139,9 @@ def test_every_launcher_prints_one_line_per_run_and_the_aggregate(tmp_path):
         lines = p.stdout.strip().splitlines()
         assert len(lines) == 3, (launcher, lines)
         assert sorted(line.split(":")[0] for line in lines[:2]) == [
-            "hardware=cpu,model=tiny,overhead=none,"
+            f"run {k} of 2 (hardware=cpu,model=tiny,overhead=none,"
             f"policy.num_steps={k},policy=multi_step,workload.num_prompts=10,"
-            "workload=synthetic" for k in (1, 2)], (launcher, lines)
+            "workload=synthetic)" for k in (1, 2)], (launcher, lines)
         assert all("req/s, median TTFT" in line and f"-> {sweep}" in line for line in lines[:2])
         assert lines[2] == f"aggregated 2 runs -> {sweep / 'aggregate.csv'} (and .parquet)"
         outputs[launcher] = sorted(line.replace(str(sweep), "SWEEP") for line in lines)

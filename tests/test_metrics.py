@@ -316,6 +316,27 @@ def test_format_summary():
     assert len(lines) < 40  # one screen
 
 
+def test_the_summary_says_what_vllm_counts_where_its_numbers_look_wrong():
+    """Multi-step k = 4 (four tokens a chunk, a chunk every 40 ms): the peak counts chunks, so it
+    is below the mean, and ITL spans a chunk's four tokens; a line under each says why. A run
+    whose tokens stream one a chunk has neither line."""
+    from experiments.metrics import ITL_NOTE, PEAK_NOTE
+
+    bursts = [req(i, 0.0, 8, [0.1 + 0.04 * (j // 4) for j in range(64)]) for i in range(4)]
+    s = summarize(bursts, duration=0.74)
+    assert s["max_output_tokens_per_s"] < s["output_throughput"]
+    assert s["mean_itl_ms"] >= 2 * s["mean_tpot_ms"]
+    lines = format_summary(s).splitlines()
+    peak = next(i for i, line in enumerate(lines) if line.startswith("Peak output token"))
+    assert lines[peak + 1] == PEAK_NOTE
+    assert lines[lines.index(next(x for x in lines if x.startswith("P99 ITL"))) + 1] == ITL_NOTE
+    assert "vLLM counts one token per streamed chunk" in PEAK_NOTE
+    assert "gap between streamed chunks" in ITL_NOTE
+    steady = [req(i, 0.0, 8, [0.1 + 0.01 * j for j in range(300)]) for i in range(2)]
+    lines = format_summary(summarize(steady, duration=3.1)).splitlines()
+    assert PEAK_NOTE not in lines and ITL_NOTE not in lines
+
+
 def test_atomic_writes_get_ordinary_permissions(tmp_path):
     import os
     import stat

@@ -3,9 +3,11 @@ reference counts under preemption, LRU eviction, and lpm's order."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from experiments.workload.trace import hash_id_segments
 from policies import BlockManager, Request, SchedulerConfig, make_scheduler
 from policies.prefix_cache import block_hashes, token_segments
 
@@ -51,13 +53,16 @@ def test_hashes_follow_content_not_the_way_it_is_cut():
     assert hc[0] == ha[0] and hc[1] != ha[1]  # tokens 4..7 differ from token 5 on
     assert ha[3] != hb[3]  # a chain: a block's hash names everything before it
     assert block_hashes(req(3, [(1, 3)]), 4) == []
-    # a served prompt's segments are its token ids in blocks: equal runs, equal hashes
+    # a served prompt's segment is its token ids: equal runs, equal keys
     ids = list(range(30))
     x, y = Request(4, 0.0, 30, 2), Request(5, 0.0, 30, 2)
-    x.prefix_segments = token_segments(ids, 4)
-    y.prefix_segments = token_segments(ids[:20] + [99] * 10, 4)
+    x.prefix_segments = token_segments(ids)
+    y.prefix_segments = token_segments(ids[:20] + [99] * 10)
     assert block_hashes(x, 4)[:5] == block_hashes(y, 4)[:5]
     assert block_hashes(x, 4)[5] != block_hashes(y, 4)[5]
+    z = Request(6, 0.0, 30, 2)  # the same ids in two segments: the same keys
+    z.prefix_segments = token_segments(ids[:7]) + token_segments(ids[7:])
+    assert block_hashes(z, 4) == block_hashes(x, 4) and block_hashes(z, 3) == block_hashes(x, 3)
 
 
 def test_a_shared_system_prompt_is_computed_once():
@@ -218,3 +223,80 @@ def test_sarathi_prices_a_first_chunk_with_its_cached_context():
     s.forming = [x for x in batch.seqs if x is not chunk]
     assert step_seconds(s, (chunk.num_query_tokens, chunk.num_cached_tokens, chunk.samples)) \
         <= 20e-3 + 1e-12
+
+
+# --- keys are digests of the content, not Python's hash() (issue 48) ------------------------
+# CPython's tuple hash (Objects/tupleobject.c, xxHash-based since 3.8): per item
+# acc = rotl31(acc + hash(item) * P2) * P1 from acc = P5, then the length is mixed in. Each
+# round can be inverted, so the last item of a tuple of any hash is solved for in a few steps.
+_M = 2**64
+_P1, _P2, _P5 = 11400714785074694791, 14029467366897019727, 2870177450012600261
+
+
+def colliding(head: list[int], target: int) -> list[int]:
+    """``head`` (its last id changed if need be) and one more id, whose tuple hash is
+    ``target``: the hash's last round inverted for the last item, as an attacker would."""
+    for tweak in range(64):
+        items = [*head[:-1], head[-1] + tweak]
+        acc = _P5
+        for item in items:
+            acc = (acc + hash(item) % _M * _P2) % _M
+            acc = (acc << 31 | acc >> 33) % _M * _P1 % _M
+        last = (target - ((len(items) + 1) ^ _P5 ^ 3527539)) % _M  # before the length's mix
+        last = last * pow(_P1, -1, _M) % _M
+        last = (last >> 31 | last << 33) % _M  # rotate right 31
+        lane = (last - acc) * pow(_P2, -1, _M) % _M
+        if lane < 2**61 - 1:  # an int below 2**61 - 1 hashes to itself
+            return [*items, lane]
+    raise AssertionError("no colliding tuple found")
+
+
+def served(i: int, ids: list[int], arrival: float = 0.0) -> Request:
+    """A prompt as the HTTP server keys it (real_backend/serving/inbox.py)."""
+    r = Request(i, arrival, len(ids), 2, prompt_token_ids=list(ids))
+    r.prefix_segments = token_segments(ids)
+    return r
+
+
+def test_blocks_with_equal_tuple_hashes_get_different_keys():
+    """Two different 16-token blocks with equal tuple hashes: the old key of a served block
+    (its tuple hash, then chained with hash()) was equal, so prompt B was served from prompt
+    A's KV; their digests differ, and B computes its own block."""
+    a = list(range(16))
+    b = colliding(list(range(100, 115)), hash(tuple(a)))
+    assert a != b and hash(tuple(a)) == hash(tuple(b))
+    first, other, again = served(0, a + [7]), served(1, b + [7], 1.0), served(2, a + [9], 2.0)
+    assert block_hashes(first, 16) != block_hashes(other, 16)
+    run([first, other, again], block_size=16)
+    assert other.num_cached_prompt_tokens == 0
+    assert again.num_cached_prompt_tokens == 16  # the cache still finds equal blocks
+
+
+def test_content_keys_are_compared_by_value_not_by_python_hash():
+    """hash(1) == hash(2**61): two workload contents whose keys differ only by the modulus of
+    Python's int hash shared a block's KV."""
+    assert hash(1) == hash(2**61)
+    a, b = req(0, [(1, 17)]), req(1, [(2**61, 17)], arrival=1.0)
+    run([a, b], block_size=16)
+    assert b.num_cached_prompt_tokens == 0
+
+
+def test_served_tokens_never_share_a_key_with_a_trace_block():
+    """A Mooncake trace's block is named content (its hash id's content key); a served block
+    is its token ids. The old served key was the tuple hash of the ids, in the same space as
+    content keys: ids whose tuple hash is a trace block's key were served from its KV."""
+    segments = hash_id_segments((7,), 17, 16, 0)
+    ids = colliding(list(range(15)), segments[0][0])
+    assert hash(tuple(ids)) == segments[0][0]
+    trace_req, served_req = req(0, segments), served(1, ids + [3], 1.0)
+    run([trace_req, served_req], block_size=16)
+    assert served_req.num_cached_prompt_tokens == 0
+    # nor do a served block and a named one whose ids are the named piece's numbers
+    assert block_hashes(served(2, [5, 0, 3]), 3) != block_hashes(req(3, [(5, 3)]), 3)
+
+
+def test_a_segment_key_that_is_no_key_is_named():
+    r = req(7, [("system", 8)])
+    with pytest.raises(ValueError, match=r"^request 7: prefix segment key 'system' is neither "
+                                         r"an int in \[-2\*\*63, 2\*\*63\) nor token id bytes"):
+        block_hashes(r, 4)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -39,6 +40,17 @@ def test_bundled_copy_says_how_many_conversations_it_holds():
                           "it holds 17,671 of the ~94k conversations of "
                           "ShareGPT_V3_unfiltered_cleaned_split.json, and runs sample from those")
     assert "workload.dataset_path" in msg
+
+
+def test_the_warning_points_to_a_page_that_explains_it():
+    """The page the warning names says what the bundled copy holds and where the full file is
+    (the README it named before said neither)."""
+    msg = sharegpt._bundled_cut_short(17671)
+    (doc,) = re.findall(r"\((docs/[\w/]+\.md) says where it is\)", msg)
+    text = " ".join((ROOT / doc).read_text().split())
+    for fact in ("17,671 of the ~94k conversations", sharegpt.FULL_SHAREGPT,
+                 "anon8231489123/ShareGPT_Vicuna_unfiltered", "workload.dataset_path="):
+        assert fact in text, fact
 
 
 def test_reading_the_bundled_copy_warns_in_those_words(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""The simulator's fast paths (its own event heap instead of simpy, the scheduler's and the
+"""The simulator's fast paths (wake-ups at absolute times, the scheduler's and the
 block manager's hot loops, the streamed per-request results, the decode group) against the
 implementation before them: on small runs covering every engine loop (blocking and async output processing, deferred
 last output, overlap with and without late scheduling, pipeline stages, per-step streaming, a
@@ -6,9 +6,10 @@ separate API-server process, max_concurrency, preemption), every window is the s
 request's token times are the same to the nanosecond.
 
 Tolerance: 1e-9 s. The old engine slept ``timeout(t - now)`` and woke at ``now + (t - now)``,
-which can differ from ``t`` in the last bit; the event heap wakes at ``t``. The reference values
-in tests/data/sim_fast_paths.json were taken from the simpy engine (regenerate with
-``python tests/test_sim_fast_paths.py --write`` only for a deliberate change of results)."""
+which can differ from ``t`` in the last bit; the engine now wakes at ``t`` (simulator/events.py).
+The reference values in tests/data/sim_fast_paths.json were taken from that first simpy engine
+(regenerate with ``python tests/test_sim_fast_paths.py --write`` only for a deliberate change of
+results)."""
 
 from __future__ import annotations
 

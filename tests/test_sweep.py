@@ -108,8 +108,32 @@ def test_any_multirun_ends_in_an_aggregated_table(tmp_path):
     assert len(lines) == 2
     for k, line in zip((1, 2), lines, strict=True):
         run_dir = tmp_path / f"policy.num_steps={k},workload.num_prompts=30"
-        assert line.startswith(f"policy.num_steps={k},") and line.endswith(f"-> {run_dir}")
+        # "run 1 of 2": the job's place in the sweep (a joblib sweep's lines come in any order)
+        assert line.startswith(f"run {k} of 2 (policy.num_steps={k},") and \
+            line.endswith(f"-> {run_dir}")
         assert "Serving Benchmark Result" in (run_dir / "summary.txt").read_text()
+
+
+def test_a_sweep_s_size_is_the_product_of_its_swept_settings(monkeypatch):
+    """What "run 3 of 12" counts: the jobs Hydra's sweeper makes of the experiment's params and
+    the command line's overrides."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from common.paths import conf_dir
+    from experiments.sweep_workers import SWEEP_JOBS_ENV, job_label, sweep_size
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        router = compose("config", overrides=["+experiment=router_sweep"],
+                         return_hydra_config=True)
+        policy = compose("config", overrides=["+experiment=policy_sweep", "progress=false"],
+                         return_hydra_config=True)
+    assert sweep_size(router) == 6 * 3 * 4 and sweep_size(policy) == 8 * 5
+    job = OmegaConf.create({"job": {"num": 2, "override_dirname": "policy=cp1"}})
+    monkeypatch.setenv(SWEEP_JOBS_ENV, "40")  # as the sweep process sets it for its jobs
+    assert job_label(job) == "run 3 of 40 (policy=cp1)"
+    monkeypatch.delenv(SWEEP_JOBS_ENV)  # a launcher that passes no environment on
+    assert job_label(job) == "run 3 (policy=cp1)"
 
 
 def test_model_too_big_for_cpu_is_a_one_line_error(tmp_path):

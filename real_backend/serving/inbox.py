@@ -136,7 +136,7 @@ class Inbox:
             return (rid, (), None, SHUTTING_DOWN, False)
         if sched.config.enable_prefix_caching and req.prompt_token_ids:
             # a served prompt's content is its token ids: equal runs of them share blocks
-            req.prefix_segments = token_segments(req.prompt_token_ids, sched.config.block_size)
+            req.prefix_segments = token_segments(req.prompt_token_ids)
         try:
             sched.add_request(req)
         except ValueError as err:  # the scheduler's own admission checks

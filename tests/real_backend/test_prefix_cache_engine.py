@@ -15,6 +15,7 @@ from rb_util import load_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_policy_properties import PARAMS, stand_in_step_time  # noqa: E402  (every policy's settings)
+from test_prefix_cache import colliding  # noqa: E402  (blocks with equal tuple hashes)
 
 from policies import Request, Scheduler, SchedulerConfig, make_policy
 from real_backend import run_real
@@ -142,6 +143,21 @@ def test_a_served_prompt_is_cached_by_its_token_ids():
         inbox._add(sched, Request(i, 0.0, 0, 2, prompt_token_ids=list(ids)))
     batch = sched.schedule(0.0)
     assert [s.num_cached_tokens for s in batch.seqs] == [0, 16]
+
+
+def test_a_served_prompt_is_not_served_from_another_s_blocks():
+    """Two prompts whose first blocks differ but have equal tuple hashes (issue 48): the
+    second computes its own block rather than reading the first's KV."""
+    sched = _scheduler("single_step", True, 32)
+    inbox = Inbox.__new__(Inbox)
+    inbox._closed, inbox._sent, inbox._requests = False, {}, {}
+    a = _ids(9, BLOCK_SIZE)
+    b = colliding(_ids(10, BLOCK_SIZE - 1), hash(tuple(a)))
+    assert a != b and hash(tuple(a)) == hash(tuple(b))
+    for i, ids in enumerate((a, b)):
+        inbox._add(sched, Request(i, 0.0, 0, 2, prompt_token_ids=ids + [5, 6]))
+    batch = sched.schedule(0.0)
+    assert [s.num_cached_tokens for s in batch.seqs] == [0, 0]
 
 
 def test_validate_scores_the_hit_rate_of_a_measured_multiturn_run(tmp_path):

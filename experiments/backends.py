@@ -1,0 +1,216 @@
+"""The executors a run can use, behind one small interface: build (every setting checked, before
+the run directory is touched), run a workload, return the result and what result.json says of
+the backend. ``BACKENDS`` maps ``backend.name`` to each; experiments/run.py asks no name."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from common.model_spec import ModelSpec
+from common.parallel import ParallelConfig
+from experiments.choices import (
+    ClusterChoice,
+    PolicyChoice,
+    check_sim_settings,
+    known_settings,
+    plain,
+)
+from policies.base import check_settings
+from policies.request import Request
+
+
+class Backend:
+    """One run's executor. ``__init__`` checks the settings and builds what the run needs
+    short of running; ``run`` serves the requests and returns the outcome (``duration``,
+    ``stats``, ``steps``: steps.csv's rows, one window record each); the rest says what
+    result.json and the printout carry of it."""
+
+    name: ClassVar[str] = ""
+    # the requests carry prompt token ids (an engine runs them; the simulator needs lengths)
+    needs_token_ids: ClassVar[bool] = False
+
+    def __init__(self, cfg: Mapping[str, Any], choice: PolicyChoice, model: ModelSpec,
+                 parallel: ParallelConfig, cluster: ClusterChoice) -> None:
+        self.cfg, self.choice = cfg, choice
+        self.settings = {k: v for k, v in plain(cfg["backend"]).items() if k != "name"}
+        self.model, self.parallel, self.cluster = model, parallel, cluster
+        self.streamed: Any = None  # requests.csv and steps.csv written as the run goes
+        self.cluster_outcome: Any = None  # a cluster's run: every replica's
+
+    @classmethod
+    def check(cls, cfg: Mapping[str, Any]) -> None:
+        """The settings checked before the run's other choices are made (where they need none
+        of them); the rest when it is built."""
+
+    def run(self, requests: list[Request], run_dir: Path, *, max_concurrency: int | None,
+            progress: bool) -> Any:
+        raise NotImplementedError
+
+    def times(self, requests: Sequence[Request]) -> Any:
+        """Every request's times (experiments/request_times.py), once the run is over."""
+        from experiments.request_times import TimesTable
+
+        return TimesTable.of_requests(requests)
+
+    def labels(self, outcome: Any) -> dict[str, Any]:
+        """result.json's hardware, overhead and host of the run."""
+        return {"hardware": getattr(outcome, "stats", {}).get("device_name",
+                                                              self.settings.get("device")),
+                "overhead": None, "host": None}
+
+    def run_fields(self, outcome: Any, wall: float) -> dict[str, Any]:
+        """result.json's fields of this backend alone (after the others)."""
+        return {}
+
+
+class SimBackend(Backend):
+    """The discrete-event simulator (simulator/): one replica, or a cluster behind a router."""
+
+    name = "sim"
+
+    @classmethod
+    def check(cls, cfg: Mapping[str, Any]) -> None:
+        from simulator.processes import user_processes
+
+        backend = plain(cfg["backend"])
+        check_settings("backend", backend, known_settings()[1])
+        check_sim_settings(cfg, backend)
+        user_processes(backend.get("processes"))  # imported and checked (once) before the run
+
+    def __init__(self, *args: Any) -> None:
+        from simulator.processes import user_processes
+
+        super().__init__(*args)
+        # the user's SimPy processes (backend.processes)
+        self.processes = user_processes(self.settings.get("processes"))
+        self.time_scale = float(self.settings.get("time_scale", 1.0))
+        self.replica_specs = self.cluster.replica_specs(plain(self.cfg["backend"]))
+        self.finishes: Any = None
+
+    def run(self, requests: list[Request], run_dir: Path, *, max_concurrency: int | None,
+            progress: bool) -> Any:
+        from experiments.finished_requests import FinishedRequests
+        from simulator.engine import simulate_cluster
+        from simulator.outcome import StepRows
+
+        cluster = self.cluster
+        # one replica's steps.csv rows are written as the run goes, with requests.csv's
+        steps = StepRows(False) if cluster.size == 1 else None
+        self.finishes = FinishedRequests(requests, run_dir, cluster=cluster.size > 1,
+                                         steps=steps)
+        self.streamed = self.finishes.streamed
+        self.cluster_outcome = simulate_cluster(requests, self.replica_specs, cluster.router,
+                                                max_concurrency=max_concurrency,
+                                                progress=progress, on_finish=self.finishes,
+                                                steps=None if steps is None else [steps],
+                                                processes=self.processes)
+        if self.streamed is not None:  # its workers' memory back before the metrics' peak
+            self.streamed.finish()
+        return self.cluster_outcome.total
+
+    def times(self, requests: Sequence[Request]) -> Any:
+        return self.finishes.table()  # taken as each request finished
+
+    def labels(self, outcome: Any) -> dict[str, Any]:
+        sections = self.cluster.sections  # the run's, or its one replica's (its group's)
+        # the host profile (conf/host) the overhead's CPU costs were scaled by, if any
+        return {"hardware": sections["hardware"].get("name"),
+                "overhead": sections["overhead"].get("name"),
+                "host": (sections["overhead"].get("host") or {}).get("name")}
+
+    def run_fields(self, outcome: Any, wall: float) -> dict[str, Any]:
+        return {"time_scale": self.time_scale, "simulated_seconds": outcome.duration,
+                "simulated_seconds_per_wall_second": outcome.duration / max(wall, 1e-9)}
+
+
+class RealBackend(Backend):
+    """schedlab's PyTorch/Triton engine (real_backend/); its settings are checked by run_real."""
+
+    name = "real"
+    needs_token_ids = True
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        from real_backend.config import BackendConfig
+        from real_backend.engine import check_overlap_backend
+
+        check_overlap_backend(self.choice.new_scheduler(1),
+                              BackendConfig.from_mapping(self.settings))
+
+    def run(self, requests: list[Request], run_dir: Path, *, max_concurrency: int | None,
+            progress: bool) -> Any:
+        from real_backend.engine import run_real
+
+        return run_real(requests, self.choice.new_scheduler, self.model, self.settings,
+                        max_concurrency=max_concurrency, progress=progress,
+                        parallel=self.parallel)
+
+
+class VllmBackend(Backend):
+    """vLLM's engine (vllm_backend/), the policy in its scheduler (docs/vllm.md)."""
+
+    name = "vllm"
+    needs_token_ids = True
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        from vllm_backend import require_vllm
+        from vllm_backend.engine import check_vllm_settings
+        from vllm_backend.mapping import vllm_policy
+
+        check_vllm_settings(self.settings, self.model)
+        if self.parallel.tensor_parallel_size > 1 or self.parallel.pipeline_parallel_size > 1:
+            raise ValueError("backend=vllm runs on one device: parallel.tensor_parallel_size "
+                             "and parallel.pipeline_parallel_size must be 1")
+        if self.choice.scheduler.overlap:
+            raise ValueError("scheduler.overlap: backend=vllm schedules synchronously (vLLM's "
+                             "CPU platform; VllmPolicyScheduler has no AsyncScheduler variant)")
+        vllm_policy(self.choice.policy)  # a policy vLLM cannot run: one line, now
+        require_vllm()
+        self.block_size = self.choice.scheduler.block_size
+        if self.settings.get("device", "cpu") == "cpu" and self.block_size % CPU_BLOCK:
+            self.block_size = -(-self.block_size // CPU_BLOCK) * CPU_BLOCK
+            warnings.warn(f"backend=vllm: scheduler.block_size {self.choice.scheduler.block_size}"
+                          f" is not a multiple of {CPU_BLOCK}, which vLLM's CPU attention "
+                          f"needs; the run's blocks hold {self.block_size} tokens", stacklevel=2)
+
+    def run(self, requests: list[Request], run_dir: Path, *, max_concurrency: int | None,
+            progress: bool) -> Any:
+        from vllm_backend.engine import run_vllm
+
+        choice = self.choice
+        step_time = None
+        if choice.policy.needs_step_time and self.cfg.get("hardware") is not None:
+            step_time = {"factory": "experiments.choices:profile_step_time",
+                         "kwargs": {"model": plain(self.cfg["model"]),
+                                    "hardware": plain(self.cfg["hardware"]),
+                                    "parallel": plain(self.cfg.get("parallel") or {})}}
+        schedlab = {"policy": {"name": choice.name, **choice.settings},
+                    "scheduler": {**{k: getattr(choice.scheduler, k)
+                                     for k in choice.scheduler.__dataclass_fields__},
+                                  "block_size": self.block_size},
+                    "step_time": step_time}
+        return run_vllm(requests, self.model, self.settings, schedlab,
+                        max_concurrency=max_concurrency, progress=progress)
+
+    def labels(self, outcome: Any) -> dict[str, Any]:
+        return {"hardware": outcome.stats.get("device_name"), "overhead": None, "host": None}
+
+
+# vLLM's CPU attention takes KV blocks of a multiple of this many tokens
+CPU_BLOCK = 32
+
+BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (SimBackend, RealBackend, VllmBackend)}
+
+
+def backend_class(cfg: Mapping[str, Any]) -> type[Backend]:
+    """The run's backend by ``backend.name`` (built with the run's choices: its settings are
+    checked then); an unknown name is one line."""
+    name = plain(cfg["backend"]).get("name")
+    cls = BACKENDS.get(name)
+    if cls is None:
+        raise ValueError(f"backend.name must be one of {', '.join(BACKENDS)}, got {name!r}")
+    return cls
