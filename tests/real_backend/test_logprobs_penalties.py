@@ -117,7 +117,7 @@ def logprob_requests(shared: bool) -> list[Request]:
                    sampling=SamplingParams(temperature=0.8, repetition_penalty=1.3,
                                            logprobs=2))]
     for req in out:  # as the server gives them: equal prompt blocks may be shared
-        req.prefix_segments = token_segments(req.prompt_token_ids, BLOCK_SIZE)
+        req.prefix_segments = token_segments(req.prompt_token_ids)
     return out
 
 
