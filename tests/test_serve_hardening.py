@@ -506,6 +506,27 @@ def test_out_of_range_sampling_and_logprobs_are_400s_naming_the_field(client, en
         assert "max_logprobs" in err["message"]
 
 
+def test_echo_with_max_tokens_0_is_the_prompt_alone_and_0_without_echo_is_refused(client,
+                                                                                 engine):
+    """As vLLM: max_tokens 0 asks for no reply, which only echo makes a request of (the
+    engine samples one token, not shown); without echo, or on chat, it is a 400."""
+    r = client.post("/v1/completions", json={"prompt": "hi there", "max_tokens": 0,
+                                             "echo": True, "logprobs": 1})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    ids = TOKENIZER.encode_prompt("hi there")
+    assert choice["text"] == "hi there" and engine.requests[-1].max_tokens == 1
+    assert choice["logprobs"]["tokens"] == [TOKENIZER.token_text(t) for t in ids]
+    assert r.json()["usage"]["completion_tokens"] == 1  # the token sampled, as vLLM counts it
+    err = assert_openai_error(client.post("/v1/completions", json={
+        "prompt": "hi", "max_tokens": 0}), 400, "max_tokens")
+    assert "echo" in err["message"] and "\n" not in err["message"]
+    assert_openai_error(client.post("/v1/chat/completions", json={**VLLM_CHAT, "stream": False,
+                                                                  "max_tokens": 0}),
+                        400, "max_tokens")
+    assert len(engine.requests) == 1
+
+
 def test_each_choice_gets_its_settings(client, engine):
     """n choices: n engine requests with the same prompt, seeded seed, seed + 1, ... (as vLLM
     seeds them); penalties and logprobs on each, and with echo the prompt's logprobs too."""

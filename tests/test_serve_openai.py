@@ -1,7 +1,8 @@
 """The server's logprobs, n, echo and penalties through the ``openai`` client (the tiny CPU
 model, multi_step k=4, one server for the module): logprobs consistent with greedy sampling,
 alike streamed or not and on both endpoints; n=3 seeded choices sharing the prompt's blocks,
-streamed interleaved; echo's prompt and its logprobs; penalties that change greedy output as
+streamed interleaved; echo's prompt and its logprobs (and, with max_tokens 0, the prompt
+alone); penalties that change greedy output as
 the reference computes it."""
 
 from __future__ import annotations
@@ -148,6 +149,25 @@ def test_echo_returns_the_prompt_and_its_logprobs(client, model):
     chunks = list(client.completions.create(prompt=prompt, echo=True, stream=True, **GREEDY))
     assert chunks[0].choices[0].text.startswith(prompt)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt_alone(client, model):
+    """As vLLM: the prompt and its logprobs, nothing of the one token the engine sampled
+    (which the usage counts, as vLLM's does); alike streamed."""
+    prompt = "Score this prompt alone"
+    ids = TOKENIZER.encode_prompt(prompt)
+    body = {**GREEDY, "prompt": prompt, "echo": True, "logprobs": 3, "max_tokens": 0}
+    r = client.completions.create(**body)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == prompt and r.choices[0].finish_reason == "length"
+    assert lp.tokens == [TOKENIZER.token_text(t) for t in ids] and lp.token_logprobs[0] is None
+    want = dense_logits(model, ids).log_softmax(-1)
+    assert lp.token_logprobs[1:] == pytest.approx(
+        [float(want[p - 1, ids[p]]) for p in range(1, len(ids))], abs=1e-4)
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 1
+    chunks = [c for c in client.completions.create(stream=True, **body) if c.choices]
+    assert "".join(c.choices[0].text for c in chunks) == prompt
+    assert [t for c in chunks for t in c.choices[0].logprobs.tokens] == lp.tokens
 
 
 def test_penalties_change_greedy_output_as_the_reference_computes_it(client, model):

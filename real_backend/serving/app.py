@@ -113,7 +113,8 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
         echo = None
         if req.echo:  # the prompt as sent; token ids as their text (vLLM's)
             echo = prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
-        return await _generate(request, req, prompt_ids, req.max_tokens, chat=False, echo=echo)
+        max_tokens = 1 if req.prompt_only else req.max_tokens
+        return await _generate(request, req, prompt_ids, max_tokens, chat=False, echo=echo)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -153,7 +154,8 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
         except RuntimeError as err:
             raise APIError(str(err), status=503, kind="service_unavailable") from None
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{engine_reqs[0].request_id}"
-        out = Output(model.name, rid, chat, req.num_logprobs, show, prompt_ids, echo)
+        out = Output(model.name, rid, chat, req.num_logprobs, show, prompt_ids, echo,
+                     req.prompt_only)
         replies = [Reply(rid if req.n == 1 else f"{rid}[{i}]", r, i,
                          tokenizer.detokenizer(stop), StopStrings(req.stop_strings()),
                          engine.clock) for i, r in enumerate(engine_reqs)]
@@ -310,6 +312,7 @@ class Output:
     show: TokenText
     prompt_ids: list[int]
     echo: str | None = None
+    prompt_only: bool = False  # echo with max_tokens 0: the reply's token is not shown
 
     def choice(self, reply: Reply, text: str, tokens: list[tuple[int, Logprob | None]],
                chunk: bool) -> dict[str, Any]:
@@ -317,6 +320,8 @@ class Output:
         chunk); echo puts the prompt, and its logprobs, before its first."""
         first = not reply.sent
         reply.sent = True
+        if self.prompt_only:
+            text, tokens = "", []
         if self.echo is not None and first:
             text = self.echo + text
             given = reply.prompt_logprobs

@@ -145,6 +145,10 @@ class _Common(BaseModel):
     def echo_prompt(self) -> bool:
         return False
 
+    @property
+    def prompt_only(self) -> bool:
+        return False
+
     def sampling(self, served: SamplingParams, index: int = 0) -> SamplingParams | None:
         """Choice ``index``'s sampling: each of temperature, top_p and top_k the request
         gives, else the server's ``backend.sampling``; its seed (plus ``index``, as vLLM
@@ -194,6 +198,8 @@ def _logprobs_count(value: int | None, field: str) -> int | None:
 
 class CompletionRequest(_Common):
     prompt: str | list[Int64] | list[str] | list[list[Int64]]
+    # 0 with echo: the prompt alone, with its logprobs (scoring a text), as vLLM serves it
+    max_tokens: Annotated[int, Field(ge=0, lt=2**63)] | None = None
     echo: bool = False  # the prompt before the reply (and, with logprobs, its logprobs)
     suffix: str | None = None
     # the top logprobs with each token (false or null: none), as vLLM takes it
@@ -207,6 +213,14 @@ class CompletionRequest(_Common):
                                       "{max}, or false or null, got true", {"max": MAX_LOGPROBS})
         return None if value is False else _logprobs_count(value, "logprobs")
 
+    @model_validator(mode="after")
+    def _zero_needs_echo(self) -> CompletionRequest:
+        """As vLLM: no reply at all is asked for only with echo (the prompt alone)."""
+        if self.max_tokens == 0 and not self.echo:
+            raise PydanticCustomError("max_tokens", "max_tokens: must be at least 1, or 0 with "
+                                      "echo: true (the prompt alone), got 0")
+        return self
+
     @property
     def num_logprobs(self) -> int | None:
         return self.logprobs
@@ -214,6 +228,12 @@ class CompletionRequest(_Common):
     @property
     def echo_prompt(self) -> bool:
         return self.echo
+
+    @property
+    def prompt_only(self) -> bool:
+        """echo with max_tokens 0: the prompt alone is returned; the engine still samples one
+        token, which is not shown but is counted in the usage (vLLM's)."""
+        return self.echo and self.max_tokens == 0
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt of the request (no batched prompts)."""
@@ -314,8 +334,8 @@ def parse(model: type[BaseModel], body: bytes) -> Any:
             raise APIError(f"the request body is not JSON: {e['msg']}") from None
         loc = e["loc"]
         if not loc:
-            if e["type"] == "top_logprobs":  # the model's own check
-                raise APIError(e["msg"], param="top_logprobs") from None
+            if e["type"] in MODEL_CHECKS:  # a model's own check across its fields
+                raise APIError(e["msg"], param=e["type"]) from None
             raise APIError("the request body must be a JSON object") from None
         if e["type"] == "extra_forbidden":
             raise not_supported(".".join(str(p) for p in loc), "the fields docs/serving.md "
@@ -327,6 +347,10 @@ def parse(model: type[BaseModel], body: bytes) -> Any:
         where = ".".join(str(p) for p in loc)
         raise APIError(f"{where}: {e['msg']}", param=where) from None
 
+
+# the checks of a model across its fields (their errors have no location), each named by the
+# field it refuses
+MODEL_CHECKS = ("top_logprobs", "max_tokens")
 
 # the fields of several types, said in words (pydantic names the first type's failure only)
 UNIONS = {"prompt": "a string, a list of token ids, or a list of one of these",
