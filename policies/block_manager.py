@@ -200,8 +200,12 @@ class BlockManager:
     # ------------------------------------------------------------------ prefix cache
     def match(self, req: Request) -> list[int]:
         """The cached blocks of ``req``'s longest cached prefix (held or free; nothing taken),
-        leaving at least its last token to compute (the step that samples needs it)."""
+        leaving at least its last token to compute (the step that samples needs it). A request
+        that asks for its prompt's logprobs finds none: every prompt token's logits must be
+        computed (as in vLLM V1); its blocks are still indexed for the requests after it."""
         if not self.enable_caching or req.prefix_segments is None:
+            return []
+        if req.sampling is not None and req.sampling.prompt_logprobs is not None:
             return []
         hashes = block_hashes(req, self.block_size)
         limit = min(len(hashes), (req.seq_len - 1) // self.block_size)

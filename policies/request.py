@@ -74,7 +74,8 @@ class Request:
     waiting_since: float | None = None
     max_wait: float = 0.0
     # Its own sampling settings (the HTTP server's per-request temperature, top_p, top_k,
-    # seed); None: the backend's sampling, as every offline run's request
+    # seed, penalties, and the logprobs it asks for); None: the backend's sampling, as every
+    # offline run's request
     sampling: SamplingParams | None = None
 
     def __post_init__(self) -> None:

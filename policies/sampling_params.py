@@ -1,5 +1,6 @@
 """How a request's tokens are sampled: temperature, top-k, top-p and a seed (the server's
-``backend.sampling``, or a request's own settings on the HTTP server)."""
+``backend.sampling``, or a request's own settings on the HTTP server), vLLM's penalties, and
+the logprobs a served request asks to have returned."""
 
 from __future__ import annotations
 
@@ -14,6 +15,16 @@ from policies.base import check_int, check_number, check_settings
 # that the sample is the argmax anyway.
 SAMPLING_EPS = 1e-5
 
+# The most top logprobs a request may ask for, per token: vLLM's default max_logprobs.
+MAX_LOGPROBS = 20
+
+# vLLM's bounds of the OpenAI penalties (its SamplingParams checks)
+MAX_PENALTY = 2.0
+
+# A token's logprobs as the engine returns them: its own, then the ids and logprobs of the most
+# likely tokens (as many as its request asks for)
+Logprob = tuple[float, list[int], list[float]]
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -26,6 +37,18 @@ class SamplingParams:
     # A request's own seed: its samples depend on the seed and each token's position alone
     # (real_backend/sampling.py); None: drawn from the engine's generator (backend.seed).
     seed: int | None = None
+    # vLLM's penalties, as its sampler applies them before temperature: presence and
+    # frequency over the output's token counts, repetition over every token of the prompt
+    # and the output (a positive logit divided by it, a negative one multiplied); neutral at
+    # 0, 0 and 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # The logprobs returned: with each sampled token its own and the ``logprobs`` most likely
+    # tokens' (None: none), with each prompt token from the second on the same
+    # (``prompt_logprobs``: the completions API's echo)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         """Every value checked here, for both the config and a served request (never cast:
@@ -38,6 +61,14 @@ class SamplingParams:
         if self.seed is not None and (isinstance(self.seed, bool)
                                       or not isinstance(self.seed, int)):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            check_number(name, getattr(self, name), minimum=-MAX_PENALTY, maximum=MAX_PENALTY)
+        check_number("repetition_penalty", self.repetition_penalty, positive=True)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and check_int(name, value, 0) > MAX_LOGPROBS:
+                raise ValueError(f"{name} must be at most {MAX_LOGPROBS} (vLLM's max_logprobs), "
+                                 f"got {value}")
         object.__setattr__(self, "temperature", 0.0 if temperature < SAMPLING_EPS
                            else temperature)
         object.__setattr__(self, "top_p", float(self.top_p))
@@ -55,3 +86,9 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty changes the logits."""
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)

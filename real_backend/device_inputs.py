@@ -16,7 +16,7 @@ import torch
 from common.step_sizes import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS
 from real_backend.attention import AttentionMetadata, DecodeMetadata, PrefillMetadata
 from real_backend.ops import PAD_SLOT_ID
-from real_backend.sampling import RowSampling, TokenMap
+from real_backend.sampling import PenaltyState, RowSampling, StepPenalties, TokenMap
 from real_backend.window_inputs import DecodeInputs, FlatInputs, HostPlan, SamplingRows
 
 
@@ -63,6 +63,8 @@ class StepInputs:
     positions: torch.Tensor
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # the last token of every sequence that samples
+    # the tokens whose logits give prompt logprobs, and the prompt token after each
+    prompt_logprobs: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(slots=True)
@@ -80,16 +82,19 @@ class WindowPlan:
     keep: list[torch.Tensor] = field(default_factory=list)  # pinned sources of queued copies
     map_writes: list[torch.Tensor] = field(default_factory=list)  # step -> map rows of its samples
     sampling: list[RowSampling] = field(default_factory=list)  # step -> rows' own settings
+    host: HostPlan | None = None  # what it was built from (the logprobs' rows, on the host)
 
 
-def row_sampling(h: SamplingRows, dev: Callable[[np.ndarray], torch.Tensor]) -> RowSampling:
+def row_sampling(h: SamplingRows, dev: Callable[[np.ndarray], torch.Tensor],
+                 penalties: PenaltyState | None = None) -> RowSampling:
     """``h`` on the device (``dev`` queues each array's copy), with the flags that let the
-    sampler skip what no row needs, read on the host."""
+    sampler skip what no row needs, read on the host; ``penalties``: the state its penalized
+    rows read."""
     greedy = h.temperature == 0
     sampled = ~greedy
     seeded = np.zeros(len(greedy), dtype=bool)
     seeded[h.seeded] = True
-    return RowSampling(
+    out = RowSampling(
         dev(greedy), dev(np.where(greedy, 1.0, h.temperature).astype(np.float32)),
         dev(h.top_k), dev(np.where(h.top_p < 1.0, h.top_p, 2.0).astype(np.float32)),
         dev(h.seeded), dev(h.keys), dev(h.positions), h.first_step,
@@ -98,6 +103,15 @@ def row_sampling(h: SamplingRows, dev: Callable[[np.ndarray], torch.Tensor]) -> 
         any_top_p=bool((sampled & (h.top_p < 1.0)).any()),
         any_unseeded=bool((sampled & ~seeded).any()),
         all_seeded=len(h.seeded) == len(greedy))
+    if h.logprob_rows is not None:
+        out.logprob_rows, out.num_logprobs = dev(h.logprob_rows), h.num_logprobs
+    if h.penalty_where is not None:
+        if penalties is None:
+            raise RuntimeError("a window with penalized rows needs the runner's PenaltyState")
+        values = [dev(np.ascontiguousarray(h.penalties[:, c])) for c in range(3)]
+        out.penalties = StepPenalties(penalties, dev(h.penalty_where), dev(h.penalty_rows),
+                                      *values)
+    return out
 
 
 class DeviceInputs:
@@ -105,9 +119,11 @@ class DeviceInputs:
     ``width`` blocks wide), and the device side of each window's inputs built into them; a
     token of a window in flight is read from ``token_map`` on the device."""
 
-    def __init__(self, device: torch.device, rows: int, width: int, token_map: TokenMap) -> None:
+    def __init__(self, device: torch.device, rows: int, width: int, token_map: TokenMap,
+                 penalties: PenaltyState | None = None) -> None:
         self.device, self.cuda = device, device.type == "cuda"
         self.token_map = token_map
+        self.penalties = penalties
 
         def buf(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)
@@ -132,7 +148,13 @@ class DeviceInputs:
     def plan(self, host: HostPlan) -> WindowPlan:
         """Device tensors (queued host-to-device copies) and load closures of a window."""
         plan = WindowPlan(host.num_steps, host.step_rows, None, host.first_graph,
-                          host.first_pieces)
+                          host.first_pieces, host=host)
+        if host.penalty_init is not None:  # queued before the window's steps, after the last's
+            init = host.penalty_init
+            dev = self.to_device
+            self.penalties.build(dev(init.rows, plan.keep), init.num_rows,
+                                 tuple(dev(a, plan.keep) for a in init.prompt),
+                                 tuple(dev(a, plan.keep) for a in init.output))
         plan.map_writes = [self.to_device(a, plan.keep) for a in host.map_writes]
         if host.flat is not None:
             if host.first_graph is not None:
@@ -146,7 +168,8 @@ class DeviceInputs:
         built: dict[int, RowSampling] = {}
         for rows in host.sampling:
             if id(rows) not in built:
-                built[id(rows)] = row_sampling(rows, lambda a: self.to_device(a, plan.keep))
+                built[id(rows)] = row_sampling(rows, lambda a: self.to_device(a, plan.keep),
+                                               self.penalties)
             plan.sampling.append(built[id(rows)])
         return plan
 
@@ -189,7 +212,10 @@ class DeviceInputs:
         if f.fetch is not None:  # queued behind the window in flight, whose samples it reads
             input_ids.index_copy_(0, dev(f.fetch[0], keep),
                                   self.token_map.read(dev(f.fetch[1], keep)))
-        return StepInputs(input_ids, dev(f.positions, keep), meta, dev(f.logits_indices, keep))
+        prompt = (None if f.prompt_logprobs is None else
+                  (dev(f.prompt_logprobs.indices, keep), dev(f.prompt_logprobs.targets, keep)))
+        return StepInputs(input_ids, dev(f.positions, keep), meta, dev(f.logits_indices, keep),
+                          prompt)
 
     def _prefill_load(self, f: FlatInputs, key: tuple[int, int],
                       plan: WindowPlan) -> Callable[[], None]:

@@ -284,7 +284,7 @@ def _serve(source: RequestSource, sched: Scheduler, runner: ModelRunner, clock: 
         if on_window is not None:
             on_window(batch, out, clock() - t - schedule_s)
         t_update = clock()
-        source.delivered(batch, sched.update(batch, out.step_times, out.sampled))
+        source.delivered(batch, sched.update(batch, out.step_times, out.sampled), out)
         steps.append(_window_row(batch, out, t, schedule_s, clock() - t_update))
 
 
@@ -322,7 +322,7 @@ def _serve_overlap(source: RequestSource, sched: Scheduler, runner: ModelRunner,
             if on_window is not None:
                 on_window(prev, out, wall_prev + clock() - t_finish)
             t_update = clock()
-            source.delivered(prev, sched.update(prev, out.step_times, out.sampled))
+            source.delivered(prev, sched.update(prev, out.step_times, out.sampled), out)
             steps.append(_window_row(prev, out, t_prev, schedule_prev, clock() - t_update))
         elif launched is None:
             source.wait(sched, clock)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tqdm import tqdm
 
@@ -13,6 +13,9 @@ from common.client import Client
 from policies.batch import Batch
 from policies.request import Request
 from policies.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from real_backend.runner import WindowResult
 
 
 class RequestSource(Protocol):
@@ -29,8 +32,10 @@ class RequestSource(Protocol):
     def wait(self, sched: Scheduler, clock: Callable[[], float]) -> None:
         """The scheduler formed no window: block until something may be due."""
 
-    def delivered(self, batch: Batch, finished: list[Request]) -> None:
-        """``update(batch)`` is done: its tokens are known, ``finished`` are done."""
+    def delivered(self, batch: Batch, finished: list[Request],
+                  out: WindowResult | None = None) -> None:
+        """``update(batch)`` is done: its tokens are known, ``finished`` are done; ``out``
+        what the window gave (the logprobs its requests asked for)."""
 
 
 class ClientSource:
@@ -58,7 +63,8 @@ class ClientSource:
                                f"{self.client.num_unsent} unsent ones are never due")
         time.sleep(max(0.0, t - clock()))
 
-    def delivered(self, batch: Batch, finished: list[Request]) -> None:
+    def delivered(self, batch: Batch, finished: list[Request],
+                  out: WindowResult | None = None) -> None:
         # the client learns of each finished request at its last token's delivery time
         self.client.finished(finished, [r.finish_time for r in finished])
         self.bar.update(len(finished))

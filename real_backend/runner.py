@@ -13,6 +13,7 @@ import torch
 from common.step_sizes import decode_graph_sizes, piecewise_graph_size, prefill_graph_key
 from policies.batch import Batch, ScheduledSeq
 from policies.request import Request
+from policies.sampling_params import Logprob
 from real_backend.async_output import StepOutputs
 from real_backend.config import BackendConfig
 from real_backend.cuda_graphs import (
@@ -35,8 +36,10 @@ from real_backend.model import (
     forward_piecewise,
 )
 from real_backend.ops import PAD_SLOT_ID
-from real_backend.sampling import TokenMap, sample, sample_rows
+from real_backend.sampling import PenaltyState, TokenMap, sample, sample_rows, top_logprobs
 from real_backend.window_inputs import HostPlan, PlanSizes, plan_window
+
+PROMPT_LOGITS_ROWS = 1024  # prompt logprobs take the logits of this many tokens at a time
 
 
 @dataclass(slots=True)
@@ -48,6 +51,12 @@ class WindowResult:
     gpu_step_s: list[float]  # device time of each step (CUDA events); 0 on CPU
     num_tokens: int  # tokens computed in step 1
     launch_s: float = 0.0  # CPU: queueing step 1's kernels (eager steps are launch-bound)
+    # per batch.seqs[i], beside ``sampled``: each sampled token's logprobs, where its request
+    # asks for them ([] where not); None where no request of the window asks
+    logprobs: list[list[Logprob]] | None = None
+    # batch.seqs[i] -> (the first prompt position, its logprobs and the next ones'): the
+    # prompt logprobs its chunk gave, where its request asks for them
+    prompt_logprobs: dict[int, tuple[int, list[Logprob]]] | None = None
 
 
 @dataclass(slots=True)
@@ -79,6 +88,7 @@ class ModelRunner:
         # With overlap two windows' outputs are pending at once: they alternate between these.
         self._overlap_outputs = [self.outputs, StepOutputs(self.device, clock, True)]
         self.token_map = TokenMap(2 * max_num_seqs, self.device)  # running + finishing requests
+        self.penalties = PenaltyState(model.spec.vocab_size, self.device)
         # tensor parallelism, rank 0 while serving: hands each window to the worker ranks
         self.publish: Callable[[HostPlan], None] | None = None
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
@@ -86,7 +96,7 @@ class ModelRunner:
         width = -(-(model.spec.max_model_len + max_lookahead) // block_size)
         rows = max(max_num_seqs, decode_graph_sizes(max_num_seqs)[-1])  # room for graph padding
 
-        self.inputs = DeviceInputs(self.device, rows, width, self.token_map)
+        self.inputs = DeviceInputs(self.device, rows, width, self.token_map, self.penalties)
         self.prefill_graphs = PrefillGraphs()
         self.prefill_graph_replays = 0
         self.piecewise = PiecewiseGraphs()
@@ -250,9 +260,17 @@ class ModelRunner:
             if timers:
                 timers[j][0].record()
             t_launch = perf_counter()
-            logits = self._first_step(plan) if j == 0 else self._next_step(plan, j, sampled)
-            sampled = (sample_rows(logits, plan.sampling[j], j, self.generator)
-                       if plan.sampling else sample(logits, self.cfg.sampling, self.generator))
+            if j == 0:
+                logits, extra = self._first_step(plan)
+            else:
+                logits, extra = self._next_step(plan, j, sampled), {}
+            rows = plan.sampling[j] if plan.sampling else None
+            sampled = (sample_rows(logits, rows, j, self.generator) if rows is not None
+                       else sample(logits, self.cfg.sampling, self.generator))
+            if rows is not None and rows.logprob_rows is not None and outputs is not None:
+                lp = rows.logprob_rows
+                extra["values"], extra["ids"] = top_logprobs(
+                    logits.index_select(0, lp), sampled.index_select(0, lp), rows.num_logprobs)
             if plan.map_writes:
                 self.token_map.write(plan.map_writes[j], sampled)
             if timers:
@@ -261,7 +279,7 @@ class ModelRunner:
                 launch_s = perf_counter() - t_launch
             if outputs is None:
                 continue
-            outputs.push(j, sampled)
+            outputs.push(j, sampled, extra)
             # a step pythonized before the window in flight is drained would get an earlier
             # delivery time than that window's tokens (a launch-bound mixed step can be done
             # by now); its ids wait for finish_window instead
@@ -279,18 +297,22 @@ class ModelRunner:
         outputs.drain()
         gpu = ([a.elapsed_time(b) / 1e3 for a, b in w.timers] if w.timers
                else [0.0] * batch.num_steps)
-        return WindowResult(list(outputs.times), self._per_seq(batch, w.plan, outputs.ids),
-                            w.prepare_s, outputs.pythonize_s, gpu,
-                            sum(s.num_query_tokens for s in batch.seqs), w.launch_s)
+        out = WindowResult(list(outputs.times), self._per_seq(batch, w.plan, outputs.ids),
+                           w.prepare_s, outputs.pythonize_s, gpu,
+                           sum(s.num_query_tokens for s in batch.seqs), w.launch_s)
+        if w.plan.host is not None:
+            out.logprobs, out.prompt_logprobs = _logprobs(batch, w.plan, outputs.extra)
+        return out
 
-    def _first_step(self, plan: WindowPlan) -> torch.Tensor:
+    def _first_step(self, plan: WindowPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Step 1's logits, and the prompt logprobs it computes (none but in a flat step)."""
         if plan.first_graph is not None:
             plan.first_load()
             self.prefill_graph_replays += 1
-            return self.prefill_graphs.replay(plan.first_graph)[:len(plan.step_rows[0])]
+            return self.prefill_graphs.replay(plan.first_graph)[:len(plan.step_rows[0])], {}
         if plan.first is None:
             plan.decode_loads[0]()
-            return self._decode(self.buffers.num_rows)
+            return self._decode(self.buffers.num_rows), {}
         f = plan.first
         if plan.first_pieces is None:
             hidden = forward(self.model, f.input_ids, f.positions, f.meta, self.kv_cache,
@@ -302,7 +324,23 @@ class ModelRunner:
             self.piecewise_replays += 1
             hidden = forward_piecewise(self.model, pb, n, f.meta, self.kv_cache, self.kernels,
                                        lambda i: self.piecewise.replay(size, i))
-        return compute_logits(self.model, hidden[f.logits_indices])
+        extra = {}
+        if f.prompt_logprobs is not None:  # (every rank: with tp the logits are gathered)
+            extra = self._prompt_logprobs(hidden, *f.prompt_logprobs,
+                                          plan.host.flat.prompt_logprobs.num)
+        return compute_logits(self.model, hidden[f.logits_indices]), extra
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, indices: torch.Tensor,
+                         targets: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
+        """The prompt logprobs of ``targets`` from the logits at ``indices``, a slice of
+        tokens at a time (a whole prompt's logits at once could take gigabytes)."""
+        values, ids = [], []
+        for a in range(0, indices.shape[0], PROMPT_LOGITS_ROWS):
+            b = a + PROMPT_LOGITS_ROWS
+            v, i = top_logprobs(compute_logits(self.model, hidden[indices[a:b]]), targets[a:b], k)
+            values.append(v)
+            ids.append(i)
+        return {"prompt_values": torch.cat(values), "prompt_ids": torch.cat(ids)}
 
     def _next_step(self, plan: WindowPlan, j: int, sampled: torch.Tensor) -> torch.Tensor:
         b = self.buffers
@@ -345,7 +383,7 @@ class ModelRunner:
             (lambda t, s: prefill_graph_key(t, s, pre)) if pre else None,
             (lambda t: piecewise_graph_size(t, pieces)) if pieces else None)
         return plan_window(batch, sizes, self.token_map.rows if overlap else None,
-                           self.cfg.sampling)
+                           self.cfg.sampling, self.penalties.rows)
 
     @staticmethod
     def _per_seq(batch: Batch, plan: WindowPlan, ids: list[list[int]]) -> list[list[int]]:
@@ -357,3 +395,33 @@ class ModelRunner:
                     out[i].append(step_ids[r])
         return out
 
+
+
+def _logprobs(batch: Batch, plan: WindowPlan, extra: list[dict[str, list]]
+              ) -> tuple[list[list[Logprob]] | None, dict[int, tuple[int, list[Logprob]]] | None]:
+    """The window's logprobs per sequence (WindowResult.logprobs, .prompt_logprobs), each cut
+    to the number its request asks for, from each step's copies (``extra``)."""
+    host, seqs = plan.host, batch.seqs
+    out = None
+    for j, h in enumerate(host.sampling):
+        if h.logprob_rows is None:
+            continue
+        if out is None:
+            out = [[] for _ in seqs]
+        rows, values, ids = plan.step_rows[j], extra[j]["values"], extra[j]["ids"]
+        for m, r in enumerate(h.logprob_rows.tolist()):
+            i = rows[r]
+            if seqs[i].samples:
+                n = seqs[i].request.sampling.logprobs
+                out[i].append((values[m][0], ids[m][:n], values[m][1:1 + n]))
+    prompt = None
+    pl = host.flat.prompt_logprobs if host.flat is not None else None
+    if pl is not None:
+        prompt, values, ids, a = {}, extra[0]["prompt_values"], extra[0]["prompt_ids"], 0
+        for i, first, count in pl.spans:
+            n = seqs[i].request.sampling.prompt_logprobs
+            prompt[i] = (first, [(v[0], t[:n], v[1:1 + n])
+                                 for v, t in zip(values[a:a + count], ids[a:a + count],
+                                                 strict=True)])
+            a += count
+    return out, prompt

@@ -1,7 +1,8 @@
 """Token sampling on the device, with no host sync: one setting for a whole batch (``sample``,
 every offline run), or each row its own (``sample_rows``: the server's per-request temperature,
-top-k, top-p and seed); the device-side map of each request's newest token that overlap
-scheduling reads inputs from."""
+top-k, top-p, seed and vLLM's penalties, whose token counts ``PenaltyState`` keeps on the
+device); the logprobs a served request asks for (``top_logprobs``); the device-side map of each
+request's newest token that overlap scheduling reads inputs from."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import torch
 from policies.request import Request, RequestState
 from policies.sampling_params import SamplingParams
 
-__all__ = ["RowSampling", "SamplingParams", "TokenMap", "sample", "sample_rows", "seed_key",
-           "seeded_noise"]
+__all__ = ["PenaltyState", "RowSampling", "SamplingParams", "StepPenalties", "TokenMap",
+           "apply_penalties", "sample", "sample_rows", "seed_key", "seeded_noise",
+           "top_logprobs"]
 
 
 def sample(logits: torch.Tensor, params: SamplingParams,
@@ -87,6 +89,115 @@ def seeded_noise(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> tor
     return -torch.log(u)
 
 
+def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, prompt: torch.Tensor,
+                    presence: torch.Tensor, frequency: torch.Tensor,
+                    repetition: torch.Tensor) -> torch.Tensor:
+    """vLLM's penalties, as its sampler applies them (before temperature, and before a greedy
+    row's argmax), on fp32 logits [n, vocab]: ``counts`` [n, vocab] each token's occurrences
+    in the row's output so far, ``prompt`` [n, vocab] bool the tokens of its prompt;
+    ``presence``, ``frequency``, ``repetition`` [n]. A token of the prompt or the output has
+    its logit divided by the repetition penalty if positive, multiplied if not; then each
+    output token's logit loses frequency x its count and presence once."""
+    seen = counts > 0
+    rep = repetition[:, None]
+    x = torch.where(prompt | seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    return x - frequency[:, None] * counts - presence[:, None] * seen.to(x.dtype)
+
+
+class PenaltyState:
+    """The inputs of vLLM's penalties, on the device, for the requests that ask for one: a row
+    per request of its output tokens' counts and its prompt's tokens (a mask), kept across
+    windows. A row is built from the tokens the host knows when its request first comes
+    (``rows``, ``build``), then each step's samples are counted into it on the device
+    (``count``), so that a window formed before the last one's tokens reach the host (overlap,
+    a multi-step window's later steps) sees them all. Rows of finished requests are handed out
+    again; the tensors grow (by doubling) as more rows are held at once."""
+
+    def __init__(self, vocab: int, device: torch.device) -> None:
+        self.vocab, self.device = vocab, device
+        self.counts = torch.zeros(0, vocab, dtype=torch.float32, device=device)
+        self.prompt = torch.zeros(0, vocab, dtype=torch.bool, device=device)
+        self._row: dict[Request, int] = {}  # the host's side: rank 0 hands rows out
+        self._free: list[int] = []
+        self._next = 0
+
+    def rows(self, requests: Sequence[Request]) -> tuple[list[int], list[int]]:
+        """Each request's row, and the indices (into ``requests``) of those handed out now, to
+        be built; rows of finished requests are given back first."""
+        row = self._row
+        for req in [r for r in row if r.state is RequestState.FINISHED]:
+            self._free.append(row.pop(req))
+        self._free.sort(reverse=True)
+        out, new = [], []
+        for i, req in enumerate(requests):
+            r = row.get(req)
+            if r is None:
+                if self._free:
+                    r = self._free.pop()
+                else:
+                    r, self._next = self._next, self._next + 1
+                row[req] = r
+                new.append(i)
+            out.append(r)
+        return out, new
+
+    def build(self, rows: torch.Tensor, num_rows: int, prompt: tuple[torch.Tensor, torch.Tensor],
+              output: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """(Re)build ``rows`` from (row, token id) pairs of their prompts and known outputs;
+        the tensors first grow to hold ``num_rows`` rows."""
+        size = self.counts.shape[0]
+        if num_rows > size:
+            grow = max(num_rows, 2 * size, 8) - size
+            self.counts = torch.cat([self.counts, self.counts.new_zeros(grow, self.vocab)])
+            self.prompt = torch.cat([self.prompt, self.prompt.new_zeros(grow, self.vocab)])
+        self.counts.index_fill_(0, rows, 0.0)
+        self.prompt.index_fill_(0, rows, False)
+        self.prompt.index_put_(prompt, torch.ones_like(prompt[1], dtype=torch.bool))
+        self.counts.index_put_(output, torch.ones_like(output[1], dtype=torch.float32),
+                               accumulate=True)
+
+
+@dataclass(slots=True)
+class StepPenalties:
+    """The rows of a step's logits that have a penalty: their positions among the step's rows,
+    their ``PenaltyState`` rows and their penalties."""
+
+    state: PenaltyState
+    where: torch.Tensor  # [q] int64
+    rows: torch.Tensor  # [q] int64
+    presence: torch.Tensor  # [q] fp32
+    frequency: torch.Tensor
+    repetition: torch.Tensor
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits with these rows penalized (a new tensor: the raw logits stay, for
+        logprobs)."""
+        st = self.state
+        rows = self.rows
+        x = apply_penalties(logits.index_select(0, self.where), st.counts.index_select(0, rows),
+                            st.prompt.index_select(0, rows), self.presence, self.frequency,
+                            self.repetition)
+        return logits.index_copy(0, self.where, x)
+
+    def count(self, sampled: torch.Tensor) -> None:
+        """Count the step's samples into the rows' output tokens."""
+        tokens = sampled.index_select(0, self.where)
+        self.state.counts.index_put_((self.rows, tokens),
+                                     torch.ones_like(tokens, dtype=torch.float32),
+                                     accumulate=True)
+
+
+def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The raw logprobs (log_softmax of the model's logits, before penalties, temperature or
+    top-k/top-p: vLLM's default ``logprobs_mode``, raw_logprobs) of rows [m, vocab]: [m, 1 + k]
+    fp32, each row's ``tokens`` (the one sampled, or the next prompt token) first, then its k
+    most likely tokens'; and those tokens' ids [m, k]."""
+    lp = logits.float().log_softmax(dim=-1)
+    top = lp.topk(k, dim=-1)
+    return torch.cat([lp.gather(1, tokens[:, None]), top.values], dim=1), top.indices
+
+
 @dataclass(slots=True)
 class RowSampling:
     """Each row's sampling settings for the steps that sample the same rows, on the device
@@ -106,12 +217,28 @@ class RowSampling:
     any_top_p: bool
     any_unseeded: bool  # a sampled row without a seed: noise from the engine's generator
     all_seeded: bool
+    penalties: StepPenalties | None = None  # the rows with a penalty
+    logprob_rows: torch.Tensor | None = None  # [m] int64 the rows that ask for logprobs
+    num_logprobs: int = 0  # the most top logprobs one of them asks for
 
 
 def sample_rows(logits: torch.Tensor, rows: RowSampling, step: int,
                 generator: torch.Generator | None) -> torch.Tensor:
-    """Token ids [N] from fp32 logits [N, vocab], each row with its own settings (``sample``'s
-    rules per row: temperature, then top-k, then top-p over what top-k kept)."""
+    """Token ids [N] from fp32 logits [N, vocab], each row with its own settings (vLLM's
+    penalties first, then ``sample``'s rules per row: temperature, then top-k, then top-p over
+    what top-k kept). ``logits`` are left as they are (raw, for logprobs); the samples of rows
+    with a penalty are counted into their rows of the ``PenaltyState``."""
+    penalties = rows.penalties
+    if penalties is not None:
+        logits = penalties.apply(logits)
+    sampled = _sample_rows(logits, rows, step, generator)
+    if penalties is not None:
+        penalties.count(sampled)
+    return sampled
+
+
+def _sample_rows(logits: torch.Tensor, rows: RowSampling, step: int,
+                 generator: torch.Generator | None) -> torch.Tensor:
     greedy_ids = logits.argmax(dim=-1)
     if rows.all_greedy:
         return greedy_ids

@@ -1,6 +1,7 @@
 """A window's inputs as host arrays (``HostPlan``): which rows sample at each step, step 1's flat
 prefill + decode batch or its decode rows, later steps' decode state, overlap's token-map rows,
-and each row's own sampling settings where a request has them.
+and each row's own sampling settings where a request has them (its penalties' rows, the
+logprobs it asks for, its prompt's logprobs).
 Built from the scheduler's batch on rank 0; with tensor parallelism it is the compact window
 description rank 0 broadcasts, and every rank turns it into device inputs (runner.py)."""
 
@@ -35,6 +36,18 @@ class FlatInputs:
     num_prefill_tokens: int
     max_query_len: int
     fetch: tuple[np.ndarray, np.ndarray] | None = None  # (token index, map row): see host_tokens
+    prompt_logprobs: PromptLogprobs | None = None  # the prompt tokens whose logprobs it returns
+
+
+@dataclass(slots=True)
+class PromptLogprobs:
+    """The prompt logprobs a step-1 batch computes: the logits at a token give the logprob of
+    the prompt token after it (vLLM's prompt_logprobs; the first prompt token has none)."""
+
+    indices: np.ndarray  # [t] int64 tokens of the flat batch whose logits are taken
+    targets: np.ndarray  # [t] int64 the prompt token after each
+    num: int  # the most top logprobs one of them asks for
+    spans: list[tuple[int, int, int]]  # (sequence, first target position, tokens), in order
 
 
 @dataclass(slots=True)
@@ -67,6 +80,23 @@ class SamplingRows:
     seeded: np.ndarray  # [s] int64: rows with a seed
     keys: np.ndarray  # [s] int64: their seed keys (sampling.seed_key)
     positions: np.ndarray  # [s] int64: the position each samples at first_step
+    logprob_rows: np.ndarray | None = None  # [m] int64: rows that ask for logprobs
+    num_logprobs: int = 0  # the most top logprobs one of them asks for
+    # rows with a penalty: their positions among the rows, their PenaltyState rows and penalties
+    penalty_where: np.ndarray | None = None  # [q] int64
+    penalty_rows: np.ndarray | None = None  # [q] int64
+    penalties: np.ndarray | None = None  # [q, 3] float32: presence, frequency, repetition
+
+
+@dataclass(slots=True)
+class PenaltyInit:
+    """The ``PenaltyState`` rows a window (re)builds before its first step, from the tokens
+    the host knows: (row, token id) pairs of their prompts and outputs."""
+
+    rows: np.ndarray  # [r] int64
+    num_rows: int  # rows the state must hold
+    prompt: tuple[np.ndarray, np.ndarray]
+    output: tuple[np.ndarray, np.ndarray]
 
 
 @dataclass(slots=True)
@@ -85,6 +115,7 @@ class HostPlan:
     # step -> its rows' own sampling settings; empty when no request has its own (every offline
     # run), and the whole window samples with the backend's setting
     sampling: list[SamplingRows] = field(default_factory=list)
+    penalty_init: PenaltyInit | None = None  # penalty rows built before step 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +130,22 @@ class PlanSizes:
 
 def plan_window(batch: Batch, sizes: PlanSizes,
                 map_rows: Callable[[list[Request]], list[int]] | None = None,
-                sampling: SamplingParams | None = None) -> HostPlan:
+                sampling: SamplingParams | None = None,
+                penalty_rows: PenaltyRows | None = None) -> HostPlan:
     """The window's host inputs; ``map_rows`` (overlap) gives each request's token-map row;
-    ``sampling``: the backend's, for the rows of requests without their own."""
+    ``sampling``: the backend's, for the rows of requests without their own; ``penalty_rows``
+    each penalized request's PenaltyState row (and which are new). A sequence whose prompt
+    logprobs this window computes runs in the flat step 1 (eager or piecewise, which keep
+    every token's hidden state), whatever its length."""
     seqs = batch.seqs
+    own = any(s.request.sampling is not None for s in seqs)  # never in an offline run
+    spans = ({i: span for i, s in enumerate(seqs) if (span := _prompt_span(s)) is not None}
+             if own else {})
     multi = [i for i, s in enumerate(seqs) if s.num_query_tokens > 1]
     single = [i for i, s in enumerate(seqs) if s.num_query_tokens == 1]
+    if spans:  # a one-token chunk that gives prompt logprobs runs in the flat step too
+        multi = [i for i, s in enumerate(seqs) if s.num_query_tokens > 1 or i in spans]
+        single = [i for i in single if i not in spans]
     order = multi + single
     if multi:
         sample_rows = [i for i in order if seqs[i].samples]
@@ -120,7 +161,9 @@ def plan_window(batch: Batch, sizes: PlanSizes,
                                    else np.array([rows[i] for i in step], dtype=np.int64))
     if multi:
         plan.flat = flat = flat_inputs(seqs, multi, single, sizes.block_size, plan.map_rows)
-        if not single and sizes.prefill_key is not None:
+        if spans:
+            flat.prompt_logprobs = prompt_logprobs(seqs, multi, spans, flat)
+        if not single and not spans and sizes.prefill_key is not None:
             plan.first_graph = sizes.prefill_key(len(flat.tokens), len(multi))
         if plan.first_graph is None and sizes.piecewise_size is not None:
             plan.first_pieces = sizes.piecewise_size(len(flat.tokens))
@@ -135,21 +178,35 @@ def plan_window(batch: Batch, sizes: PlanSizes,
         if rows != loaded:
             plan.decode[j] = decode_inputs(seqs, rows, j, sizes)
             loaded = rows
-    if any(s.request.sampling is not None for s in seqs):
+    if own:
+        pen_rows = None
+        if penalty_rows is not None:
+            penalized = [i for i in step_rows[0]
+                         if (p := seqs[i].request.sampling) is not None and p.penalized]
+            if penalized:
+                pen_rows, plan.penalty_init = penalty_inputs(seqs, penalized, penalty_rows)
         for j, rows in enumerate(step_rows):
             plan.sampling.append(plan.sampling[-1] if j and rows == step_rows[j - 1]
-                                 else sampling_rows(seqs, rows, j, sampling or SamplingParams()))
+                                 else sampling_rows(seqs, rows, j, sampling or SamplingParams(),
+                                                    pen_rows))
     return plan
 
 
+# (requests) -> each one's PenaltyState row, and the indices of those new (sampling.PenaltyState)
+PenaltyRows = Callable[[list[Request]], tuple[list[int], list[int]]]
+
+
 def sampling_rows(seqs: list[ScheduledSeq], rows: list[int], step: int,
-                  default: SamplingParams) -> SamplingRows:
+                  default: SamplingParams,
+                  penalty_rows: dict[int, int] | None = None) -> SamplingRows:
+    """The settings of ``rows`` (sequence indices) at ``step``; ``penalty_rows``: each
+    penalized sequence's PenaltyState row."""
     params = [seqs[i].request.sampling or default for i in rows]
     seeded = [r for r, p in enumerate(params) if p.seed is not None and not p.greedy]
     # a temperature beyond float32's range samples uniformly either way: cast without numpy's
     # overflow warning
     temperature = np.minimum([p.temperature for p in params], np.finfo(np.float32).max)
-    return SamplingRows(
+    out = SamplingRows(
         step, temperature.astype(np.float32),
         np.array([p.top_k for p in params], dtype=np.int64),
         np.array([p.top_p for p in params], dtype=np.float32),
@@ -158,6 +215,72 @@ def sampling_rows(seqs: list[ScheduledSeq], rows: list[int], step: int,
         # the token sampled at step j sits at position cached + query + j
         np.array([seqs[rows[r]].num_cached_tokens + seqs[rows[r]].num_query_tokens + step
                   for r in seeded], dtype=np.int64))
+    asking = [r for r, p in enumerate(params) if p.logprobs is not None]
+    if asking:
+        out.logprob_rows = np.array(asking, dtype=np.int64)
+        out.num_logprobs = max(params[r].logprobs for r in asking)
+    where = [r for r, i in enumerate(rows) if penalty_rows and i in penalty_rows]
+    if where:
+        out.penalty_where = np.array(where, dtype=np.int64)
+        out.penalty_rows = np.array([penalty_rows[rows[r]] for r in where], dtype=np.int64)
+        out.penalties = np.array([(params[r].presence_penalty, params[r].frequency_penalty,
+                                   params[r].repetition_penalty) for r in where],
+                                 dtype=np.float32)
+    return out
+
+
+def penalty_inputs(seqs: list[ScheduledSeq], penalized: list[int], penalty_rows: PenaltyRows
+                   ) -> tuple[dict[int, int], PenaltyInit | None]:
+    """Each penalized sequence's PenaltyState row, and the rows to build (new requests'), from
+    the prompt and output tokens the host knows."""
+    reqs = [seqs[i].request for i in penalized]
+    rows, new = penalty_rows(reqs)
+    init = None
+    if new:
+        pr, pt, orow, ot = [], [], [], []
+        for n in new:
+            req, row = reqs[n], rows[n]
+            if req.num_output_placeholders > seqs[penalized[n]].num_placeholders:
+                raise RuntimeError(f"request {req.request_id}: its penalty row is built while "
+                                   "tokens of an earlier window are in flight")
+            pt += req.prompt_token_ids
+            pr += [row] * req.prompt_len
+            ot += req.output_token_ids
+            orow += [row] * len(req.output_token_ids)
+        init = PenaltyInit(np.array([rows[n] for n in new], dtype=np.int64), max(rows) + 1,
+                           (np.array(pr, dtype=np.int64), np.array(pt, dtype=np.int64)),
+                           (np.array(orow, dtype=np.int64), np.array(ot, dtype=np.int64)))
+    return dict(zip(penalized, rows, strict=True)), init
+
+
+def _prompt_span(s: ScheduledSeq) -> tuple[int, int] | None:
+    """The prompt positions whose logprobs ``s``'s chunk gives, (first, count), if its request
+    asks for them: each chunk token before the prompt's last gives the next one's."""
+    p = s.request.sampling
+    if p is None or p.prompt_logprobs is None:
+        return None
+    first = s.num_cached_tokens + 1
+    last = min(s.num_cached_tokens + s.num_query_tokens, s.request.prompt_len - 1)
+    return (first, last - first + 1) if last >= first else None
+
+
+def prompt_logprobs(seqs: list[ScheduledSeq], multi: list[int],
+                    spans: dict[int, tuple[int, int]], flat: FlatInputs) -> PromptLogprobs:
+    """The flat batch's tokens whose logits give the prompt logprobs of ``spans``."""
+    indices, targets, out = [], [], []
+    start = 0
+    for i in multi:
+        s = seqs[i]
+        if i in spans:
+            first, count = spans[i]
+            offset = start + first - 1 - s.num_cached_tokens
+            indices.append(np.arange(offset, offset + count, dtype=np.int64))
+            targets.append(np.asarray(s.request.token_ids(first, first + count),
+                                      dtype=np.int64))
+            out.append((i, first, count))
+        start += s.num_query_tokens
+    num = max(seqs[i].request.sampling.prompt_logprobs for i in spans)
+    return PromptLogprobs(np.concatenate(indices), np.concatenate(targets), num, out)
 
 
 def decode_inputs(seqs: list[ScheduledSeq], rows: list[int], step: int, sizes: PlanSizes,

@@ -172,14 +172,14 @@ def test_chat_uses_the_llama3_template(server):
     ({"prompt": [7] * 4096}, "prompt"),  # no room left for one output token
     ({"prompt": [1, 512]}, "prompt"),  # outside the tiny model's vocabulary
     ({"prompt": "hi", "model": "llama3_8b"}, "model"),
-    ({"prompt": "hi", "n": 2}, "n"),
+    ({"prompt": "hi", "n": 0}, "n"),
     ({"prompt": "hi", "temperature": -0.7}, "temperature"),
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
     ({"prompt": "hi", "stop": ["\n", ""]}, "stop"),  # an empty stop sequence
     ({"prompt": "hi", "frobnicate": 1}, "frobnicate"),
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"prompt": "hi", "max_tokens": 2, "seed": 0.5}, "seed"),
-    ({"prompt": "hi", "max_tokens": 2, "logprobs": 0}, "logprobs"),  # 0 == False, yet it asks
+    ({"prompt": "hi", "max_tokens": 2, "logprobs": 21}, "logprobs"),  # vLLM's max_logprobs 20
 ])
 def test_bad_requests_get_openai_errors(server, body, param):
     r = server.http.post("/v1/completions", json=body)

@@ -2,13 +2,15 @@
 engine, and uvicorn with the guarded protocol on a thread): body-size limit, half-sent requests
 and the connection cap, bodies that broke the JSON parser, strict types, OpenAI's error object
 on every error reply, the Host check and API key, max_tokens' default, and the bodies vLLM's
-benchmark client sends (neutral values accepted, the rest refused as not implemented)."""
+benchmark client sends; what the server does not support, refused in one wording on both
+endpoints; out-of-range penalties and logprobs; each of n choices' settings."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -43,13 +45,15 @@ class FakeEngine:
     def attach(self, loop) -> None:
         pass
 
-    def submit(self, req) -> Stream:
+    def submit(self, *reqs) -> Stream:
         if self.fail:
             raise self.fail
-        self.requests.append(req)
-        stream = Stream(req)
-        stream.queue.put_nowait(Event(accepted=True))
-        stream.queue.put_nowait(Event(token_ids=(5,), finish="length"))
+        self.requests += reqs
+        stream = Stream(reqs)
+        for i in range(len(reqs)):
+            stream.queue.put_nowait(Event(accepted=True, index=i))
+        for i in range(len(reqs)):
+            stream.queue.put_nowait(Event(token_ids=(5,), finish="length", index=i))
         return stream
 
     def abort(self, request_id: int) -> None:
@@ -294,7 +298,7 @@ def test_a_client_gone_mid_body_is_one_line_in_the_log(caplog):
     ({"max_tokens": "3"}, "max_tokens"), ({"max_tokens": True}, "max_tokens"),
     ({"max_tokens": 3.0}, "max_tokens"), ({"n": True}, "n"), ({"n": 1.0}, "n"),
     ({"stream": "yes"}, "stream"), ({"logprobs": "0"}, "logprobs"),
-    ({"logprobs": 0}, "logprobs"), ({"best_of": True}, "best_of"), ({"echo": 0}, "echo"),
+    ({"logprobs": 2.0}, "logprobs"), ({"best_of": True}, "best_of"), ({"echo": 0}, "echo"),
     ({"ignore_eos": 1}, "ignore_eos"), ({"stream_options": {"include_usage": "true"}},
                                          "stream_options.include_usage"),
 ])
@@ -447,21 +451,102 @@ def test_top_k_0_is_the_whole_vocabulary_as_in_vllm(client, engine):
     assert engine.requests[-1].sampling == SamplingParams(temperature=0.5, top_k=-1)
 
 
-@pytest.mark.parametrize("field, value", [
-    ("repetition_penalty", 1.1), ("repetition_penalty", 0.0), ("frequency_penalty", 0.5),
-    ("presence_penalty", -1.0), ("min_p", 0.05), ("logprobs", 1), ("logprobs", 0),
-    ("logprobs", True), ("n", 2), ("best_of", 3), ("echo", True),
+# ---------------------------------------------------------------- 13: what is not supported
+ONE_WORDING = r"^{}: not supported: this server takes [^\n]+ only, got [^\n]+$"
+
+
+@pytest.mark.parametrize("path, extra, param", [
+    ("/v1/completions", {"min_p": 0.05}, "min_p"),
+    ("/v1/chat/completions", {"min_p": 0.05}, "min_p"),
+    ("/v1/completions", {"best_of": 3}, "best_of"),  # vLLM V1 has no best_of
+    ("/v1/chat/completions", {"best_of": 2, "n": 2}, "best_of"),
+    ("/v1/completions", {"suffix": "x"}, "suffix"),
+    ("/v1/completions", {"logit_bias": {"5": 1}}, "logit_bias"),  # a field it does not know
+    ("/v1/chat/completions", {"tools": []}, "tools"),
+    ("/v1/chat/completions", {"echo": True}, "echo"),  # a completions field
+    ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi", "name": "ada"}]},
+     "messages.0.name"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
+     "messages.0.content"),
 ])
-def test_values_the_engine_does_not_implement_are_refused_in_one_line(client, engine, field,
-                                                                      value):
-    for path, body in (("/v1/completions", VLLM_COMPLETION), ("/v1/chat/completions", VLLM_CHAT)):
-        if field == "echo" and path == "/v1/chat/completions":
-            continue  # a completions field: unknown to chat, refused as such
-        err = assert_openai_error(client.post(path, json={**body, field: value}), 400, field)
-        assert err["type"] == "invalid_request_error"
-        assert err["message"].startswith(f"{field}: not implemented") and "\n" not in err["message"]
-        assert json.dumps(value) in err["message"]
+def test_what_the_server_does_not_support_is_refused_in_one_wording(client, engine, path, extra,
+                                                                   param):
+    """On either endpoint, a field at a value the engine does not implement, a field the server
+    does not know, several prompts, a message's name and a part that is not text: one line
+    in one wording, naming the field."""
+    body = {**(VLLM_COMPLETION if path == "/v1/completions" else VLLM_CHAT), **extra}
+    err = assert_openai_error(client.post(path, json=body), 400, param)
+    assert err["type"] == "invalid_request_error"
+    assert re.match(ONE_WORDING.format(re.escape(param)), err["message"]), err["message"]
     assert engine.requests == []
+
+
+@pytest.mark.parametrize("path, extra, param", [
+    ("/v1/completions", {"repetition_penalty": 0.0}, "repetition_penalty"),
+    ("/v1/completions", {"presence_penalty": 2.5}, "presence_penalty"),
+    ("/v1/chat/completions", {"frequency_penalty": -3}, "frequency_penalty"),
+    ("/v1/completions", {"logprobs": 21}, "logprobs"),  # vLLM's max_logprobs is 20
+    ("/v1/completions", {"logprobs": -1}, "logprobs"),
+    ("/v1/completions", {"logprobs": True}, "logprobs"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/chat/completions", {"top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
+    ("/v1/chat/completions", {"logprobs": 1}, "logprobs"),
+    ("/v1/completions", {"n": 0}, "n"),
+    ("/v1/completions", {"n": 129}, "n"),
+])
+def test_out_of_range_sampling_and_logprobs_are_400s_naming_the_field(client, engine, path,
+                                                                     extra, param):
+    body = {**(VLLM_COMPLETION if path == "/v1/completions" else VLLM_CHAT), **extra}
+    err = assert_openai_error(client.post(path, json=body), 400, param)
+    assert "\n" not in err["message"] and engine.requests == []
+    if param in ("logprobs", "top_logprobs") and 21 in extra.values():
+        assert "max_logprobs" in err["message"]
+
+
+def test_echo_with_max_tokens_0_is_the_prompt_alone_and_0_without_echo_is_refused(client,
+                                                                                 engine):
+    """As vLLM: max_tokens 0 asks for no reply, which only echo makes a request of (the
+    engine samples one token, not shown); without echo, or on chat, it is a 400."""
+    r = client.post("/v1/completions", json={"prompt": "hi there", "max_tokens": 0,
+                                             "echo": True, "logprobs": 1})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    ids = TOKENIZER.encode_prompt("hi there")
+    assert choice["text"] == "hi there" and engine.requests[-1].max_tokens == 1
+    assert choice["logprobs"]["tokens"] == [TOKENIZER.token_text(t) for t in ids]
+    assert r.json()["usage"]["completion_tokens"] == 1  # the token sampled, as vLLM counts it
+    err = assert_openai_error(client.post("/v1/completions", json={
+        "prompt": "hi", "max_tokens": 0}), 400, "max_tokens")
+    assert "echo" in err["message"] and "\n" not in err["message"]
+    assert_openai_error(client.post("/v1/chat/completions", json={**VLLM_CHAT, "stream": False,
+                                                                  "max_tokens": 0}),
+                        400, "max_tokens")
+    assert len(engine.requests) == 1
+
+
+def test_each_choice_gets_its_settings(client, engine):
+    """n choices: n engine requests with the same prompt, seeded seed, seed + 1, ... (as vLLM
+    seeds them); penalties and logprobs on each, and with echo the prompt's logprobs too."""
+    body = {"prompt": "hi there", "max_tokens": 2, "n": 3, "seed": 7, "temperature": 0.5,
+            "presence_penalty": 0.5, "frequency_penalty": -0.25, "repetition_penalty": 1.2,
+            "logprobs": 4, "echo": True}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert [c["index"] for c in r.json()["choices"]] == [0, 1, 2]
+    assert [q.sampling for q in engine.requests] == [
+        SamplingParams(0.5, seed=7 + i, presence_penalty=0.5, frequency_penalty=-0.25,
+                       repetition_penalty=1.2, logprobs=4, prompt_logprobs=4)
+        for i in range(3)]
+    assert all(q.prompt_token_ids == TOKENIZER.encode_prompt("hi there")
+               for q in engine.requests)
+    r = client.post("/v1/chat/completions", json={**VLLM_CHAT, "stream": False, "logprobs": True})
+    assert r.status_code == 200, r.text
+    assert engine.requests[-1].sampling == SamplingParams(logprobs=0)
+    r = client.post("/v1/completions", json={"prompt": "hi", "logprobs": False})
+    assert r.status_code == 200 and engine.requests[-1].sampling is None, r.text
 
 
 @pytest.mark.parametrize("part", [
@@ -473,7 +558,8 @@ def test_a_chat_part_that_is_not_text_is_refused_in_one_line(client, engine, par
         {"type": "text", "text": "what is this?"}, part]}]}
     err = assert_openai_error(client.post("/v1/chat/completions", json=body), 400,
                               "messages.0.content")
-    assert f'part 1: "{part["type"]}" parts are not implemented' in err["message"]
+    assert err["message"] == ("messages.0.content: not supported: this server takes text parts "
+                              f'only, got a "{part["type"]}" part (part 1)')
     assert "\n" not in err["message"] and engine.requests == []
 
 

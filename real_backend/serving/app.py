@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -31,10 +32,14 @@ from real_backend.serving.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
+    Logprob,
+    TokenText,
+    chat_logprobs,
+    choice,
     completion_body,
+    completion_logprobs,
     parse,
     usage,
-    usage_chunk,
 )
 from real_backend.serving.settings import HTTPSettings, ServedModel
 from real_backend.serving.tokenizer import Detokenizer, StopStrings, Tokenizer
@@ -54,6 +59,7 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
                   lifespan=lifespan)
     app.add_middleware(Guard, settings=settings)
     ids = itertools.count()
+    show = TokenText(tokenizer.token_text, tokenizer.token_bytes)  # tokens in logprobs
     created = int(time.time())
 
     @app.exception_handler(APIError)
@@ -104,7 +110,11 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
                 raise APIError(f"prompt: token id {bad[0]} is outside the model's vocabulary "
                                f"[0, {model.vocab_size})", param="prompt")
             prompt_ids = list(prompt)
-        return await _generate(request, req, prompt_ids, req.max_tokens, chat=False)
+        echo = None
+        if req.echo:  # the prompt as sent; token ids as their text (vLLM's)
+            echo = prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
+        max_tokens = 1 if req.prompt_only else req.max_tokens
+        return await _generate(request, req, prompt_ids, max_tokens, chat=False, echo=echo)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -113,11 +123,13 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
         return await _generate(request, req, prompt_ids, req.output_limit, chat=True)
 
     async def _generate(http: Request, req: Any, prompt_ids: list[int], max_tokens: int | None,
-                        chat: bool) -> Response:
+                        chat: bool, echo: str | None = None) -> Response:
+        """Serve ``req``: its n choices as n engine requests sharing the prompt, each with its
+        own reply (text, stop sequences, logprobs); streamed, or one response."""
         if req.model is not None and req.model != model.name:
             raise APIError(f"model {req.model!r} is not served here; this server serves "
                            f"{model.name!r}", param="model")
-        sampling = req.sampling(model.sampling)
+        sampling = [req.sampling(model.sampling, i) for i in range(req.n)]
         n = len(prompt_ids)
         room = model.max_model_len - n
         if room < 1:
@@ -134,109 +146,152 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
             raise APIError(f"max_tokens {max_tokens} + the prompt's {n} tokens exceed "
                            f"model.max_model_len {model.max_model_len}", param="max_tokens")
         stop = None if req.ignore_eos else tokenizer.stop_id(chat)
-        engine_req = EngineRequest(next(ids), 0.0, n, max_tokens, prompt_ids, eos_token_id=stop,
-                                   sampling=sampling)
+        engine_reqs = [EngineRequest(next(ids), 0.0, n, max_tokens, prompt_ids,
+                                     eos_token_id=stop, sampling=s) for s in sampling]
         metrics.received.inc()
         try:
-            stream = engine.submit(engine_req)
+            stream = engine.submit(*engine_reqs)
         except RuntimeError as err:
             raise APIError(str(err), status=503, kind="service_unavailable") from None
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{engine_req.request_id}"
-        reply = Reply(rid, engine_req, tokenizer.detokenizer(stop),
-                      StopStrings(req.stop_strings()), engine.clock)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{engine_reqs[0].request_id}"
+        out = Output(model.name, rid, chat, req.num_logprobs, show, prompt_ids, echo,
+                     req.prompt_only)
+        replies = [Reply(rid if req.n == 1 else f"{rid}[{i}]", r, i,
+                         tokenizer.detokenizer(stop), StopStrings(req.stop_strings()),
+                         engine.clock) for i, r in enumerate(engine_reqs)]
         done = False
         watcher = asyncio.create_task(_watch(http, stream))
         try:
-            first = await stream.queue.get()
-            if first.error:  # the scheduler's refusal, or the server's state
-                reply.finish = "error"
-                raise (APIError(first.error, 503, "service_unavailable") if first.unavailable
-                       else APIError(first.error))
+            early = await _accepted(stream, replies)
             if req.stream:
-                done = True  # the stream's generator owns the request (and the watcher) now
-                return StreamingResponse(_sse(stream, watcher, req, reply, chat),
+                done = True  # the stream's generator owns the requests (and the watcher) now
+                return StreamingResponse(_sse(stream, watcher, req, replies, out, early),
                                          media_type="text/event-stream")
             try:
-                text = await _collect(stream, reply)
+                await _collect(stream, replies, early)
             finally:
                 watcher.cancel()
             done = True
-            reply.log()
-            body = completion_body(rid, model.name, chat, text, reply.finish,
-                                   usage(n, reply.count), chunk=False)
+            for reply in replies:
+                reply.log()
+            body = out.body([out.choice(r, r.text, r.tokens, chunk=False) for r in replies],
+                            usage(n, sum(r.count for r in replies)), chunk=False)
             return JSONResponse(body)
         finally:
             if not done:  # refused, failed, the client gone, or the handler cancelled
                 watcher.cancel()
-                engine.abort(engine_req.request_id)
-                reply.log()
+                _abort(stream)
+                for reply in replies:
+                    reply.log()
+
+    def _abort(stream: Stream) -> None:
+        for request in stream.requests:
+            engine.abort(request.request_id)
+
+    async def _accepted(stream: Stream, replies: list[Reply]) -> list[Event]:
+        """Wait until the engine has taken every request of ``stream`` (the events of those
+        taken meanwhile are returned, in order); its refusal of one is the reply's error."""
+        waiting, early = len(replies), []
+        while waiting:
+            ev = await stream.queue.get()
+            if ev.error:  # the scheduler's refusal, or the server's state
+                for reply in replies:
+                    reply.finish = "error"
+                raise (APIError(ev.error, 503, "service_unavailable") if ev.unavailable
+                       else APIError(ev.error))
+            if ev.accepted:
+                waiting -= 1
+            else:
+                early.append(ev)
+        return early
+
+    async def _events(stream: Stream, replies: list[Reply], early: list[Event]
+                      ) -> AsyncIterator[Event]:
+        """The stream's events (``early`` first) until every reply has finished; a reply the
+        engine failed, or whose client left, ends them all (GONE's or the error's event is
+        the last)."""
+        left = sum(1 for r in replies if not r.finish)
+        queued = iter(early)
+        while left:
+            ev = next(queued, None) or await stream.queue.get()
+            if ev.error:
+                status = "disconnected" if ev.error is GONE else "error"
+                for reply in replies:
+                    reply.finish = reply.finish or status
+                yield ev
+                return
+            reply = replies[ev.index]
+            if reply.finish:  # a stop sequence ended it here; the engine's last events
+                continue
+            yield ev
+            if reply.finish:
+                left -= 1
 
     async def _watch(http: Request, stream: Stream) -> None:
-        """The client's hang-up, seen as it happens (not at the next write): the request is
-        aborted, and its reader told to stop."""
+        """The client's hang-up, seen as it happens (not at the next write): the requests are
+        aborted, and their reader told to stop."""
         while (await http.receive())["type"] != "http.disconnect":
             pass
-        engine.abort(stream.request.request_id)
+        _abort(stream)
         stream.queue.put_nowait(Event(error=GONE))
 
-    def _take(stream: Stream, reply: Reply, ev: Event) -> str:
-        """``ev``'s text for the client; a stop sequence found in it ends the request in the
-        engine too (its KV blocks freed at the engine's next iteration)."""
-        text = reply.take(ev)
+    def _take(reply: Reply, ev: Event) -> tuple[str, list[tuple[int, Logprob | None]]]:
+        """``ev``'s text for the client, and its tokens counted with their logprobs; a stop
+        sequence found in it ends the request in the engine too (its KV blocks freed at the
+        engine's next iteration)."""
+        text, tokens = reply.take(ev)
         if reply.finish == "stop" and ev.finish is None:
-            engine.finish(stream.request.request_id)
-        return text
+            engine.finish(reply.request.request_id)
+        return text, tokens
 
-    async def _collect(stream: Stream, reply: Reply) -> str:
-        parts = []
-        while True:
-            ev = await stream.queue.get()
+    async def _collect(stream: Stream, replies: list[Reply], early: list[Event]) -> None:
+        async for ev in _events(stream, replies, early):
             if ev.error is GONE:
-                reply.finish = "disconnected"
                 raise APIError("the client disconnected", 499, "client_closed_request")
             if ev.error:
-                reply.finish = "error"
                 raise APIError(ev.error, 500, "server_error")
-            parts.append(_take(stream, reply, ev))
-            if reply.finish:
-                return "".join(parts)
+            reply = replies[ev.index]
+            text, tokens = _take(reply, ev)
+            reply.text += text
+            reply.tokens += tokens
 
-    async def _sse(stream: Stream, watcher: asyncio.Task, req: Any, reply: Reply,
-                   chat: bool) -> AsyncIterator[str]:
-        n, rid = stream.request.prompt_len, reply.rid
-        first, finished = True, False
+    async def _sse(stream: Stream, watcher: asyncio.Task, req: Any, replies: list[Reply],
+                   out: Output, early: list[Event]) -> AsyncIterator[str]:
+        n = stream.request.prompt_len
+        finished = False
         try:
-            while True:
-                ev = await stream.queue.get()
+            async for ev in _events(stream, replies, early):
                 if ev.error is GONE:  # aborted already; nobody to write to
-                    reply.finish = "disconnected"
                     finished = True
                     return
                 if ev.error:  # the engine failed mid-stream: OpenAI's error object, then stop
-                    reply.finish = "error"
                     yield _data(APIError(ev.error, 500, "server_error").body())
                     finished = True
                     return
-                text = _take(stream, reply, ev)
+                reply = replies[ev.index]
+                text, tokens = _take(reply, ev)
+                # a chunk for text, the end, a choice's first tokens or tokens with logprobs;
+                # not for an event of prompt logprobs alone (kept for echo)
+                if not (text or reply.finish or tokens and (
+                        not reply.sent or out.num_logprobs is not None)):
+                    continue
+                if ev.token_ids:
+                    metrics.sse_chunks.inc()
                 use = usage(n, reply.count) if req.continuous_usage else None
-                if text or reply.finish or first:
-                    if ev.token_ids:
-                        metrics.sse_chunks.inc()
-                    yield _data(completion_body(rid, model.name, chat, text, reply.finish, use,
-                                                chunk=True, first=first))
-                    first = False
-                if reply.finish:
-                    break
+                yield _data(out.body([out.choice(reply, text, tokens, chunk=True)], use,
+                                     chunk=True))
             if req.include_usage:
-                yield _data(usage_chunk(rid, model.name, chat, usage(n, reply.count)))
+                yield _data(out.usage_chunk(usage(n, sum(r.count for r in replies))))
             yield "data: [DONE]\n\n"
             finished = True
         finally:
             watcher.cancel()
             if not finished:  # the generator was closed early (a write to a gone client)
-                engine.abort(stream.request.request_id)
-                reply.finish = reply.finish or "disconnected"
-            reply.log()
+                _abort(stream)
+                for reply in replies:
+                    reply.finish = reply.finish or "disconnected"
+            for reply in replies:
+                reply.log()
 
     return app
 
@@ -245,21 +300,84 @@ def build_app(model: ServedModel, tokenizer: Tokenizer, engine: EngineClient,
 GONE = "the client disconnected"
 
 
-class Reply:
-    """One request's reply as its tokens arrive: the text (detokenized, cut before a stop
-    sequence), the tokens counted, the finish reason, and its access-log line."""
+@dataclass(frozen=True, slots=True)
+class Output:
+    """How one HTTP request's choices are written: its endpoint, the logprobs it asked for,
+    and (completions' echo) the prompt before each choice's first text."""
 
-    def __init__(self, rid: str, request: EngineRequest, detok: Detokenizer, stops: StopStrings,
-                 clock: Callable[[], float]) -> None:
-        self.rid, self.request, self.detok, self.stops, self.clock = (rid, request, detok,
-                                                                        stops, clock)
+    model: str
+    rid: str
+    chat: bool
+    num_logprobs: int | None  # top logprobs per token; None: no logprobs
+    show: TokenText
+    prompt_ids: list[int]
+    echo: str | None = None
+    prompt_only: bool = False  # echo with max_tokens 0: the reply's token is not shown
+
+    def choice(self, reply: Reply, text: str, tokens: list[tuple[int, Logprob | None]],
+               chunk: bool) -> dict[str, Any]:
+        """Reply ``reply``'s ``text`` and ``tokens`` as a choice (of a response, or of an SSE
+        chunk); echo puts the prompt, and its logprobs, before its first."""
+        first = not reply.sent
+        reply.sent = True
+        if self.prompt_only:
+            text, tokens = "", []
+        if self.echo is not None and first:
+            text = self.echo + text
+            given = reply.prompt_logprobs
+            tokens = [(t, given.get(p)) for p, t in enumerate(self.prompt_ids)] + tokens
+        logprobs = None
+        if self.num_logprobs is not None:
+            if self.chat:
+                logprobs = chat_logprobs(tokens, self.num_logprobs, self.show)
+            else:
+                logprobs = completion_logprobs(tokens, self.num_logprobs, self.show,
+                                               reply.offset)
+        reply.offset += len(text)
+        return choice(self.chat, chunk, reply.index, text, reply.finish, logprobs, first)
+
+    def body(self, choices: list[dict[str, Any]], use: dict[str, int] | None, chunk: bool
+             ) -> dict[str, Any]:
+        return completion_body(self.rid, self.model, self.chat, choices, use, chunk=chunk)
+
+    def usage_chunk(self, use: dict[str, int]) -> dict[str, Any]:
+        """The last chunk of a stream with ``stream_options.include_usage``: no choices."""
+        return self.body([], use, chunk=True)
+
+
+class Reply:
+    """One choice's reply as its tokens arrive: the text (detokenized, cut before a stop
+    sequence), the tokens counted, the finish reason, the prompt's logprobs (echo), and its
+    access-log line."""
+
+    def __init__(self, rid: str, request: EngineRequest, index: int, detok: Detokenizer,
+                 stops: StopStrings, clock: Callable[[], float]) -> None:
+        self.rid, self.request, self.index, self.detok, self.stops, self.clock = (
+            rid, request, index, detok, stops, clock)
         self.count = 0  # output tokens (up to the one that completed a stop sequence)
         self.finish: str | None = None
         self.first_token: float | None = None  # on the engine clock
+        self.prompt_logprobs: dict[int, Logprob] = {}  # prompt position -> its logprobs
+        self.sent = False  # a choice of it written (a chat stream's role, echo's prompt)
+        self.offset = 0  # the text written so far (completions' logprobs' text_offset)
+        self.text = ""  # a response's whole text and tokens, not streamed
+        self.tokens: list[tuple[int, Logprob | None]] = []
         self._logged = False
 
-    def take(self, ev: Event) -> str:
-        """The text of ``ev``'s tokens that can be sent now; sets ``finish`` at the end."""
+    def take(self, ev: Event) -> tuple[str, list[tuple[int, Logprob | None]]]:
+        """The text of ``ev``'s tokens that can be sent now, and those tokens with their
+        logprobs (up to the one that completed a stop sequence); sets ``finish`` at the end."""
+        if ev.prompt_logprobs is not None:  # the first computation of a position stays
+            first, entries = ev.prompt_logprobs
+            for pos, entry in enumerate(entries, first):
+                self.prompt_logprobs.setdefault(pos, entry)
+        before = self.count
+        text = self._text(ev)
+        used = ev.token_ids[:self.count - before]
+        logprobs = ev.logprobs[:len(used)] if ev.logprobs is not None else [None] * len(used)
+        return text, list(zip(used, logprobs, strict=True))
+
+    def _text(self, ev: Event) -> str:
         if self.first_token is None and ev.token_ids:
             self.first_token = self.clock()
         final = ev.finish is not None

@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from policies.request import Request
+from policies.sampling_params import Logprob
 
 METRICS_TIMEOUT_S = 10.0  # how long GET /metrics waits for the engine's text
 SHUTTING_DOWN = "the server is shutting down"
@@ -33,24 +34,34 @@ SHUTTING_DOWN = "the server is shutting down"
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """What one request's queue receives: ``accepted`` first (or ``error``, the scheduler's
-    refusal), then its new tokens per window, the last with ``finish`` ("stop": the model's
-    stop token; "length": max_tokens; "abort": the server is shutting down). A stop sequence
-    is found by the front end, in the text (app.py)."""
+    """What a stream's queue receives, for each of its requests (``index``): ``accepted``
+    first (or ``error``, the scheduler's refusal), then its new tokens per window, the last
+    with ``finish`` ("stop": the model's stop token; "length": max_tokens; "abort": the server
+    is shutting down). A stop sequence is found by the front end, in the text (app.py). Where
+    the request asked for them, the tokens' logprobs come along (one per token), and the
+    prompt logprobs its window computed ((first position, one per position))."""
 
     token_ids: tuple[int, ...] = ()
     finish: str | None = None
     error: str | None = None
     accepted: bool = False
     unavailable: bool = False  # the error is the server's state (failed, shutting down)
+    index: int = 0  # which of the stream's requests
+    logprobs: list[Logprob] | None = None
+    prompt_logprobs: tuple[int, list[Logprob]] | None = None
 
 
 @dataclass(slots=True, eq=False)
 class Stream:
-    """One request and the queue its events arrive on."""
+    """The requests of one HTTP request (its n choices) and the queue their events arrive
+    on."""
 
-    request: Request
+    requests: tuple[Request, ...]
     queue: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+
+    @property
+    def request(self) -> Request:
+        return self.requests[0]
 
 
 class EngineClient:
@@ -65,7 +76,7 @@ class EngineClient:
         self.stalled: str | None = None
         self.on_fail: Callable[[], None] = lambda: None
         self._closing = False
-        self._streams: dict[int, Stream] = {}
+        self._streams: dict[int, tuple[Stream, int]] = {}  # request id -> its stream, index
         self._metrics: dict[int, asyncio.Future[bytes]] = {}
         self._tokens = itertools.count()
         self._outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
@@ -155,14 +166,18 @@ class EngineClient:
         """The engine clock now."""
         return time.perf_counter() - self.t0
 
-    def submit(self, request: Request) -> Stream:
-        """Send ``request`` to the scheduler, arrived now (from the event loop)."""
+    def submit(self, *requests: Request) -> Stream:
+        """Send ``requests`` to the scheduler, arrived now (from the event loop), in one
+        message: the engine admits them together (the n choices of one HTTP request, which
+        share the prompt's blocks through the prefix cache)."""
         if not self.accepting:
             raise RuntimeError(self.error or SHUTTING_DOWN)
-        request.arrival_time = self.clock()
-        stream = Stream(request)
-        self._streams[request.request_id] = stream
-        self._outbox.put(("add", request))
+        now = self.clock()
+        stream = Stream(requests)
+        for i, request in enumerate(requests):
+            request.arrival_time = now
+            self._streams[request.request_id] = (stream, i)
+        self._outbox.put(("add", *requests))
         return stream
 
     def abort(self, request_id: int) -> None:
@@ -196,14 +211,15 @@ class EngineClient:
         kind = message[0]
         if kind == "events":
             streams = self._streams
-            for rid, token_ids, finish, error, accepted in message[1]:
-                stream = streams.get(rid)
-                if stream is None:  # aborted here already
+            for rid, token_ids, finish, error, accepted, *logprobs in message[1]:
+                got = streams.get(rid)
+                if got is None:  # aborted here already
                     continue
+                stream, index = got
                 if finish or error:
                     del streams[rid]
                 stream.queue.put_nowait(Event(token_ids, finish, error, accepted,
-                                              unavailable=error == SHUTTING_DOWN))
+                                              error == SHUTTING_DOWN, index, *logprobs))
         elif kind == "metrics":
             future = self._metrics.get(message[1])
             if future is not None and not future.done():
@@ -217,8 +233,8 @@ class EngineClient:
         """The engine failed or went away: every request still waiting gets the error."""
         first = self.error is None
         self.error = self.error or message
-        for stream in self._streams.values():
-            stream.queue.put_nowait(Event(error=message, unavailable=True))
+        for stream, index in self._streams.values():
+            stream.queue.put_nowait(Event(error=message, unavailable=True, index=index))
         self._streams.clear()
         for future in self._metrics.values():
             if not future.done():

@@ -1,13 +1,15 @@
 """The serving loop's online request source: the engine process's end of the pipe to the
 front-end process (real_backend/serving/engine_client.py holds the other end).
 
-Messages are tuples. The front end sends ``("add", Request)``, ``("abort", id)``,
-``("stop", id)`` (its reply reached a stop sequence: ended as finished), ``("metrics", token)``
-and ``("close",)``; the engine sends ``("ready", t0)`` once its loop
-runs (the engine clock's origin, a ``time.perf_counter`` reading, which is the same clock in
-every process of the host), ``("events", [(id, token_ids, finish, error, accepted), ...])``
-once per loop iteration that has any, ``("metrics", token, text)``, ``("stalled", message)``
-(the policy formed no batch for the requests it held, which have failed: /health says so) and
+Messages are tuples. The front end sends ``("add", Request, ...)`` (the n choices of one HTTP
+request, admitted together), ``("abort", id)``, ``("stop", id)`` (its reply reached a stop
+sequence: ended as finished), ``("metrics", token)`` and ``("close",)``; the engine sends
+``("ready", t0)`` once its loop runs (the engine clock's origin, a ``time.perf_counter``
+reading, which is the same clock in every process of the host),
+``("events", [(id, token_ids, finish, error, accepted[, logprobs, prompt_logprobs]), ...])``
+once per loop iteration that has any (the logprobs where the request asked for them:
+runner.WindowResult's), ``("metrics", token, text)``, ``("stalled", message)`` (the policy
+formed no batch for the requests it held, which have failed: /health says so) and
 ``("fail", message)``.
 
 The engine does not wait for the front end's messages: ``release()`` takes only those already
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import sys
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from policies.batch import Batch
 from policies.prefix_cache import token_segments
@@ -31,8 +33,12 @@ from real_backend.engine import Clock
 from real_backend.serving.engine_client import SHUTTING_DOWN
 from real_backend.serving.metrics import EngineMetrics
 
-# an event: (request id, new token ids, finish reason or None, error or None, accepted)
-EventTuple = tuple[int, tuple[int, ...], str | None, str | None, bool]
+if TYPE_CHECKING:
+    from real_backend.runner import WindowResult
+
+# an event: (request id, new token ids, finish reason or None, error or None, accepted), and
+# where the request asked for them, (its tokens' logprobs, its prompt's: (position, logprobs))
+EventTuple = tuple[Any, ...]
 
 
 class Inbox:
@@ -96,7 +102,7 @@ class Inbox:
         for message in self._take():
             kind = message[0]
             if kind == "add":
-                events.append(self._add(sched, message[1]))
+                events += [self._add(sched, req) for req in message[1:]]
             elif kind == "abort":
                 if self._sent.pop(message[1], None) is not None:
                     self._abort(sched, message[1])
@@ -165,17 +171,23 @@ class Inbox:
         self._requests.clear()
         self._emit(events)
 
-    def delivered(self, batch: Batch, finished: list[Request]) -> None:
+    def delivered(self, batch: Batch, finished: list[Request],
+                  out: WindowResult | None = None) -> None:
         """After ``update(batch)``: each request's new tokens, one event per window (a k-step
-        window's tokens arrive as one burst, as they are known), all in one message."""
+        window's tokens arrive as one burst, as they are known), with the logprobs of ``out``
+        (the window's result) where the request asked for them, all in one message."""
         streamed = self._sent
         events: list[EventTuple] = []
+        logprobs = out.logprobs if out is not None else None
+        prompt = out.prompt_logprobs if out is not None else None
         try:
-            for seq in batch.seqs:
+            for i, seq in enumerate(batch.seqs):
                 req = seq.request
                 rid = req.request_id
                 sent = streamed.get(rid)
-                if sent is None or len(req.output_token_ids) == sent and not req.is_finished:
+                span = prompt.get(i) if prompt else None
+                if sent is None or (len(req.output_token_ids) == sent and not req.is_finished
+                                    and span is None):
                     continue
                 new = tuple(req.output_token_ids[sent:])
                 streamed[rid] = sent + len(new)
@@ -186,7 +198,11 @@ class Inbox:
                     finish = "stop" if stopped else "length"
                     del streamed[rid]
                     del self._requests[rid]
-                events.append((rid, new, finish, None, False))
+                lp = logprobs[i] if logprobs is not None and logprobs[i] else None
+                if lp is not None or span is not None:  # the tokens' first: wasted slots' go
+                    events.append((rid, new, finish, None, False, lp and lp[:len(new)], span))
+                else:
+                    events.append((rid, new, finish, None, False))
                 if finish:
                     self.metrics.request_done(req)
         finally:  # a finished request has left _sent: fail() could not reach it

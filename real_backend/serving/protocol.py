@@ -1,18 +1,49 @@
 """The OpenAI API's request bodies (completions, chat completions) as checked models, and its
-error and response shapes."""
+error and response shapes (choices, and their logprobs in each endpoint's format, as vLLM's)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
-from policies.sampling_params import SamplingParams
+from policies.sampling_params import MAX_LOGPROBS, MAX_PENALTY, Logprob, SamplingParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_N = 128  # OpenAI's limit of choices per request
+
+# OpenAI's floor for a logprob (JSON has no -inf), as vLLM's
+MIN_LOGPROB = -9999.0
+
+# The one wording of every refusal of what this server does not support, on either endpoint
+# (a field at a value it does not implement, a field it does not know, a chat message's name,
+# a content part that is not text, several prompts): "FIELD: " and this.
+NOT_SUPPORTED = "not supported: this server takes {accepted} only, got {got}"
+
+
+def not_supported(where: str, accepted: str, got: Any) -> APIError:
+    """The refusal of ``got`` at ``where`` (NOT_SUPPORTED), a 400 naming the field."""
+    return APIError(f"{where}: " + NOT_SUPPORTED.format(accepted=accepted, got=_shown(got)),
+                    param=where)
+
+
+def _shown(value: Any) -> str:
+    """A value as JSON, cut to 60 characters (a refusal is one short line)."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class APIError(Exception):
@@ -38,13 +69,13 @@ Count = Annotated[int, Field(ge=1, lt=2**63)]
 STRICT = ConfigDict(extra="forbid", strict=True)
 
 
-# The fields this engine does not implement, each with the one value it is accepted at: the
-# value that asks for nothing (OpenAI's and vLLM's defaults; vLLM's benchmark client always
-# sends repetition_penalty 1.0 and logprobs null). Absent or null is accepted too. Any other
-# value is refused, naming the field, rather than served as if it were absent.
-NEUTRAL: dict[str, Any] = {"n": 1, "best_of": 1, "presence_penalty": 0.0,
-                           "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0,
-                           "logprobs": False, "echo": False}
+# The fields this engine does not implement, each with what it is accepted at: the value that
+# asks for nothing (OpenAI's and vLLM's defaults), and, for best_of, what vLLM V1 takes (it
+# has no best_of). Absent or null is accepted too. Any other value is refused, naming the
+# field, rather than served as if it were absent.
+NEUTRAL: dict[str, tuple[Any, str]] = {"best_of": (1, "1 or null (as vLLM V1)"),
+                                       "min_p": (0.0, "0 or null"),
+                                       "suffix": (None, "null")}
 
 
 class StreamOptions(BaseModel):
@@ -67,14 +98,16 @@ class _Common(BaseModel):
     ignore_eos: bool = False  # vLLM's extension; benchmark clients set it
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Count = 1
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1  # choices: n requests sharing the prompt
     best_of: Count | None = None
     stop: None | str | list[str] = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None  # vLLM's extension
+    presence_penalty: float | None = Field(default=None, ge=-MAX_PENALTY, le=MAX_PENALTY,
+                                           allow_inf_nan=False)
+    frequency_penalty: float | None = Field(default=None, ge=-MAX_PENALTY, le=MAX_PENALTY,
+                                            allow_inf_nan=False)
+    repetition_penalty: float | None = Field(default=None, gt=0,  # vLLM's extension
+                                             allow_inf_nan=False)
     min_p: float | None = None  # vLLM's extension
-    logprobs: bool | Int64 | None = None
     user: str | None = None
     seed: Int64 | None = None  # a request's own: its samples depend on it and position alone
 
@@ -88,30 +121,52 @@ class _Common(BaseModel):
                                       "got {top_k}", {"top_k": top_k})
         return -1 if top_k == 0 else top_k
 
-    @field_validator(*NEUTRAL, check_fields=False)  # echo is CompletionRequest's
+    @field_validator(*NEUTRAL, check_fields=False)  # suffix is CompletionRequest's
     @classmethod
     def _neutral_only(cls, value: Any, info: ValidationInfo) -> Any:
         """``value`` if it is its field's neutral value (NEUTRAL) or null, else the one-line
-        refusal. A bool and a number are never each other's neutral value: logprobs 0 asks
-        for logprobs although 0 == False."""
-        neutral = NEUTRAL[info.field_name]
-        if value is None or (isinstance(value, bool) == isinstance(neutral, bool)
+        refusal. A bool and a number are never each other's neutral value."""
+        neutral, accepted = NEUTRAL[info.field_name]
+        if value is None or (neutral is not None
+                             and isinstance(value, bool) == isinstance(neutral, bool)
                              and value == neutral):
             return value
-        raise PydanticCustomError(
-            "not_implemented", "not implemented: this server accepts only {neutral} (or "
-            "absent), got {value}", {"neutral": json.dumps(neutral), "value": json.dumps(value)})
+        raise PydanticCustomError("not_supported", NOT_SUPPORTED,
+                                  {"accepted": accepted, "got": _shown(value)})
 
-    def sampling(self, served: SamplingParams) -> SamplingParams | None:
-        """The request's sampling: each of temperature, top_p and top_k it gives, else the
-        server's ``backend.sampling``, and its seed; None where that is the server's setting
-        unseeded (the engine then samples its row as it samples an offline run's). Settings
-        the engine does not implement were refused when the body was read (NEUTRAL)."""
+    # what each endpoint reads from its own fields (CompletionRequest, ChatCompletionRequest)
+    @property
+    def num_logprobs(self) -> int | None:
+        """The top logprobs asked for with each sampled token (0: its own alone; None: no
+        logprobs)."""
+        return None
+
+    @property
+    def echo_prompt(self) -> bool:
+        return False
+
+    @property
+    def prompt_only(self) -> bool:
+        return False
+
+    def sampling(self, served: SamplingParams, index: int = 0) -> SamplingParams | None:
+        """Choice ``index``'s sampling: each of temperature, top_p and top_k the request
+        gives, else the server's ``backend.sampling``; its seed (plus ``index``, as vLLM
+        seeds the n sequences of one request), penalties and logprobs (and, with echo, its
+        prompt's); None where that is the server's setting unseeded (the engine then samples
+        its row as it samples an offline run's). Settings the engine does not implement were
+        refused when the body was read (NEUTRAL)."""
         self.stop_strings()
-        given = {name: getattr(self, name) for name in ("temperature", "top_p", "top_k")
+        given = {name: getattr(self, name) for name in ("temperature", "top_p", "top_k",
+                                                        "presence_penalty", "frequency_penalty",
+                                                        "repetition_penalty")
                  if getattr(self, name) is not None}
+        logprobs = self.num_logprobs
         params = SamplingParams(**{"temperature": served.temperature, "top_k": served.top_k,
-                                   "top_p": served.top_p, **given}, seed=self.seed)
+                                   "top_p": served.top_p, **given},
+                                seed=None if self.seed is None else self.seed + index,
+                                logprobs=logprobs,
+                                prompt_logprobs=logprobs if self.echo_prompt else None)
         return None if params == served else params
 
     def stop_strings(self) -> list[str]:
@@ -133,18 +188,59 @@ class _Common(BaseModel):
         return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
+def _logprobs_count(value: int | None, field: str) -> int | None:
+    """A number of top logprobs, 0 to vLLM's max_logprobs, or the one-line refusal."""
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise PydanticCustomError(field, "must be 0 to {max} (vLLM's max_logprobs), got {value}",
+                                  {"max": MAX_LOGPROBS, "value": value})
+    return value
+
+
 class CompletionRequest(_Common):
     prompt: str | list[Int64] | list[str] | list[list[Int64]]
-    echo: bool = False
-    suffix: None = None
+    # 0 with echo: the prompt alone, with its logprobs (scoring a text), as vLLM serves it
+    max_tokens: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    echo: bool = False  # the prompt before the reply (and, with logprobs, its logprobs)
+    suffix: str | None = None
+    # the top logprobs with each token (false or null: none), as vLLM takes it
+    logprobs: bool | Int64 | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, value: bool | int | None) -> int | None:
+        if value is True:
+            raise PydanticCustomError("logprobs", "must be a number of top logprobs, 0 to "
+                                      "{max}, or false or null, got true", {"max": MAX_LOGPROBS})
+        return None if value is False else _logprobs_count(value, "logprobs")
+
+    @model_validator(mode="after")
+    def _zero_needs_echo(self) -> CompletionRequest:
+        """As vLLM: no reply at all is asked for only with echo (the prompt alone)."""
+        if self.max_tokens == 0 and not self.echo:
+            raise PydanticCustomError("max_tokens", "max_tokens: must be at least 1, or 0 with "
+                                      "echo: true (the prompt alone), got 0")
+        return self
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def echo_prompt(self) -> bool:
+        return self.echo
+
+    @property
+    def prompt_only(self) -> bool:
+        """echo with max_tokens 0: the prompt alone is returned; the engine still samples one
+        token, which is not shown but is counted in the usage (vLLM's)."""
+        return self.echo and self.max_tokens == 0
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt of the request (no batched prompts)."""
         p = self.prompt
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):
             if len(p) != 1:
-                raise APIError(f"prompt: {len(p)} prompts in one request; send one",
-                               param="prompt")
+                raise not_supported("prompt", "one prompt per request", f"{len(p)} prompts")
             p = p[0]
         if not p:
             raise APIError("prompt is empty", param="prompt")
@@ -172,9 +268,8 @@ class ChatMessage(BaseModel):
         for i, part in enumerate(content if isinstance(content, list) else ()):
             kind = part.get("type") if isinstance(part, dict) else None
             if isinstance(kind, str) and kind != "text":
-                raise PydanticCustomError(
-                    "not_implemented", "part {i}: {kind} parts are not implemented (text parts "
-                    "only)", {"i": i, "kind": json.dumps(kind)})
+                raise PydanticCustomError("not_supported", NOT_SUPPORTED, {
+                    "accepted": "text parts", "got": f"a {json.dumps(kind)} part (part {i})"})
         return content
 
     @property
@@ -188,6 +283,26 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Count | None = None
+    logprobs: bool | None = None  # each token's logprob
+    top_logprobs: Int64 | None = None  # and the most likely tokens' (needs logprobs)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs(cls, value: int | None) -> int | None:
+        return _logprobs_count(value, "top_logprobs")
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        """As vLLM: top logprobs are asked for with ``logprobs: true``."""
+        if self.top_logprobs and not self.logprobs:
+            raise PydanticCustomError("top_logprobs", "top_logprobs: needs logprobs: true "
+                                      "(got top_logprobs {n} without it)",
+                                      {"n": self.top_logprobs})
+        return self
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def turns(self) -> list[tuple[str, str]]:
         """The messages as the chat template's (role, content) turns. Llama-3's template has
@@ -195,9 +310,9 @@ class ChatCompletionRequest(_Common):
         if it had none."""
         for i, m in enumerate(self.messages):
             if m.name is not None:
-                raise APIError(f"messages.{i}.name: not supported: the Llama-3 chat template "
-                               "has no place for a name (absent or null only)",
-                               param=f"messages.{i}.name")
+                raise not_supported(f"messages.{i}.name",
+                                    "null (the Llama-3 chat template has no place for a name)",
+                                    m.name)
         return [(m.role, m.text) for m in self.messages]
 
     @property
@@ -219,7 +334,12 @@ def parse(model: type[BaseModel], body: bytes) -> Any:
             raise APIError(f"the request body is not JSON: {e['msg']}") from None
         loc = e["loc"]
         if not loc:
+            if e["type"] in MODEL_CHECKS:  # a model's own check across its fields
+                raise APIError(e["msg"], param=e["type"]) from None
             raise APIError("the request body must be a JSON object") from None
+        if e["type"] == "extra_forbidden":
+            raise not_supported(".".join(str(p) for p in loc), "the fields docs/serving.md "
+                                "lists", e["input"]) from None
         for j, name in enumerate(loc[:-1]):  # a union's member's tag follows the field's name
             if name in UNIONS and isinstance(loc[j + 1], str):
                 where = ".".join(str(p) for p in loc[:j + 1])
@@ -228,9 +348,14 @@ def parse(model: type[BaseModel], body: bytes) -> Any:
         raise APIError(f"{where}: {e['msg']}", param=where) from None
 
 
+# the checks of a model across its fields (their errors have no location), each named by the
+# field it refuses
+MODEL_CHECKS = ("top_logprobs", "max_tokens")
+
 # the fields of several types, said in words (pydantic names the first type's failure only)
 UNIONS = {"prompt": "a string, a list of token ids, or a list of one of these",
-          "logprobs": "a boolean or an integer", "stop": "a string or a list of strings",
+          "logprobs": "a number of top logprobs, or false or null",
+          "stop": "a string or a list of strings",
           "content": 'a string or a list of text parts ({"type": "text", "text": ...})'}
 
 
@@ -239,27 +364,85 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion_body(rid: str, model: str, chat: bool, text: str, finish: str | None,
-                    use: dict[str, int] | None, *, chunk: bool, first: bool = False
-                    ) -> dict[str, Any]:
+def choice(chat: bool, chunk: bool, index: int, text: str, finish: str | None,
+           logprobs: dict[str, Any] | None, first: bool = False) -> dict[str, Any]:
+    """One choice of a response (``chunk=False``) or of an SSE chunk, of either endpoint;
+    ``first``: a chat stream's first chunk of this choice, which names the role."""
+    if not chat:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+    if chunk:
+        delta = {"role": "assistant", "content": text} if first else {"content": text}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    return {"index": index, "message": {"role": "assistant", "content": text},
+            "logprobs": logprobs, "finish_reason": finish}
+
+
+def completion_body(rid: str, model: str, chat: bool, choices: list[dict[str, Any]],
+                    use: dict[str, int] | None, *, chunk: bool) -> dict[str, Any]:
     """One response (``chunk=False``) or one SSE chunk of either endpoint."""
     if chat:
-        if chunk:
-            delta = {"role": "assistant", "content": text} if first else {"content": text}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish}
         kind = "chat.completion.chunk" if chunk else "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         kind = "text_completion"
     return {"id": rid, "object": kind, "created": int(time.time()), "model": model,
-            "choices": [choice], "usage": use}
+            "choices": choices, "usage": use}
 
 
-def usage_chunk(rid: str, model: str, chat: bool, use: dict[str, int]) -> dict[str, Any]:
-    """The last chunk of a stream with ``stream_options.include_usage``: no choices."""
-    kind = "chat.completion.chunk" if chat else "text_completion"
-    return {"id": rid, "object": kind, "created": int(time.time()), "model": model,
-            "choices": [], "usage": use}
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenText:
+    """How a token is shown in logprobs: its text (its bytes decoded, a partial UTF-8
+    character as U+FFFD) and its bytes."""
+
+    text: Callable[[int], str]
+    bytes: Callable[[int], bytes]
+
+
+def _ranked(token: int, entry: Logprob) -> list[tuple[int, float]]:
+    """A token's logprobs as vLLM orders them: the token itself first, then the most likely
+    tokens (one that is the token itself keeps the first place), each floored at -9999."""
+    own, ids, values = entry
+    ranked = {token: own}
+    for t, v in zip(ids, values, strict=True):
+        ranked[t] = v
+    return [(t, max(v, MIN_LOGPROB)) for t, v in ranked.items()]
+
+
+def completion_logprobs(tokens: Sequence[tuple[int, Logprob | None]], num: int, show: TokenText,
+                        offset: int = 0) -> dict[str, list[Any]]:
+    """The completions API's logprobs of ``tokens`` (each with its logprobs, or None: an echoed
+    prompt's first token): each token's text, its logprob, up to ``num`` + 1 tokens' logprobs
+    keyed by their text (the token's own and the ``num`` most likely; of tokens that share a
+    text, the likelier's: vLLM keeps the last's), and where its text starts, counting from
+    ``offset`` by the tokens' texts, as vLLM counts."""
+    out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                                 "text_offset": []}
+    for token, entry in tokens:
+        text = show.text(token)
+        out["tokens"].append(text)
+        out["text_offset"].append(offset)
+        offset += len(text)
+        if entry is None:
+            out["token_logprobs"].append(None)
+            out["top_logprobs"].append(None)
+            continue
+        out["token_logprobs"].append(max(entry[0], MIN_LOGPROB))
+        top: dict[str, float] = {}
+        for t, v in _ranked(token, entry)[:num + 1]:  # tokens of one text: the likelier's
+            top.setdefault(show.text(t), v)
+        out["top_logprobs"].append(top)
+    return out
+
+
+def chat_logprobs(tokens: Sequence[tuple[int, Logprob | None]], num: int,
+                  show: TokenText) -> dict[str, list[dict[str, Any]]]:
+    """The chat API's logprobs of ``tokens``: each token's text, logprob and bytes, and
+    ``num`` tokens' (the first ``num`` of the token's own and the most likely, as vLLM
+    lists them); a token without logprobs has -9999 and none (as vLLM's)."""
+    def item(t: int, v: float) -> dict[str, Any]:
+        return {"token": show.text(t), "logprob": v, "bytes": list(show.bytes(t))}
+
+    return {"content": [
+        {**item(token, MIN_LOGPROB), "top_logprobs": []} if entry is None else
+        {**item(token, max(entry[0], MIN_LOGPROB)),
+         "top_logprobs": [item(t, v) for t, v in _ranked(token, entry)[:num]]}
+        for token, entry in tokens]}

@@ -71,6 +71,28 @@ class Tokenizer:
     def detokenizer(self, skip: int | None) -> Detokenizer:
         return Detokenizer(self.enc, skip)
 
+    def token_bytes(self, token: int) -> bytes:
+        """A token's bytes; a special token's are its text."""
+        return token_bytes(self.enc, token)
+
+    def token_text(self, token: int) -> str:
+        """A token's text as logprobs show it: its bytes decoded, a partial UTF-8 character
+        as U+FFFD (as vLLM shows it)."""
+        return self.token_bytes(token).decode("utf-8", errors="replace")
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` (an echoed prompt of token ids), special tokens as their text."""
+        return Detokenizer(self.enc, None)(ids, final=True)
+
+
+def token_bytes(enc: Any, token: int) -> bytes:
+    """``token``'s bytes in ``enc``; U+FFFD's for an id it lacks (a model vocabulary larger
+    than the tokenizer's)."""
+    try:
+        return enc.decode_single_token_bytes(token)
+    except KeyError:
+        return "\ufffd".encode()
+
 
 class Detokenizer:
     """Text of a growing list of ids, a piece at a time: the bytes of a character split over
@@ -85,11 +107,7 @@ class Detokenizer:
         for i in ids:
             if i == self.skip:
                 continue
-            try:
-                piece = self.enc.decode_single_token_bytes(i)
-            except KeyError:  # an id the tokenizer lacks (a model vocabulary larger than it)
-                piece = "\ufffd".encode()
-            out.append(self.utf8.decode(piece))
+            out.append(self.utf8.decode(token_bytes(self.enc, i)))
         if final:
             out.append(self.utf8.decode(b"", final=True))
         return "".join(out)
