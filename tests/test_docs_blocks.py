@@ -5,7 +5,7 @@ The fence says what a block is and how it is tested:
 
 - ```` ```bash ````, ```` ```python ````, ```` ```yaml ````: a command or a file, run in full, the
   blocks of a doc in order in a fresh directory of their own (where ``docs/`` and
-  ``benchmarks/`` lead to the checkout's). A command ``python -m experiments.run`` runs in this
+  ``benchmarks/``, ``examples/`` lead to the checkout's). A command ``python -m experiments.run`` runs in this
   process, each run cut to ``SIZE`` requests (``workload.num_prompts``, a multi-turn workload's
   ``num_conversations``), each job of a ``-m`` sweep too; another schedlab command line (``python
   -m experiments.X``, ``python docs/...py``) runs in this process with its arguments; a python
@@ -61,7 +61,7 @@ NEEDS = {
 LANGUAGES = ("bash", "python", "yaml", "text")
 SIZE = 16  # requests a documented run is cut to
 HYDRA_APPS = {"experiments.run": "config", "experiments.serve": "serve"}
-LINKED = ("docs", "benchmarks")  # the checkout's, in a doc's directory
+LINKED = ("docs", "benchmarks", "examples")  # the checkout's, in a doc's directory
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
                    re.MULTILINE | re.DOTALL)
 
