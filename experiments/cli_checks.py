@@ -64,28 +64,38 @@ class SweepCheckCallback(Callback):
 def first_bad_job(loader: Any, master: DictConfig, jobs: Sequence[Sequence[str]]) -> str | None:
     """The error line of the first job whose config fails to compose or fails the run's checks,
     else None. Jobs that choose the same config groups share one composition (Hydra's, with the
-    sweep's own overrides); each job's values are then applied to a copy as Hydra applies them."""
+    sweep's own overrides); each job's values are then applied to a copy as Hydra applies them.
+    Jobs that differ only in what the checks do not read (hydra.*, the workload: its requests
+    are checked as they are read) are checked once."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
     composed: dict[tuple[str, ...], DictConfig] = {}
+    checked: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
     for num, overrides in enumerate(jobs, 1):
         key: tuple[str, ...] = ()
         try:
             groups, values = [], []
             for o in parser.parse_overrides(list(overrides)):
-                (groups if loader.repository.group_exists(o.key_or_group) else values).append(o)
+                if loader.repository.group_exists(o.key_or_group):
+                    groups.append(o)
+                elif not o.key_or_group.startswith(("hydra.", "workload.")):
+                    values.append(o)
             key = tuple(o.input_line for o in groups)
+            if (key, tuple(o.input_line for o in values)) in checked:
+                continue
             try:
-                if key not in composed:
-                    composed[key] = loader.load_sweep_config(master, list(key))
+                if key not in composed:  # a run's config, as its job gets it: no hydra node
+                    cfg = loader.load_sweep_config(master, list(key))
+                    composed[key] = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
                 cfg = copy.deepcopy(composed[key])
                 ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
             except CHECK_ERRORS:  # the shortcut's error: Hydra's own composition says
                 cfg = loader.load_sweep_config(master, list(overrides))
-            # a run's config, as its job gets it: without the hydra node
-            check_run_settings(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))
+                cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+            check_run_settings(cfg)
+            checked.add((key, tuple(o.input_line for o in values)))
         except CHECK_ERRORS as err:
             what = " ".join(str(err).split())
             hint = unknown_key_hint(overrides, composed.get(key))
