@@ -19,8 +19,8 @@ from omegaconf import DictConfig
 
 from common.parallel import ParallelConfig
 from common.paths import conf_dir
-from experiments.cli_checks import suggest_keys
 from experiments.choices import ClusterChoice, PolicyChoice, known_settings, plain
+from experiments.cli_checks import suggest_keys
 from experiments.files import interrupts_held
 from experiments.run_dir import (
     MANIFEST,

@@ -90,10 +90,16 @@ def job_overrides(config: DictConfig) -> list[list[str]] | None:
     args = [f"{k}={v}" for k, v in params.items()]
     args += list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
     try:
-        batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args),
-                                               None)
+        return split_jobs(args)
     except Exception:  # the sweeper reports what it cannot parse; the lines go without a total
         return None
+
+
+def split_jobs(args: Sequence[str]) -> list[list[str]]:
+    """A multirun's overrides (``policy=cp1,cp2 policy.num_steps=1,8``) as each job's, in the
+    basic sweeper's order."""
+    batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(list(args)),
+                                           None)
     return [list(job) for batch in batches for job in batch]
 
 

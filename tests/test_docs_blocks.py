@@ -35,6 +35,7 @@ import re
 import runpy
 import shlex
 import sys
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,10 +44,11 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import OmegaConf, open_dict
+from omegaconf import open_dict
 
 from common.paths import conf_dir
 from experiments.cli_checks import check_run_settings
+from experiments.sweep_workers import split_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -155,6 +157,9 @@ def run_cli(argv: list[str], *, parse_only: bool, where: str) -> None:
 
     original = argparse.ArgumentParser.parse_known_args
     with argv_of([target, *args]), contextlib.ExitStack() as stack:
+        # a module the tests imported already runs again as __main__, as python -m runs it
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
         if parse_only:  # parse_args calls parse_known_args
             stack.enter_context(pytest.MonkeyPatch.context()).setattr(
                 argparse.ArgumentParser, "parse_known_args", parsed)
@@ -165,15 +170,6 @@ def run_cli(argv: list[str], *, parse_only: bool, where: str) -> None:
         except SystemExit as exit_:
             assert exit_.code in (0, None), f"{where}: {' '.join(argv)} exited {exit_.code}"
     assert not parse_only, f"{where}: {' '.join(argv)} parsed no arguments"
-
-
-def sweep_jobs(overrides: list[str]) -> list[list[str]]:
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    batches = BasicSweeper.split_arguments(
-        OverridesParser.create().parse_overrides(overrides), None)
-    return [list(job) for batch in batches for job in batch]
 
 
 @functools.lru_cache(maxsize=256)
@@ -209,7 +205,7 @@ def run_hydra(argv: list[str], *, needs: tuple[str, ...], where: str, runs: list
     if "network" in needs:  # the launcher plugin it installs is not here: the rest composes
         args = [a for a in args if not a.lstrip("+").startswith(("hydra/launcher=",
                                                                  "hydra.launcher."))]
-    jobs = sweep_jobs(args) if multirun else [args]
+    jobs = split_jobs(args) if multirun else [args]
     assert multirun or len(jobs) == 1, f"{where}: a sweep without -m: {args}"
     check_only = bool(needs)
     if check_only:  # every job of its own config groups, and the last job
@@ -295,7 +291,7 @@ def registries_kept() -> Iterator[None]:
             registry.clear()
             registry.update(kept)
         for name in set(sys.modules) - saved[3]:
-            if not name.split(".")[0] in ("experiments", "policies", "simulator", "common"):
+            if name.split(".")[0] not in ("experiments", "policies", "simulator", "common"):
                 module = sys.modules[name]
                 if str(getattr(module, "__file__", "") or "").startswith(os.getcwd()):
                     del sys.modules[name]
