@@ -7,10 +7,12 @@ import runpy
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # six simulated runs, the tables and nine figures
 def test_the_small_study_runs_compares_and_draws(tmp_path, capsys):
     example = runpy.run_path(str(ROOT / "examples" / "small_study.py"))
     made = example["main"]([str(tmp_path / "study"), "--num-prompts", "40"])
