@@ -10,6 +10,7 @@ import copy
 import difflib
 import sys
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hydra.errors import HydraException
@@ -22,7 +23,20 @@ from omegaconf.errors import OmegaConfBaseException
 CHECK_ERRORS = (ValueError, TypeError, OSError, HydraException, OmegaConfBaseException)
 
 
-def check_run_settings(cfg: Mapping[str, Any]) -> None:
+@dataclass(frozen=True)
+class RunSettings:
+    """What a run's settings make before it reads any input (experiments/run.py run's first
+    steps, which may take them from here)."""
+
+    backend_cls: Any
+    results: Any
+    model: Any
+    parallel: Any
+    choice: Any
+    cluster: Any
+
+
+def check_run_settings(cfg: Mapping[str, Any]) -> RunSettings:
     """The checks a run makes of its settings before it reads any input (the first steps of
     experiments/run.py run), without building a backend: a bad value raises one line naming
     the setting."""
@@ -34,13 +48,15 @@ def check_run_settings(cfg: Mapping[str, Any]) -> None:
     from policies.base import check_settings
 
     check_settings("the config's top level", cfg, known_settings()[0])
-    backend_class(cfg).check(cfg)
-    result_settings(plain(cfg.get("metrics") or {}), plain(cfg.get("goodput") or {}))
+    backend_cls = backend_class(cfg)
+    backend_cls.check(cfg)
+    results = result_settings(plain(cfg.get("metrics") or {}), plain(cfg.get("goodput") or {}))
     model = ModelSpec.from_dict(plain(cfg["model"]))
     parallel = ParallelConfig.from_mapping(plain(cfg.get("parallel") or {}))
     parallel.check_model(model)
-    PolicyChoice(cfg, model)
-    ClusterChoice(cfg, plain(cfg["backend"]), parallel)
+    choice = PolicyChoice(cfg, model)
+    cluster = ClusterChoice(cfg, plain(cfg["backend"]), parallel)
+    return RunSettings(backend_cls, results, model, parallel, choice, cluster)
 
 
 class SweepCheckCallback(Callback):

@@ -228,6 +228,8 @@ def run_hydra(argv: list[str], *, needs: tuple[str, ...], where: str, runs: list
                     cfg.workload[key] = SIZE if value is None else min(int(value), SIZE)
         if not check_only:  # the run checks its settings itself
             assert app == "experiments.run", f"{where}: {app} serves until stopped: mark it"
+            assert not run_dir or not Path(run_dir).is_absolute(), (
+                f"{where}: a run the tests run writes below the doc's directory, not {run_dir}")
             runs[0] += 1
             try:
                 run(cfg, Path(run_dir or f"outputs/run-{runs[0]}"))
