@@ -59,6 +59,7 @@ NEEDS = {
     "slow": "takes more than a few seconds (a sweep, a real-engine or vLLM run, a benchmark)",
     "server": "serves until stopped, or needs a running server",
     "yours": "names files of your own (a trace, a config directory, run directories)",
+    "checkout": "writes the checkout's own files (a bundled profile in conf/, the docs' tables)",
 }
 LANGUAGES = ("bash", "python", "yaml", "text")
 SIZE = 16  # requests a documented run is cut to
@@ -325,10 +326,17 @@ def run_block(block: Block, runs: list[int]) -> str:
 def test_every_block_of_the_doc_runs_or_is_marked_and_checked(doc, tmp_path, monkeypatch):
     monkeypatch.chdir(doc_directory(tmp_path))
     runs = [0]
+    before = conf_files()
     with registries_kept(), contextlib.redirect_stdout(io.StringIO()):
         for block in blocks(doc):
             run_block(block, runs)
     GlobalHydra.instance().clear()
+    # a command that writes the checkout's configs (fit_api's default --name) is marked
+    assert conf_files() == before, "a block wrote into conf/: mark it needs=checkout"
+
+
+def conf_files() -> dict[str, int]:
+    return {str(p): p.stat().st_mtime_ns for p in (ROOT / "conf").rglob("*") if p.is_file()}
 
 
 def test_the_policy_yaml_of_your_own_policy_is_accepted_by_make_policy(tmp_path, monkeypatch):
