@@ -6,6 +6,7 @@ knows (``known_settings``) and the simulator backend's switches (``check_sim_set
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,10 +34,17 @@ def plain(section: Any) -> dict[str, Any]:
 def known_settings() -> tuple[list[str], list[str]]:
     """The top-level keys a run reads (conf/config.yaml's own keys, its config groups and the
     control keys), and the sim backend's settings (conf/backend/sim.yaml's keys)."""
+    top, sim = _known_settings()
+    return list(top), list(sim)
+
+
+@functools.cache
+def _known_settings() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    # read once a process: a sweep's check of every job asks for them once a job
     top = OmegaConf.load(Path(conf_dir()) / "config.yaml")
     groups = [next(iter(d)) for d in top.get("defaults", []) if isinstance(d, Mapping)]
     keys = [k for k in top if k not in ("defaults", "hydra")] + groups + list(CONTROL_KEYS)
-    return keys, list(OmegaConf.load(Path(conf_dir()) / "backend" / "sim.yaml"))
+    return tuple(keys), tuple(OmegaConf.load(Path(conf_dir()) / "backend" / "sim.yaml"))
 
 
 def _check_bool(setting: str, value: Any) -> None:

@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from common.parallel import ParallelConfig
 from common.paths import conf_dir
 from experiments.choices import ClusterChoice, PolicyChoice, known_settings, plain
+from experiments.cli_checks import suggest_keys
 from experiments.files import interrupts_held
 from experiments.run_dir import (
     MANIFEST,
@@ -455,7 +456,8 @@ def main() -> None:
     global LEAVE_TO_EXIT
     LEAVE_TO_EXIT = True
     try:
-        _app()
+        with suggest_keys("config", sys.argv[1:]):  # "did you mean ...?" after Hydra's error
+            _app()
     except RunExit as err:  # a run of a submitit sweep failed (RunFailed)
         print(err.message, file=sys.stderr)
         sys.exit(2)

@@ -20,6 +20,7 @@ import hydra
 from omegaconf import DictConfig
 
 from experiments.choices import PolicyChoice, known_settings, max_request_tokens, plain
+from experiments.cli_checks import suggest_keys
 from experiments.run import CONF_DIR, refuse_moved_settings
 from policies import ModelSpec
 from policies.base import check_int, check_settings
@@ -264,7 +265,8 @@ def _app(cfg: DictConfig) -> None:
 
 def main() -> None:
     refuse_moved_settings(sys.argv[1:])
-    _app()
+    with suggest_keys("serve", sys.argv[1:]):  # "did you mean ...?" after Hydra's error
+        _app()
 
 
 if __name__ == "__main__":

@@ -73,9 +73,16 @@ class SweepWorkersCallback(Callback):
 
 
 def sweep_size(config: DictConfig) -> int | None:
-    """How many jobs Hydra's basic sweeper makes of the multirun's overrides (the sweeper's
-    params and the command line's), split as the sweeper splits them; None under another
+    """How many jobs Hydra's basic sweeper makes of the multirun's overrides; None under another
     sweeper, or overrides only the sweeper itself can read."""
+    jobs = job_overrides(config)
+    return None if jobs is None else len(jobs)
+
+
+def job_overrides(config: DictConfig) -> list[list[str]] | None:
+    """Each job's overrides as Hydra's basic sweeper makes them of the multirun's overrides (the
+    sweeper's params and the command line's), split as the sweeper splits them; None under
+    another sweeper, or overrides only the sweeper itself can read."""
     if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith(
             BasicSweeper.__name__):
         return None
@@ -83,11 +90,17 @@ def sweep_size(config: DictConfig) -> int | None:
     args = [f"{k}={v}" for k, v in params.items()]
     args += list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
     try:
-        batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args),
-                                               None)
+        return split_jobs(args)
     except Exception:  # the sweeper reports what it cannot parse; the lines go without a total
         return None
-    return sum(len(batch) for batch in batches)
+
+
+def split_jobs(args: Sequence[str]) -> list[list[str]]:
+    """A multirun's overrides (``policy=cp1,cp2 policy.num_steps=1,8``) as each job's, in the
+    basic sweeper's order."""
+    batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(list(args)),
+                                           None)
+    return [list(job) for batch in batches for job in batch]
 
 
 def job_label(hydra_cfg: DictConfig) -> str:

@@ -64,7 +64,8 @@ def test_running_md_lists_every_config_of_every_group():
 
 def test_the_readme_set_up_line_says_where_the_cpu_torch_comes_from():
     """On that line, not only in install.md: PyPI's torch is a CUDA build on Linux."""
-    block = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    block = (ROOT / "README.md").read_text().split("```bash", 1)[1].split("\n", 1)[1]
+    block = block.split("```", 1)[0]
     (line,) = [ln for ln in block.splitlines() if "pip install" in ln and "torch" in ln]
     command, _, comment = line.partition("  # ")
     assert "pip install" in command and "CPU" in comment

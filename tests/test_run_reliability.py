@@ -642,9 +642,18 @@ def test_a_failed_sweep_leaves_no_aggregate_of_an_earlier_one(tmp_path):
              "policy.num_steps=1,2")
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert (sweep / "aggregate.csv").exists() and (sweep / "aggregate.parquet").exists()
+    # a bad setting is found before any job runs (experiments/cli_checks.py): nothing changes
     bad = cli("-m", "experiments.run", "-m", *SMALL, f"hydra.sweep.dir={sweep}",
               "policy.num_steps=1,0")
-    assert bad.returncode == 2
+    assert bad.returncode == 2 and "job 2 of 2" in bad.stderr
+    assert (sweep / "aggregate.csv").exists()
+    # a job that fails only when it runs (its trace is missing), after the first one ran
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0,10,4\n")
+    small = [a for a in SMALL if not a.startswith("workload")]
+    failed = cli("-m", "experiments.run", "-m", *small, f"hydra.sweep.dir={sweep}",
+                 "workload=trace", f"workload.trace_path={trace},{tmp_path / 'missing.csv'}")
+    assert failed.returncode == 2, failed.stderr[-2000:]
     assert not (sweep / "aggregate.csv").exists() and not (sweep / "aggregate.parquet").exists()
 
 
