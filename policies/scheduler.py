@@ -410,29 +410,35 @@ class Scheduler:
         decodes, the running requests still prefilling, in running order).
 
         The one pass a window makes over the running requests, so it is where they are told
-        apart (``Request.in_prefill``); a block runs short rarely, and only then do the
-        decoders from there on go through the loop that preempts."""
+        apart (``Request.in_prefill``), under mixed batches only: a separate-batch window
+        prefills whole prompts, so there every running request decodes (a test holds the
+        scheduler to that). Where a block runs short or the window has fewer seats than
+        requests run, the decoders from there on go through the loop that preempts."""
         out: list[ScheduledSeq] = []
         prefilling: list[Request] = []
         bm = self.block_manager
         ensure, bs = bm.ensure_slots, bm.block_size
         running = self.running
-        rest: list[Request] | None = None if budget >= len(running) else []
-        append = out.append
-        for req in running:
-            if req.in_prefill:
-                prefilling.append(req)
-            elif rest is not None:
-                rest.append(req)
-            else:
+        mixed = self.policy.mixed_batches
+        i = 0
+        if budget >= len(running):  # the common case, in one pass until a block runs short
+            append = out.append
+            for i, req in enumerate(running):  # noqa: B007 (i: where a shortage stopped it)
+                if mixed and req.in_prefill:
+                    prefilling.append(req)
+                    continue
                 cached = req.num_computed_tokens
                 # the block table holds the window's slots already (the common case)
-                if cached + k <= len(req.block_table) * bs or ensure(req, cached + k):
-                    append(ScheduledSeq(req, 1, cached, k, False))
-                else:
-                    rest = [req]  # short of a block: from here on, the loop that preempts
-        if rest:
-            out = self._reserve_preempting(out, rest, k, budget, preempted)
+                if not (cached + k <= len(req.block_table) * bs or ensure(req, cached + k)):
+                    break
+                append(ScheduledSeq(req, 1, cached, k, False))
+            else:
+                self.forming = out
+                return out, prefilling
+        rest = running[i:]
+        prefilling += [r for r in rest if r.in_prefill]
+        out = self._reserve_preempting(out, [r for r in rest if not r.in_prefill], k, budget,
+                                       preempted)
         self.forming = out
         return out, prefilling
 

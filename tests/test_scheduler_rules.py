@@ -6,7 +6,10 @@ decode's block gives it no chunk."""
 from __future__ import annotations
 
 import ast
+import random
 from pathlib import Path
+
+import pytest
 
 from policies import Request, RequestState, SchedulerConfig, make_scheduler
 
@@ -132,3 +135,30 @@ def test_decodes_reserved_before_a_shortage_keep_their_slots():
     assert batch.preempted == [c]
     assert [x.request for x in batch.seqs] == [a, b]
     s.block_manager.check(s.running)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("name,params", [("single_step", {}), ("multi_step", {"num_steps": 4}),
+                                         ("priority", {}), ("sjf", {}), ("mlfq", {})])
+def test_separate_batches_run_only_decoders(name, params, overlap):
+    """Under separate batches a prefill window prefills whole prompts, so at every schedule()
+    each running request decodes (the reservation pass does not ask): with preemptions, and a
+    window in flight (overlap) whose placeholders count as sampled."""
+    rng = random.Random(3)
+    s = sched(name, params, overlap=overlap, blocks=30, bs=4)
+    reqs = [Request(i, 0.0, rng.randint(2, 20), rng.randint(1, 12), priority=rng.randint(0, 3))
+            for i in range(40)]
+    for r in reqs:
+        s.add_request(r)
+    in_flight, t = [], 0.0
+    while s.has_unfinished or in_flight:
+        assert not [r.request_id for r in s.running if r.in_prefill]
+        batch = s.schedule(t) if len(in_flight) < 1 + overlap else None
+        if batch is not None:
+            in_flight.append(batch)
+        if batch is None or len(in_flight) > overlap:
+            done = in_flight.pop(0)
+            t += 1.0
+            s.update(done, [t] * done.num_steps, [[1] * done.num_steps] * len(done.seqs))
+    assert s.stats.num_preemptions > 0
+    assert all(r.num_output_tokens == r.max_tokens for r in reqs)
