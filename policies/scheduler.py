@@ -34,7 +34,10 @@ class Scheduler:
 
     The loop of a backend: ``batch = schedule(now)``, run it, ``update(batch, ...)``. With
     ``scheduler.overlap`` one more ``schedule()`` may come between a window's launch and its
-    ``update()`` (see ``schedule``).
+    ``update()`` (see ``schedule``). Both halves read and write one state (the queues, the
+    block manager, the decode group, the windows in flight), so they are one class, in
+    sections: requests in and out, forming a window, a window that has run, overlap's
+    windows in flight, the decode group.
     """
 
     def __init__(self, policy: Policy, config: SchedulerConfig, num_blocks: int,
