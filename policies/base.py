@@ -20,7 +20,7 @@ from common.checks import (  # noqa: F401  (the policies' settings are checked w
     check_settings,
     check_steps,
 )
-from policies.hooks import call_user, users, where
+from policies.user_code import call_user, users, where
 
 if TYPE_CHECKING:
     from policies.request import Request

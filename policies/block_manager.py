@@ -79,6 +79,7 @@ class BlockManager:
         return len(self._by_hash)
 
     def blocks_for(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` slots: the one rounding of tokens to blocks."""
         return -(-num_tokens // self.block_size)
 
     def blocks_needed(self, num_tokens: int, hits: list[int] | None = None) -> int:
@@ -93,10 +94,7 @@ class BlockManager:
         """Whether a new request holding ``num_tokens`` slots, of which the cached blocks
         ``hits`` come first, can be admitted (watermark kept): num_free_blocks less
         blocks_needed, written out (every admission asks, and a full cache asks every window)."""
-        if hits:
-            need = self.blocks_needed(num_tokens, hits)
-        else:
-            need = -(-num_tokens // self.block_size)
+        need = self.blocks_needed(num_tokens, hits) if hits else self.blocks_for(num_tokens)
         return (len(self._returned) + self.num_blocks - self._next_fresh + len(self._evictable)
                 - self.unassigned - need >= self.watermark_blocks)
 
@@ -121,7 +119,7 @@ class BlockManager:
     def ensure_slots(self, req: Request, num_tokens: int) -> bool:
         """Grow ``req``'s block table to hold ``num_tokens`` slots; False (nothing taken) if short."""
         table = req.block_table
-        need = -(-num_tokens // self.block_size) - len(table)
+        need = self.blocks_for(num_tokens) - len(table)
         if need <= 0:
             return True
         refs = self._refs

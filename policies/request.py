@@ -99,8 +99,12 @@ class Request:
 
     @property
     def in_prefill(self) -> bool:
-        """Tokens other than the newest one still lack KV (a prompt, or a recompute)."""
-        return self.num_computed_tokens < self.seq_len - 1 or self.num_output_tokens == 0
+        """Whether it still prefills (a prompt, or a recompute) rather than decodes: it has
+        sampled nothing yet, or tokens other than the newest one lack KV. A window in flight's
+        placeholders (overlap) count as sampled tokens. The one definition of a decoding
+        request, for the scheduler and the policies alike."""
+        outputs = self.num_output_tokens + self.num_output_placeholders
+        return outputs == 0 or self.num_computed_tokens < self.prompt_len + outputs - 1
 
     def token_ids(self, start: int, end: int) -> list[int]:
         """Token ids at sequence positions [start, end) (needs prompt_token_ids)."""

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from policies.base import check_int, check_number, check_settings
+from common.checks import check_int, check_number, check_settings
 
 # A temperature below this is greedy, as in vLLM (its _SAMPLING_EPS): the logits divided by a
 # tinier one overflow float32 (1e-40 makes every logit inf, and softmax NaN), and well before

@@ -1,10 +1,12 @@
-"""The scheduler both backends call: the mechanism under a policy's decisions (queues, admission
-under budgets, lookahead reservation, recompute preemption, overlap's placeholders; update():
-policies/window_update.py)."""
+"""The scheduler both backends call: the mechanism under a policy's decisions, forming each window
+(queues, admission under budgets, lookahead reservation, recompute preemption, overlap's
+placeholders) and taking its outcome (``update()``), over one state of its own."""
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
+from itertools import islice
 
 from policies.base import Policy, StepTimeFn
 from policies.batch import Batch, ScheduledSeq
@@ -13,7 +15,6 @@ from policies.decode_group import DecodeGroup, DecodeWindow
 from policies.hooks import PolicyHooks
 from policies.request import Request, RequestState
 from policies.scheduler_config import SchedulerConfig, SchedulerStats
-from policies.window_update import WindowUpdate, known_done
 
 _RUNNING = RequestState.RUNNING
 # Decode windows a scheduler that gave up its decode group waits before it tries to form one
@@ -28,12 +29,15 @@ def token_budget(policy: Policy, config: SchedulerConfig, max_model_len: int) ->
     return config.max_num_batched_tokens or default
 
 
-class Scheduler(WindowUpdate):
+class Scheduler:
     """Forms windows for one engine; knows nothing about clocks, devices or simpy.
 
     The loop of a backend: ``batch = schedule(now)``, run it, ``update(batch, ...)``. With
     ``scheduler.overlap`` one more ``schedule()`` may come between a window's launch and its
-    ``update()`` (see ``schedule``).
+    ``update()`` (see ``schedule``). Both halves read and write one state (the queues, the
+    block manager, the decode group, the windows in flight), so they are one class, in
+    sections: requests in and out, forming a window, a window that has run, overlap's
+    windows in flight, the decode group.
     """
 
     def __init__(self, policy: Policy, config: SchedulerConfig, num_blocks: int,
@@ -77,20 +81,7 @@ class Scheduler(WindowUpdate):
         self._regroup_wait = 0
         self._ungroup = False  # a request whose blocks may be shared came: no group from now
 
-    def group_decodes(self) -> None:
-        """Keep the running decoders as one group (policies/decode_group.py): for a backend
-        that needs a decode window's totals, not its sequences (the simulator). The windows are
-        the same; it applies under separate batches without overlap, where no policy hook reads
-        a running request (``Policy.reads_running``) and no block is shared (prefix caching);
-        elsewhere this does nothing."""
-        policy = self.policy
-        if (self.overlap or policy.mixed_batches or policy.chunk_prefills or policy.preemptive
-                or vars(type(policy)).get("reads_running", True) or self.running or self.waiting):
-            return
-        self._group = DecodeGroup(self.config.block_size)
-        self._grouped = True
-
-    # ------------------------------------------------------------------ requests
+    # ----------------------------------------------- requests in and out
     def add_request(self, req: Request) -> None:
         total = req.prompt_len + req.max_tokens
         if total > self.max_model_len:
@@ -103,7 +94,7 @@ class Scheduler(WindowUpdate):
                 f"scheduler.max_num_batched_tokens {self.max_num_batched_tokens} and policy "
                 f"{self.policy.name} does not chunk prefills")
         bm = self.block_manager
-        need = -(-(total + self.policy.max_steps) // bm.block_size)  # bm.blocks_for's
+        need = bm.blocks_for(total + self.policy.max_steps)
         if need > bm.num_blocks - bm.watermark_blocks:
             raise ValueError(
                 f"request {req.request_id} needs {need} KV blocks but the cache has "
@@ -133,11 +124,33 @@ class Scheduler(WindowUpdate):
             for req in queue:
                 if req.request_id == request_id:
                     queue.remove(req)
-                    self.block_manager.free(req)  # a preempted request holds none
-                    req.state = RequestState.FINISHED
+                    self._free(req, RequestState.FINISHED)  # a preempted one holds no block
                     req.num_output_placeholders = 0
                     return True
         return False
+
+    def _preempt(self, req: Request) -> None:
+        """Recompute-preemption: give the blocks back (schedule() returns it to the queue)."""
+        running = self.running
+        if running and running[-1] is req:  # the usual victim: the tail
+            running.pop()
+        else:
+            running.remove(req)
+        self._free(req, RequestState.PREEMPTED)
+        req.waiting_since = self.now
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.stats.num_preemptions += 1
+
+    def _free(self, req: Request, state: RequestState) -> None:
+        """``req`` leaves (``state``: finished, aborted or preempted) and gives its KV blocks
+        back: the one way out, for every path. Blocks the decode group took by count for it
+        go back too (its reservation covered its computed tokens exactly)."""
+        req.state = state
+        bm = self.block_manager
+        if self._grouped:
+            bm.unassigned -= bm.blocks_for(req.num_computed_tokens) - len(req.block_table)
+        bm.free(req)
 
     @property
     def has_unfinished(self) -> bool:
@@ -165,7 +178,7 @@ class Scheduler(WindowUpdate):
     def num_running(self) -> int:
         return len(self.running)
 
-    # ------------------------------------------------------------------ schedule
+    # -------------------------------------------------- forming a window
     def defers_schedule(self) -> bool:
         """Overlap with ``scheduler.overlap_late_schedule``: whether the backend should form the
         next window as late as the window in flight allows (policies/late_schedule.py). Only
@@ -241,25 +254,6 @@ class Scheduler(WindowUpdate):
                     for req, cached in self._group.members_at(batch.decodes)]
         return out
 
-    def _hold_placeholders(self, batch: Batch) -> None:
-        """Overlap: move each request past ``batch`` as if it ran to its end without stopping:
-        its KV is computed, its samples are placeholders, and a request that samples its last
-        token in it leaves ``running`` for ``finishing``."""
-        done = False
-        for s in batch.seqs:
-            req = s.request
-            end = s.num_cached_tokens + s.num_query_tokens
-            req.num_computed_tokens = end + s.num_steps - 1
-            if end >= req.seq_len + req.num_output_placeholders:  # it samples
-                owed = req.max_tokens - req.num_output_tokens - req.num_output_placeholders
-                s.num_placeholders = min(s.num_steps, owed)
-                req.num_output_placeholders += s.num_placeholders
-                done = done or s.num_placeholders == owed
-        if done:
-            running = self.running
-            self.running = [r for r in running if not known_done(r)]
-            self.finishing += [r for r in running if known_done(r)]
-
     def _observe(self, now: float) -> None:
         self.now = now
         if self._last_window is not None:
@@ -312,67 +306,21 @@ class Scheduler(WindowUpdate):
         k = self.hooks.window_steps(self, False)
         if self._group is not None and self.running and self._group_takes(k, tokens):
             return [], k, False, self._group.window(k)
-        return self._reserve_decodes(k, tokens, preempted), k, False, None
-
-    def _group_takes(self, k: int, budget: int) -> bool:
-        """Whether the decode group forms this k-step decode window (its blocks taken by
-        count); where a window needs the running requests one by one (too few blocks or
-        tokens for all), the group is settled and the caller forms it."""
-        if not self._grouped:
-            if self._regroup_wait:
-                self._regroup_wait -= 1
-                return False
-            if not self._regroup():
-                self._regroup_wait = _REGROUP_AFTER
-                return False
-        bm = self.block_manager
-        if budget < len(self.running) or \
-                (need := self._group.blocks_needed(k)) > bm.num_free_blocks:
-            self.settle()
-            self._regroup_wait = _REGROUP_AFTER
-            return False
-        bm.unassigned += need
-        return True
-
-    def _joins(self, req: Request) -> bool:
-        """Whether running ``req`` can join the decode group: it decodes, and its block table
-        holds exactly its computed tokens (as every decode window leaves it)."""
-        computed = req.num_computed_tokens
-        return (req.num_output_tokens > 0 and computed == req.seq_len - 1
-                and len(req.block_table) == self.block_manager.blocks_for(computed))
-
-    def _regroup(self) -> bool:
-        """Form the decode group of every running request, if each can join."""
-        if not all(self._joins(r) for r in self.running):
-            return False
-        self._group.join(self.running)
-        self._grouped = True
-        return True
-
-    def settle(self) -> None:
-        """Write the decode group's members' state back to them (computed and output tokens,
-        token times, block tables), so that the requests say where they are; the scheduler
-        then forms windows one sequence at a time until it can group them again."""
-        if not self._grouped:
-            return
-        members = self._group.settle()
-        self.block_manager.assign(members, [r.num_computed_tokens for r in members])
-        self._grouped = False
+        return self._reserve_decodes(k, tokens, preempted)[0], k, False, None
 
     def _schedule_mixed(self, preempted: list[Request]) -> tuple[list[ScheduledSeq], int, bool]:
         """Chunked-prefill family: decodes first, then prefill chunks up to the token budget."""
         policy, hooks = self.policy, self.hooks
         budget, max_seqs = hooks.window_budget(self)
-        seqs = self._reserve_decodes(policy.max_steps, budget, preempted)
+        seqs, prefilling = self._reserve_decodes(policy.max_steps, budget, preempted)
         budget -= len(seqs)
         prefills: list[ScheduledSeq] = []
         self.forming = seqs + prefills
-        for req in self.running:  # prefills started in an earlier window continue first
+        for req in prefilling:  # prefills started in an earlier window continue first
             if budget <= 0:
                 break
-            outputs = req.num_output_tokens + req.num_output_placeholders
-            if outputs > 0 and req.num_computed_tokens >= req.prompt_len + outputs - 1:
-                continue  # decoding
+            if req.state is not _RUNNING:
+                continue  # preempted for a decode's blocks
             chunk = hooks.chunk_size(req, req.seq_len - req.num_computed_tokens, budget, self)
             if chunk <= 0:
                 break
@@ -433,7 +381,7 @@ class Scheduler(WindowUpdate):
             if hits:
                 bm.take_hits(req, hits)
             if self._grouped:  # by count, as the group it joins once its prefill is done
-                bm.unassigned += -(-reserve // bm.block_size)  # bm.blocks_for's
+                bm.unassigned += bm.blocks_for(reserve)
             else:
                 bm.ensure_slots(req, reserve)
             if i == 0:
@@ -459,64 +407,275 @@ class Scheduler(WindowUpdate):
             budget -= q
         return out
 
-    def _reserve_decodes(self, k: int, budget: int,
-                         preempted: list[Request]) -> list[ScheduledSeq]:
-        """Reserve k slots (k-1 lookahead) per decoding request, preempting from the tail."""
+    def _reserve_decodes(self, k: int, budget: int, preempted: list[Request]
+                         ) -> tuple[list[ScheduledSeq], list[Request]]:
+        """Reserve k slots (k-1 lookahead) per decoding request, preempting from the tail; (the
+        decodes, the running requests still prefilling, in running order).
+
+        The one pass a window makes over the running requests, so it is where they are told
+        apart (``Request.in_prefill``), under mixed batches only: a separate-batch window
+        prefills whole prompts, so there every running request decodes (a test holds the
+        scheduler to that). Where a block runs short or the window has fewer seats than
+        requests run, the decoders from there on go through the loop that preempts."""
         out: list[ScheduledSeq] = []
+        prefilling: list[Request] = []
         bm = self.block_manager
         ensure, bs = bm.ensure_slots, bm.block_size
         running = self.running
+        mixed = self.policy.mixed_batches
         i = 0
         if budget >= len(running):  # the common case, in one pass until a block runs short
-            append, reach = out.append, k + bs - 1
+            append = out.append
             for i, req in enumerate(running):  # noqa: B007 (i: where a shortage stopped it)
+                if mixed and req.in_prefill:
+                    prefilling.append(req)
+                    continue
                 cached = req.num_computed_tokens
-                outputs = req.num_output_tokens + req.num_output_placeholders
-                if outputs == 0 or cached < req.prompt_len + outputs - 1:
-                    continue  # still prefilling
-                if (cached + reach) // bs > len(req.block_table) and not ensure(req, cached + k):
-                    break  # preemption: the loop below, from this request on
+                # the block table holds the window's slots already (the common case)
+                if not (cached + k <= len(req.block_table) * bs or ensure(req, cached + k)):
+                    break
                 append(ScheduledSeq(req, 1, cached, k, False))
             else:
                 self.forming = out
-                return out
-        while i < len(running) and len(out) < budget:
-            req = running[i]
-            i += 1
-            cached = req.num_computed_tokens
-            outputs = req.num_output_tokens + req.num_output_placeholders
-            if outputs == 0 or cached < req.prompt_len + outputs - 1:
-                continue  # still prefilling
-            # fast path: the block table already covers the window (the common case)
-            if (cached + k + bs - 1) // bs > len(req.block_table):
-                while not ensure(req, cached + k):
-                    victim = self.hooks.preemption_victim(self, req)
-                    at = running.index(victim)
-                    self._preempt(victim)
-                    preempted.append(victim)
-                    if victim is req:
-                        i -= 1
-                        break
-                    if at < i:  # reserved earlier in this window: its slots are gone
-                        i -= 1
-                        out = [s for s in out if s.request is not victim]
-                else:
-                    out.append(ScheduledSeq(req, 1, cached, k, False))
-                continue
-            out.append(ScheduledSeq(req, 1, cached, k, False))
+                return out, prefilling
+        rest = running[i:]
+        prefilling += [r for r in rest if r.in_prefill]
+        out = self._reserve_preempting(out, [r for r in rest if not r.in_prefill], k, budget,
+                                       preempted)
         self.forming = out
+        return out, prefilling
+
+    def _reserve_preempting(self, out: list[ScheduledSeq], decoders: list[Request], k: int,
+                            budget: int, preempted: list[Request]) -> list[ScheduledSeq]:
+        """``out`` (the decodes reserved so far) and k slots for each of ``decoders`` (running
+        requests that decode, in running order) while the window has room for sequences,
+        preempting the policy's victims where blocks run short."""
+        ensure, bs = self.block_manager.ensure_slots, self.block_manager.block_size
+        running = self.running
+        for req in decoders:
+            if len(out) >= budget:
+                break
+            if req.state is not _RUNNING:
+                continue  # preempted for one before it
+            cached = req.num_computed_tokens
+            if cached + k <= len(req.block_table) * bs:
+                out.append(ScheduledSeq(req, 1, cached, k, False))
+                continue
+            while not ensure(req, cached + k):
+                victim = self.hooks.preemption_victim(self, req)
+                before = running.index(victim) < running.index(req)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+                if before:  # reserved earlier in this window: its slots are gone
+                    out = [s for s in out if s.request is not victim]
+            else:
+                out.append(ScheduledSeq(req, 1, cached, k, False))
         return out
 
-    def _preempt(self, req: Request) -> None:
-        """Recompute-preemption: give the blocks back (schedule() returns it to the queue)."""
-        running = self.running
-        if running and running[-1] is req:  # the usual victim: the tail
-            running.pop()
-        else:
-            running.remove(req)
-        self.block_manager.free(req)
-        req.waiting_since = self.now
-        req.state = RequestState.PREEMPTED
-        req.num_computed_tokens = 0
-        req.num_preemptions += 1
-        self.stats.num_preemptions += 1
+    # --------------------------------------------- a window that has run
+    def update(self, batch: Batch, step_times: Sequence[float],
+               sampled: Sequence[Sequence[int]] | None = None) -> list[Request]:
+        """Take each step's sampled tokens and delivery times; finish requests and free blocks."""
+        if len(step_times) != batch.num_steps:
+            raise ValueError(f"update: {len(step_times)} step times for a {batch.num_steps}-step window")
+        if self.overlap:
+            return self._settle_placeholders(batch, step_times, sampled)
+        if batch.decodes is not None:
+            return self._advance_group(batch, step_times)
+        finished: list[Request] = []
+        wasted = 0
+        k = len(step_times)
+        for i, s in enumerate(batch.seqs):
+            req = s.request
+            n = s.num_steps
+            computed = s.num_cached_tokens + s.num_query_tokens + n - 1
+            req.num_computed_tokens = computed
+            generated = req.num_output_tokens
+            owed = req.max_tokens - generated
+            if computed < req.prompt_len + generated:
+                continue  # a prefill chunk that samples nothing
+            if sampled is None:  # no token ids (the simulator): _credit's work, inline
+                if n < owed:
+                    req.token_times.extend(step_times if n == k else step_times[:n])
+                    req.num_output_tokens = generated + n
+                    continue
+                useful, done = owed, True
+                req.token_times.extend(step_times if owed == k else step_times[:owed])
+                req.num_output_tokens = generated + owed
+            else:
+                useful = n if n < owed else owed
+                useful, done = _credit(req, n, useful, useful == owed, sampled[i], step_times)
+            wasted += n - useful
+            if done:
+                req.finish_time = step_times[useful - 1]
+                self._free(req, RequestState.FINISHED)
+                finished.append(req)
+        if finished:
+            self.running = [r for r in self.running if r.state is _RUNNING]
+        if self._grouped:  # the prefill window's requests decode now: they join
+            joining = [s.request for s in batch.seqs if s.request.state is _RUNNING]
+            for req in joining:
+                if req.in_prefill:
+                    raise RuntimeError(f"request {req.request_id} is still prefilling after "
+                                       "a whole-prompt prefill window")
+            self._group.join(joining)
+        batch.num_wasted_steps = wasted
+        self.stats.num_wasted_steps += wasted
+        return finished
+
+    # --------------------------------------- overlap's windows in flight
+    def _hold_placeholders(self, batch: Batch) -> None:
+        """Overlap: move each request past ``batch`` as if it ran to its end without stopping:
+        its KV is computed, its samples are placeholders, and a request that samples its last
+        token in it leaves ``running`` for ``finishing``."""
+        done = False
+        for s in batch.seqs:
+            req = s.request
+            end = s.num_cached_tokens + s.num_query_tokens
+            req.num_computed_tokens = end + s.num_steps - 1
+            if end >= req.seq_len + req.num_output_placeholders:  # it samples
+                owed = req.max_tokens - req.num_output_tokens - req.num_output_placeholders
+                s.num_placeholders = min(s.num_steps, owed)
+                req.num_output_placeholders += s.num_placeholders
+                done = done or s.num_placeholders == owed
+        if done:
+            running = self.running
+            self.running = [r for r in running if not known_done(r)]
+            self.finishing += [r for r in running if known_done(r)]
+
+    def _settle_placeholders(self, batch: Batch, step_times: Sequence[float],
+                             sampled: Sequence[Sequence[int]] | None) -> list[Request]:
+        """update() with overlap: the window's placeholders become tokens, up to a stop."""
+        if not self._in_flight or batch is not self._in_flight[0]:
+            raise ValueError(f"update: window {batch.window_id} is not the oldest one in flight")
+        self._in_flight.popleft()
+        finished: list[Request] = []
+        wasted = late = 0
+        for i, s in enumerate(batch.seqs):
+            useful = s.num_placeholders
+            if useful == 0:
+                continue  # a prefill chunk that samples nothing
+            req = s.request
+            n = s.num_steps
+            if req.state is RequestState.FINISHED:  # stopped in the window before this one
+                wasted += n
+                late += n
+                continue
+            req.num_output_placeholders -= useful
+            done = req.num_output_tokens + useful == req.max_tokens
+            tokens = None if sampled is None else sampled[i]
+            useful, done = _credit(req, n, useful, done, tokens, step_times)
+            wasted += n - useful
+            if done:
+                req.finish_time = step_times[useful - 1]
+                req.num_output_placeholders = 0  # a window formed since counted it on: wasted
+                self._free(req, RequestState.FINISHED)  # none left if preempted in flight
+                finished.append(req)
+        if finished:
+            self.running = [r for r in self.running if r.state is _RUNNING]
+            self.finishing = [r for r in self.finishing if r.state is _RUNNING]
+            if any(r.state is RequestState.FINISHED for r in self.waiting):
+                self.waiting = deque(r for r in self.waiting if r.state is not RequestState.FINISHED)
+        batch.num_wasted_steps = wasted
+        self.stats.num_wasted_steps += wasted
+        self.stats.num_late_stop_steps += late
+        return finished
+
+    # -------------------------------------------------- the decode group
+    def group_decodes(self) -> None:
+        """Keep the running decoders as one group (policies/decode_group.py): for a backend
+        that needs a decode window's totals, not its sequences (the simulator). The windows are
+        the same; it applies under separate batches without overlap, where no policy hook reads
+        a running request (``Policy.reads_running``) and no block is shared (prefix caching);
+        elsewhere this does nothing."""
+        policy = self.policy
+        if (self.overlap or policy.mixed_batches or policy.chunk_prefills or policy.preemptive
+                or vars(type(policy)).get("reads_running", True) or self.running or self.waiting):
+            return
+        self._group = DecodeGroup(self.config.block_size)
+        self._grouped = True
+
+    def _group_takes(self, k: int, budget: int) -> bool:
+        """Whether the decode group forms this k-step decode window (its blocks taken by
+        count); where a window needs the running requests one by one (too few blocks or
+        tokens for all), the group is settled and the caller forms it."""
+        if not self._grouped:
+            if self._regroup_wait:
+                self._regroup_wait -= 1
+                return False
+            if not self._regroup():
+                self._regroup_wait = _REGROUP_AFTER
+                return False
+        bm = self.block_manager
+        if budget < len(self.running) or \
+                (need := self._group.blocks_needed(k)) > bm.num_free_blocks:
+            self.settle()
+            self._regroup_wait = _REGROUP_AFTER
+            return False
+        bm.unassigned += need
+        return True
+
+    def _joins(self, req: Request) -> bool:
+        """Whether running ``req`` can join the decode group: it decodes, and its block table
+        holds exactly its computed tokens (as every decode window leaves it)."""
+        return (not req.in_prefill
+                and len(req.block_table) == self.block_manager.blocks_for(req.num_computed_tokens))
+
+    def _regroup(self) -> bool:
+        """Form the decode group of every running request, if each can join."""
+        if not all(self._joins(r) for r in self.running):
+            return False
+        self._group.join(self.running)
+        self._grouped = True
+        return True
+
+    def settle(self) -> None:
+        """Write the decode group's members' state back to them (computed and output tokens,
+        token times, block tables), so that the requests say where they are; the scheduler
+        then forms windows one sequence at a time until it can group them again."""
+        if not self._grouped:
+            return
+        members = self._group.settle()
+        self.block_manager.assign(members, [r.num_computed_tokens for r in members])
+        self._grouped = False
+
+    def _advance_group(self, batch: Batch, step_times: Sequence[float]) -> list[Request]:
+        """update() of a decode group's window: its finishing members finish."""
+        finished, wasted = self._group.advance(batch.decodes, step_times)
+        if finished:
+            for req in finished:
+                self._free(req, RequestState.FINISHED)
+            # every running request is a member, in join order (it joins in running order, and
+            # a window that admits is not a group's): those left are the running list
+            members = self._group.members
+            if len(members) != len(self.running) - len(finished):
+                raise RuntimeError(f"{len(self.running)} requests running, a decode group of "
+                                   f"{len(members)} after {len(finished)} finished")
+            self.running = list(members.values())
+        batch.num_wasted_steps = wasted
+        self.stats.num_wasted_steps += wasted
+        return finished
+
+
+def known_done(req: Request) -> bool:
+    """Overlap: the request's last token is among its placeholders."""
+    return req.num_output_tokens + req.num_output_placeholders >= req.max_tokens
+
+
+def _credit(req: Request, n: int, useful: int, done: bool, tokens: Sequence[int] | None,
+            step_times: Sequence[float]) -> tuple[int, bool]:
+    """Give ``req`` the first ``useful`` of its ``n`` steps' tokens (``tokens``: the sampled ids,
+    None where the backend samples none), stopping after an EOS; (tokens kept, finished)."""
+    if tokens is not None:
+        if len(tokens) < n:
+            raise ValueError(f"update: request {req.request_id} got {len(tokens)} "
+                             f"tokens for {n} steps")
+        if req.eos_token_id is not None and req.eos_token_id in tokens[:useful]:
+            useful = list(tokens[:useful]).index(req.eos_token_id) + 1
+            done = True
+        req.output_token_ids.extend(tokens[:useful])
+    req.token_times.extend(islice(step_times, useful))
+    req.num_output_tokens += useful
+    return useful, done

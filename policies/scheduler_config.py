@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from policies.base import check_bool, check_int, check_number, check_settings
+from common.checks import check_bool, check_int, check_number, check_settings
 
 
 @dataclass(frozen=True, slots=True)
