@@ -16,14 +16,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from policies.early_rejection import EarlyRejection
 from policies.request import Request
 from policies.routers import ReplicaLoad, Router
 from policies.scheduler import Scheduler
+from simulator.cluster import ROLES
 from simulator.events import call_at
 from simulator.link import LinkSpec, kv_transfer_bytes, transfer_span
 from simulator.memory import kv_bytes_per_token_per_gpu
 
-ROLES = ("mixed", "prefill", "decode")
 
 
 def check_roles(roles: Sequence[str], link: LinkSpec | None) -> bool:
@@ -80,6 +81,8 @@ class Disaggregation:
     log: HandoffLog | None = None
     link_free: dict[int, float] = field(default_factory=dict)
     first: dict[int, tuple] = field(default_factory=dict)  # id(req) -> (prefill sim, times)
+    rejection: EarlyRejection | None = None
+    num_rejected: int = 0
 
     def __post_init__(self) -> None:
         self.decode_loads: list[ReplicaLoad] = [sim.load for sim in self.decode]
@@ -144,6 +147,18 @@ class Disaggregation:
                 self.log.prefill_replica[self.log.position[id(req)]] = sim.index
         if not sim.shared.client.num_unsent and not self.prefilling():
             wake_idle(self.decode)
+
+    def reject(self, req: Request, sim, now: float) -> bool:
+        """Early rejection (``rejection``) of ``req``, routed to prefill replica ``sim``: a
+        rejected request is sent nowhere, is never served, and frees its client slot now."""
+        if self.rejection is None or not self.rejection.rejects(req, sim.load,
+                                                                 self.decode_loads):
+            return False
+        if self.log is not None:
+            self.log.rejected[self.log.position[id(req)]] = True
+        self.num_rejected += 1
+        sim.shared.client.finished([req], [now])  # (a later turn it held back: now due)
+        return True
 
     def _arrive(self, sched: Scheduler, req: Request, dsim, v: int) -> None:
         """The KV is on the decode replica: the prefill replica's blocks go back, and the decode

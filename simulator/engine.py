@@ -86,13 +86,14 @@ from common.client import PROGRESS_BAR_FORMAT, Client
 from common.model_spec import ModelSpec
 from common.window_record import window_record
 from policies.batch import Batch
+from policies.early_rejection import EarlyRejection
 from policies.hooks import checked_router
 from policies.late_schedule import LateSchedule
 from policies.request import Request, RequestState
 from policies.routers import ReplicaLoad, RoundRobin, Router
 from policies.scheduler import Scheduler, SchedulerStats
 from simulator.clock import PowerClock
-from simulator.cost_model import window_shapes
+from simulator.cost_model import step_time_fn, window_shapes
 from simulator.disaggregation import Disaggregation, HandoffLog, check_roles
 from simulator.events import At, call_at
 from simulator.front_end import apply_delivery_times, arrivals, client_finished, deliver
@@ -154,14 +155,18 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
                      steps: Sequence[StepRows] | None = None,
                      processes: Sequence[UserProcess | str] | None = None,
                      decode_router: Router | None = None, link: LinkSpec | None = None,
-                     handoffs: HandoffLog | None = None) -> ClusterResult:
+                     handoffs: HandoffLog | None = None,
+                     early_rejection: tuple[float | None, float | None] | None = None
+                     ) -> ClusterResult:
     """Serve ``requests`` on the replicas, each request sent to the one ``router`` picks.
     ``steps``: each replica's StepRows to fill, and ``processes``, as ``simulate``'s.
 
     Disaggregated (a replica's ``role`` prefill or decode): ``router`` picks among the prefill
     and mixed replicas, ``decode_router`` (default round_robin) the decode replica a prefilled
     request continues on, its KV sent over ``link`` (simulator/disaggregation.py); ``handoffs``
-    gets each request's prefill replica and transfer times."""
+    gets each request's prefill replica and transfer times. ``early_rejection``: the default
+    (TTFT, TPOT) targets in ms of Mooncake-style early rejection at arrival
+    (policies/early_rejection.py; a request's SLO class's targets first); None: off."""
     if not replicas:
         raise ValueError("cluster.num_replicas must be >= 1, got 0")
     cluster = len(replicas) > 1
@@ -193,18 +198,25 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
                          at[i])
                 for i, spec in enumerate(replicas)]
         replica_of: dict[int, int] = {}
-        entry = None
+        entry = pd = None
+        if early_rejection is not None and not disaggregated:
+            raise ValueError("cluster.early_rejection applies to a disaggregated cluster only")
         if disaggregated:
             entry = [sims[i] for i in pools[0]]
             pd = Disaggregation(link, checked_router(decode_router or RoundRobin()),
                                 [s for s in sims if s.role == "prefill"],
                                 [sims[i] for i in pools[1]], replica_of, handoffs)
+            if early_rejection is not None:
+                pd.rejection = EarlyRejection(
+                    [_prefill_time(replicas[i]) for i in pools[0]],
+                    [_decode_step_time(replicas[i]) for i in pools[1]], *early_rejection)
             for sim in sims:
                 if sim.role == "prefill":
                     sim.sends_kv = pd
                 elif sim.role == "decode":
                     sim.takes_kv = pd
-        own = [env.process(arrivals(shared, sims, checked_router(router), replica_of, entry))]
+        own = [env.process(arrivals(shared, sims, checked_router(router), replica_of, entry,
+                                    None if pd is None or pd.rejection is None else pd.reject))]
         for sim in sims:
             overlap = sim.schedulers[0].overlap
             for v in range(len(sim.schedulers)):
@@ -245,6 +257,18 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
     per = [_result(sim, mine, wall) for sim, mine in zip(sims, routed, strict=True)]
     total = per[0] if len(per) == 1 else cluster_total(per, requests, wall)
     return ClusterResult(total, per, where, list(replicas))
+
+
+def _prefill_time(spec: ReplicaSpec) -> Callable[[int], float]:
+    """Seconds to prefill a prompt of n tokens alone on this replica (the cost model)."""
+    first = step_time_fn(spec.model, spec.hw)
+    return lambda n: first(0, 0, 0, [(n, 0, True)]) * spec.time_scale
+
+
+def _decode_step_time(spec: ReplicaSpec) -> Callable[[int, int], float]:
+    """Seconds of a decode step of n sequences over kv tokens on this replica."""
+    first = step_time_fn(spec.model, spec.hw)
+    return lambda n, kv: first(n, kv, kv // max(n, 1), ()) * spec.time_scale
 
 
 def _replica(shared: Shared, index: int, spec: ReplicaSpec, steps: StepRows,

@@ -7,7 +7,7 @@ delivered (simulator/engine.py's module doc: the timeline)."""
 from __future__ import annotations
 
 import operator
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import numpy as np
@@ -22,11 +22,12 @@ _FINISH_TIME = operator.attrgetter("finish_time")
 
 
 def arrivals(shared: Shared, sims: list[ReplicaSim], router: Router,
-             replica_of: dict[int, int], pool: list[ReplicaSim] | None = None) -> Generator:
+             replica_of: dict[int, int], pool: list[ReplicaSim] | None = None,
+             reject: Callable[[Request, ReplicaSim, float], bool] | None = None) -> Generator:
     """Send requests as the client does (at their arrival times; with max_concurrency, when a
     slot frees), each to the replica the router picks of ``pool`` (the replicas a request
     starts on: all but a disaggregated cluster's decode replicas), round-robin over its
-    virtual engines."""
+    virtual engines. ``reject``: early rejection (a rejected request goes nowhere)."""
     env, client = shared.env, shared.client
     if pool is None:
         pool = sims
@@ -49,6 +50,8 @@ def arrivals(shared: Shared, sims: list[ReplicaSim], router: Router,
         for req in sent:
             r = 0 if single else router.route(req, loads, now)
             sim = pool[r]
+            if reject is not None and reject(req, sim, now):
+                continue
             if not single:  # (one replica needs no map: every request is its)
                 replica_of[id(req)] = sim.index
                 load = sim.load
