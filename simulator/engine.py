@@ -259,10 +259,10 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
     return ClusterResult(total, per, where, list(replicas))
 
 
-def _prefill_time(spec: ReplicaSpec) -> Callable[[int], float]:
-    """Seconds to prefill a prompt of n tokens alone on this replica (the cost model)."""
+def _prefill_time(spec: ReplicaSpec) -> Callable[[int, int], float]:
+    """Seconds of a step prefilling m prompts of n tokens on this replica (the cost model)."""
     first = step_time_fn(spec.model, spec.hw)
-    return lambda n: first(0, 0, 0, [(n, 0, True)]) * spec.time_scale
+    return lambda n, m: first(0, 0, 0, [(n, 0, True)] * m) * spec.time_scale
 
 
 def _decode_step_time(spec: ReplicaSpec) -> Callable[[int, int], float]:
