@@ -197,11 +197,18 @@ class ClusterChoice:
                 self.groups.append(self._group(n, where, sections))
         if self.disaggregated:
             self._disaggregation(cluster)
-        else:
-            for key in ("decode_router", "link", "early_rejection"):
-                if cluster.get(key) not in (None, False):
-                    raise ValueError(f"cluster.{key} applies to a disaggregated cluster only (a "
-                                     "cluster.groups entry with role: prefill or decode)")
+        elif cluster.get("early_rejection"):  # (decode_router and link: unused, as a sweep
+            # over layouts sets them for all)
+            raise ValueError("cluster.early_rejection applies to a disaggregated cluster only (a "
+                             "cluster.groups entry with role: prefill or decode)")
+
+    @property
+    def layout(self) -> str:
+        """The replicas per role, "1 prefill + 1 decode" (result.json's schedlab.layout)."""
+        count: dict[str, int] = {}
+        for g in self.groups:
+            count[g.role] = count.get(g.role, 0) + g.replicas
+        return " + ".join(f"{count[r]} {r}" for r in ("prefill", "decode", "mixed") if r in count)
 
     def _disaggregation(self, cluster: Mapping[str, Any]) -> None:
         """The decode router (``cluster.decode_router``: a router's name or its settings;

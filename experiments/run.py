@@ -339,6 +339,7 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             if cluster.disaggregated:
                 from simulator.cluster import disaggregation_summary
 
+                extra["layout"] = cluster.layout
                 result["disaggregation"] = disaggregation_summary(
                     result["replicas"], backend.handoffs, cluster.link,
                     cluster.decode_router_name, cluster.early_rejection)

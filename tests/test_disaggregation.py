@@ -252,8 +252,8 @@ def test_a_disaggregated_run_reports_its_transfers_pools_and_rejections(tmp_path
      "cluster.link={name:rdma,bandwidth_gb_s:-1}", "cluster.link.bandwidth_gb_s must be > 0"),
     ("cluster.groups=[{replicas:1,role:prefill},{replicas:1,role:decode}] cluster.link=wifi",
      "no link config 'wifi'"),
-    ("cluster.num_replicas=2 cluster.decode_router=kv_balance",
-     "cluster.decode_router applies to a disaggregated cluster only"),
+    ("cluster.num_replicas=2 cluster.early_rejection=true",
+     "cluster.early_rejection applies to a disaggregated cluster only"),
     ("cluster.groups=[{replicas:1,role:prefill},{replicas:1,role:decode}] "
      "cluster.decode_router=nope", "unknown router 'nope'"),
     ("cluster.groups=[{replicas:1,role:prefill,scheduler:{overlap:true}},{replicas:1,role:decode}]",
