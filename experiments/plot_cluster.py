@@ -93,7 +93,7 @@ def layout_figure(df: pd.DataFrame) -> Figure:
         lambda n: f"{int(n)} colocated")
     fig, ax = plt.subplots(figsize=(5.2, 3.8))
     for i, (layout, rows) in enumerate(sorted(df.groupby("layout"),
-                                              key=lambda kv: "disagg" in kv[0])):
+                                              key=lambda kv: "colocated" not in kv[0])):
         rows = rows.sort_values("request_rate")
         ax.plot(rows["request_rate"], rows["request_goodput"], marker="o", ms=3, color=f"C{i}",
                 label=layout)

@@ -66,6 +66,15 @@ callback on an event (``events.call_at``) rather than a process of its own
    sends each request to the replica a router (policies/routers.py) picks at its send time.
    Every process wakes at an absolute time (``events.At``), so a replica's timeline is the one
    it has alone on the same requests.
+
+9. Disaggregated (a replica's ``role``: simulator/disaggregation.py), a prefill replica's
+   window closes (``update()``), and each request that sampled its first token leaves its
+   scheduler (its blocks still held) for the decode replica the decode router picks then; its
+   KV crosses the prefill replica's link, a busy-until FIFO as the engine thread is
+   (simulator/link.py), and at the transfer's end (a callback) the prefill replica's blocks go
+   back and the decode replica's scheduler takes the request with its KV present, waking its
+   engine. Its first token's time is its delivery on the prefill replica; a decode replica's
+   engine is done only once no prefill replica holds a request.
 """
 
 from __future__ import annotations

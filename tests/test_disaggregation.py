@@ -263,3 +263,16 @@ def test_bad_disaggregation_settings_are_one_line_errors(tmp_path, override, mes
     with pytest.raises(ValueError) as err:
         _run_cli(tmp_path, *override.split(" "))
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_layout_figure_draws_a_line_per_layout():
+    import pandas as pd
+
+    from experiments.plot_cluster import layout_figure
+
+    rows = [{"layout": layout, "num_replicas": 2, "request_rate": rate, "workload": "sharegpt",
+             "request_goodput": rate * f, "goodput_ttft_ms": 250.0, "goodput_tpot_ms": 50.0}
+            for layout, f in ((None, 0.9), ("1 prefill + 1 decode", 0.8)) for rate in (10, 20)]
+    fig = layout_figure(pd.DataFrame(rows))
+    labels = [line.get_label() for line in fig.axes[0].get_lines()]
+    assert labels[:2] == ["2 colocated", "1 prefill + 1 decode"]
