@@ -34,7 +34,7 @@ from experiments.figure_style import save  # noqa: E402
 
 # The documented scenario's run settings (docs/cluster.md, "The layout search")
 SCENARIO = ("model=llama3_8b", "hardware=h100_sxm", "workload=sharegpt",
-            "workload.num_prompts=1000", "goodput.ttft_ms=250", "goodput.tpot_ms=50",
+            "workload.num_prompts=1000", "goodput.ttft_ms=250", "goodput.tpot_ms=25",
             "router=least_outstanding", "cluster.decode_router=kv_balance",
             "cluster.link=nvlink")
 
@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> None:
                          "parallel.* after --)")
     ap.add_argument("--policies", nargs="+", type=_policy, default=[("multi_step", 8)],
                     help="NAME or NAME:K (num_steps) each")
-    ap.add_argument("--rates-per-gpu", nargs="+", type=float, default=[10, 20, 30, 40, 50, 60])
+    ap.add_argument("--rates-per-gpu", nargs="+", type=float,
+                    default=[10, 20, 30, 40, 50, 60, 70, 80])
     ap.add_argument("--attainment", type=float, default=0.9)
     ap.add_argument("extra", nargs="*", help="after --: experiments.run overrides (model, "
                                              "hardware, workload, goodput, hydra/launcher)")

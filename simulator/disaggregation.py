@@ -26,7 +26,6 @@ from simulator.link import LinkSpec, kv_transfer_bytes, transfer_span
 from simulator.memory import kv_bytes_per_token_per_gpu
 
 
-
 def check_roles(roles: Sequence[str], link: LinkSpec | None) -> bool:
     """Whether a cluster of replicas with these roles is disaggregated, its roles checked: a
     prefill pool needs a decode pool and the other way round, and a link between them."""
