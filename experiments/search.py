@@ -3,14 +3,16 @@ hardware, workload and SLO, which cluster layout (colocated replicas, or prefill
 replicas, and the policy each runs) gives the most goodput per GPU.
 
     python -m experiments.search                       # the documented scenario (docs/cluster.md)
-    python -m experiments.search --max-gpus 4 --policies multi_step:8 chunked_prefill \\
-        --rates-per-gpu 10 20 30 40 -- model=llama3_70b parallel.tensor_parallel_size=4
+    python -m experiments.search --max-gpus 8 --gpus-per-replica 4 \\
+        --policies multi_step:8 chunked_prefill --rates-per-gpu 2 4 6 8 \\
+        -- model=llama3_70b parallel.tensor_parallel_size=4
     python -m experiments.search -- hydra/launcher=slurm hydra.launcher.partition=<p>
 
 Every layout of up to ``--max-gpus`` GPUs (n colocated replicas; p prefill + d decode
-replicas) under each policy is run at each rate of ``--rates-per-gpu`` times its GPU count, the
-layouts of one GPU count as one Hydra sweep of experiments.run (so on joblib, SLURM or Ray as
-every sweep, through the arguments after ``--``). A layout's goodput per GPU is DistServe's:
+replicas) under each policy is run at each rate of ``--rates-per-gpu`` times its GPU count,
+on ``--prompts-per-gpu`` times its GPU count requests, the layouts of one GPU count as one
+Hydra sweep of experiments.run (so on joblib, SLURM or Ray as every sweep, through the
+arguments after ``--``). A layout's goodput per GPU is DistServe's:
 the highest rate at which at least ``--attainment`` of the requests meet every goodput target,
 over its GPUs. The search prints each layout's, the best, and the Pareto front of GPUs against
 the goodput they sustain, and draws it (search_pareto.png in the search's directory).
@@ -34,7 +36,7 @@ from experiments.figure_style import save  # noqa: E402
 
 # The documented scenario's run settings (docs/cluster.md, "The layout search")
 SCENARIO = ("model=llama3_8b", "hardware=h100_sxm", "workload=sharegpt",
-            "workload.num_prompts=1000", "goodput.ttft_ms=250", "goodput.tpot_ms=25",
+            "goodput.ttft_ms=250", "goodput.tpot_ms=25",
             "router=least_outstanding", "cluster.decode_router=kv_balance",
             "cluster.link=nvlink")
 
@@ -111,12 +113,14 @@ def pareto(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_sweep(out: Path, gpus: int, cands: list[Layout], rates: list[float],
-              extra: list[str]) -> Path:
-    """One Hydra sweep of experiments.run over these layouts and rates; its aggregate.csv."""
+              extra: list[str], prompts: int = 1000) -> Path:
+    """One Hydra sweep of experiments.run over these layouts and rates, ``prompts`` requests
+    each (a larger cluster gets more, so that its highest rate lasts as long); its
+    aggregate.csv."""
     sweep = out / f"{gpus}gpu"
     groups = ",".join(c.groups() for c in cands)
     cmd = [sys.executable, "-m", "experiments.run", "-m", "progress=false", "++skip_existing=true",
-           *SCENARIO, f"cluster.groups={groups}",
+           *SCENARIO, f"workload.num_prompts={prompts}", f"cluster.groups={groups}",
            "workload.request_rate=" + ",".join(f"{r:g}" for r in rates),
            f"hydra.sweep.dir={sweep}", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -129,12 +133,12 @@ def run_sweep(out: Path, gpus: int, cands: list[Layout], rates: list[float],
 
 def search(out: Path, max_gpus: int, policies: list[tuple[str, int | None]],
            rates_per_gpu: list[float], attainment: float, gpus_per_replica: int = 1,
-           extra: list[str] | None = None) -> pd.DataFrame:
+           extra: list[str] | None = None, prompts_per_gpu: int = 1000) -> pd.DataFrame:
     """Run every candidate and return one row per layout: its GPUs and goodput per GPU."""
     rows = []
     for gpus, cands in layouts(max_gpus, gpus_per_replica, policies).items():
         table = pd.read_csv(run_sweep(out, gpus, cands, [r * gpus for r in rates_per_gpu],
-                                      list(extra or [])))
+                                      list(extra or []), prompts_per_gpu * gpus))
         # (a colocated run records no layout)
         layout = table["layout"].astype(object) if "layout" in table else \
             pd.Series([None] * len(table), dtype=object)
@@ -156,6 +160,8 @@ def _layout_label(cand: Layout) -> str:
 
 
 def pareto_figure(table: pd.DataFrame, front: pd.DataFrame) -> plt.Figure:
+    """Each layout's goodput sustained (per GPU times GPUs) against its GPUs, the Pareto front
+    drawn and named."""
     fig, ax = plt.subplots(figsize=(5.6, 4.0))
     ax.scatter(table["gpus"], table["goodput_per_gpu"] * table["gpus"], color="0.6", s=18,
                label="layouts")
@@ -163,7 +169,9 @@ def pareto_figure(table: pd.DataFrame, front: pd.DataFrame) -> plt.Figure:
             label="Pareto front")
     for _, row in front.iterrows():
         ax.annotate(row["layout"], (row["gpus"], row["goodput_per_gpu"] * row["gpus"]),
-                    fontsize=7, xytext=(4, -10), textcoords="offset points")
+                    fontsize=7, xytext=(4, 6), textcoords="offset points")
+    ax.set_xticks(sorted(table["gpus"].unique()))
+    ax.margins(x=0.2, y=0.12)
     ax.set_xlabel("GPUs")
     ax.set_ylabel("goodput sustained (req/s at the attainment)")
     ax.set_title("Layout search")
@@ -190,13 +198,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--policies", nargs="+", type=_policy, default=[("multi_step", 8)],
                     help="NAME or NAME:K (num_steps) each")
     ap.add_argument("--rates-per-gpu", nargs="+", type=float,
-                    default=[10, 20, 30, 40, 50, 60, 70, 80])
+                    default=[10, 20, 30, 40, 50, 60, 70, 80, 90, 100])
     ap.add_argument("--attainment", type=float, default=0.9)
+    ap.add_argument("--prompts-per-gpu", type=int, default=1000,
+                    help="requests a run, per GPU of its layout")
     ap.add_argument("extra", nargs="*", help="after --: experiments.run overrides (model, "
                                              "hardware, workload, goodput, hydra/launcher)")
     args = ap.parse_args(argv)
     for name, value, low in (("--max-gpus", args.max_gpus, 1),
-                             ("--gpus-per-replica", args.gpus_per_replica, 1)):
+                             ("--gpus-per-replica", args.gpus_per_replica, 1),
+                             ("--prompts-per-gpu", args.prompts_per_gpu, 1)):
         if value < low:
             ap.error(f"{name} must be >= {low}, got {value}")
     if not 0 < args.attainment <= 1:
@@ -205,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--rates-per-gpu must be > 0")
     try:
         table = search(args.out, args.max_gpus, args.policies, args.rates_per_gpu,
-                       args.attainment, args.gpus_per_replica, args.extra)
+                       args.attainment, args.gpus_per_replica, args.extra, args.prompts_per_gpu)
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
