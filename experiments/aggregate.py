@@ -39,12 +39,13 @@ SCHEDLAB_KEYS = ["backend", "policy", "k", "overlap", "tensor_parallel_size", "m
                  "num_invocations", "num_preemptions", "num_wasted_steps", "gpu_busy_fraction",
                  "simulated_seconds_per_wall_second", "time_scale", "config_sha256",
                  "prefix_cache_hit_rate",
-                 "router", "num_replicas"]  # a cluster's (cluster.num_replicas, router)
+                 "router", "num_replicas",  # a cluster's (cluster.num_replicas, router)
+                 "layout"]  # a disaggregated cluster's pools ("1 prefill + 1 decode")
 
 
 # Settings a row holds as text, and as numbers (JSON numbers; None where not recorded).
 TEXT_KEYS = frozenset({"backend", "policy", "model", "hardware", "overhead", "config_sha256",
-                       "workload", "router"})
+                       "workload", "router", "layout"})
 # An integer beyond int64 fits no table column (parquet, numpy) and is no count or time anyway.
 MAX_INT = 2**63 - 1
 # How metrics.py writes a number that is not finite (JSON has none).

@@ -65,6 +65,11 @@ class Backend:
         """result.json's fields of this backend alone (after the others)."""
         return {}
 
+    @property
+    def request_columns(self) -> list[tuple[str, Any]]:
+        """requests.csv's columns after its own (name, a value per request)."""
+        return []
+
 
 class SimBackend(Backend):
     """The discrete-event simulator (simulator/): one replica, or a cluster behind a router."""
@@ -89,6 +94,7 @@ class SimBackend(Backend):
         self.time_scale = float(self.settings.get("time_scale", 1.0))
         self.replica_specs = self.cluster.replica_specs(plain(self.cfg["backend"]))
         self.finishes: Any = None
+        self.handoffs: Any = None  # a disaggregated cluster's per-request hand-offs
 
     def run(self, requests: list[Request], run_dir: Path, *, max_concurrency: int | None,
             progress: bool) -> Any:
@@ -99,20 +105,35 @@ class SimBackend(Backend):
         cluster = self.cluster
         # one replica's steps.csv rows are written as the run goes, with requests.csv's
         steps = StepRows(False) if cluster.size == 1 else None
+        pd: dict[str, Any] = {}
+        if cluster.disaggregated:
+            from simulator.disaggregation import HandoffLog
+
+            self.handoffs = HandoffLog(requests)
+            goodput = plain(self.cfg.get("goodput") or {})
+            pd = {"decode_router": cluster.decode_router, "link": cluster.link,
+                  "handoffs": self.handoffs,
+                  "early_rejection": (goodput.get("ttft_ms"), goodput.get("tpot_ms"))
+                  if cluster.early_rejection else None}
         self.finishes = FinishedRequests(requests, run_dir, cluster=cluster.size > 1,
-                                         steps=steps)
+                                         steps=steps, extra_columns=self.request_columns)
         self.streamed = self.finishes.streamed
         self.cluster_outcome = simulate_cluster(requests, self.replica_specs, cluster.router,
                                                 max_concurrency=max_concurrency,
                                                 progress=progress, on_finish=self.finishes,
                                                 steps=None if steps is None else [steps],
-                                                processes=self.processes)
+                                                processes=self.processes, **pd)
         if self.streamed is not None:  # its workers' memory back before the metrics' peak
             self.streamed.finish()
         return self.cluster_outcome.total
 
     def times(self, requests: Sequence[Request]) -> Any:
         return self.finishes.table()  # taken as each request finished
+
+    @property
+    def request_columns(self) -> list[tuple[str, Any]]:
+        """requests.csv's columns after its own: a disaggregated cluster's hand-offs."""
+        return self.handoffs.columns() if self.handoffs is not None else []
 
     def labels(self, outcome: Any) -> dict[str, Any]:
         sections = self.cluster.sections  # the run's, or its one replica's (its group's)

@@ -149,6 +149,7 @@ class ReplicaGroup:
     overhead: OverheadSpec
     gpu_memory_utilization: float
     num_blocks: int  # per virtual engine
+    role: str = "mixed"  # prefill, decode or mixed: disaggregation (docs/cluster.md)
 
     def request_limit(self) -> tuple[int, str]:
         """The longest request one of its replicas admits, and what sets it."""
@@ -184,6 +185,11 @@ class ClusterChoice:
         self.groups: list[ReplicaGroup] = []
         self.parallel = parallel
         self.labels: list[dict[str, Any]] = []
+        # disaggregation: the decode pool's router, the link its KV crosses, early rejection
+        self.decode_router: Any = None
+        self.link: Any = None
+        self.early_rejection = False
+        self.disaggregated = any(settings.get("role", "mixed") != "mixed" for _, settings in groups)
         if backend.get("name") != "sim":
             if grouped:
                 raise ValueError("cluster.groups is simulated only (backend=sim)")
@@ -197,6 +203,58 @@ class ClusterChoice:
             where = f"cluster.groups[{i}]" if grouped else ""
             with settings_at(where, GROUP_KEYS) if grouped else contextlib.nullcontext():
                 self.groups.append(self._group(n, where, sections))
+        if self.disaggregated:
+            self._disaggregation(cluster)
+        elif cluster.get("early_rejection"):  # (decode_router and link: unused, as a sweep
+            # over layouts sets them for all)
+            raise ValueError("cluster.early_rejection applies to a disaggregated cluster only (a "
+                             "cluster.groups entry with role: prefill or decode)")
+
+    @property
+    def layout(self) -> str:
+        """The replicas per role, "1 prefill + 1 decode" (result.json's schedlab.layout)."""
+        count: dict[str, int] = {}
+        for g in self.groups:
+            count[g.role] = count.get(g.role, 0) + g.replicas
+        return " + ".join(f"{count[r]} {r}" for r in ("prefill", "decode", "mixed") if r in count)
+
+    def _disaggregation(self, cluster: Mapping[str, Any]) -> None:
+        """The decode router (``cluster.decode_router``: a router's name or its settings;
+        default round_robin), the link (``cluster.link``: conf/link/<name>.yaml or settings
+        over one; default rdma) and ``cluster.early_rejection``, checked with the pools."""
+        from common.checks import check_bool
+        from policies.routers import make_router
+        from simulator.disaggregation import check_roles
+        from simulator.link import LinkSpec
+
+        router = cluster.get("decode_router") or "round_robin"
+        if isinstance(router, str):  # conf/router/<name>.yaml where there is one (its module)
+            try:
+                router = conf_section("router", router)
+            except ValueError:
+                router = {"name": router}
+        router = dict(router) if isinstance(router, Mapping) else {"name": router}
+        name = router.pop("name", "round_robin")
+        with settings_at("cluster.decode_router", ("router",)):
+            self.decode_router = make_router(name, **router)
+        self.decode_router_name = name
+        link = cluster.get("link") or "rdma"
+        if isinstance(link, str):
+            link = conf_section("link", link)
+        elif isinstance(link, Mapping):
+            link = {**conf_section("link", link.get("name", "rdma")), **link}
+        else:
+            raise ValueError(f"cluster.link must be a link's name (conf/link: nvlink, pcie, "
+                             f"rdma, same_gpu) or settings over one, got {link!r}")
+        self.link = LinkSpec.from_dict(link)
+        self.early_rejection = check_bool("cluster.early_rejection",
+                                          cluster.get("early_rejection") or False)
+        roles = [g.role for g in self.groups for _ in range(g.replicas)]
+        check_roles(roles, self.link)
+        for g in self.groups:
+            if g.role == "prefill" and g.choice.scheduler.overlap:
+                raise ValueError(f"{g.where}.scheduler.overlap: a prefill group's requests "
+                                 "leave once prefilled; overlap is not modelled there")
 
     def _group(self, replicas: int, where: str, sections: dict[str, Any]) -> ReplicaGroup:
         from simulator.hardware import HardwareSpec
@@ -217,7 +275,7 @@ class ClusterChoice:
         else:
             check_int("num_blocks", num_blocks, 1)
         return ReplicaGroup(replicas, where, sections, model, choice, hardware, overhead,
-                            float(util), num_blocks)
+                            float(util), num_blocks, sections.get("role", "mixed"))
 
     def request_limit(self) -> tuple[int, str]:
         """The longest request every replica admits, and what sets it: a request may be sent to
@@ -235,6 +293,8 @@ class ClusterChoice:
                      "hardware": group.sections["hardware"].get("name"),
                      "overhead": group.sections["overhead"].get("name"),
                      "policy": choice.name, "k": getattr(choice.policy, "num_steps", 1)}
+            if self.disaggregated:
+                label["role"] = group.role
             for _ in range(group.replicas):
                 specs.append(ReplicaSpec(
                     choice.new_scheduler, group.model, group.hardware, group.overhead,
@@ -242,7 +302,8 @@ class ClusterChoice:
                     gpu_memory_utilization=group.gpu_memory_utilization,
                     num_blocks=group.num_blocks,
                     stream_per_step=bool(backend.get("stream_per_step", False)),
-                    time_scale=float(backend.get("time_scale", 1.0)), group=g))
+                    time_scale=float(backend.get("time_scale", 1.0)), group=g,
+                    role=group.role))
                 self.labels.append(dict(label))
         return specs
 

@@ -31,7 +31,8 @@ class FinishedRequests:
     far (None in a short run); ``table()``: every request's times once the run is over."""
 
     def __init__(self, requests: Sequence[Request], run_dir: str | os.PathLike[str], *,
-                 cluster: bool, steps: StepRows | None = None) -> None:
+                 cluster: bool, steps: StepRows | None = None,
+                 extra_columns: Sequence[tuple[str, np.ndarray]] = ()) -> None:
         self._requests = requests
         self._recorder = TimesRecorder(len(requests))
         self._routed_to = np.zeros(len(requests), np.int64) if cluster else None
@@ -39,7 +40,8 @@ class FinishedRequests:
         # all finished (the rows' times are the recorder's, final once placed), and with them
         # ``steps``' rows so far (the simulation's StepRows as it appends them)
         self.streamed = StreamedRows.start(run_dir, RequestRows(requests, self._routed_to,
-                                                                self._recorder.columns()), steps)
+                                                                self._recorder.columns(),
+                                                                extra_columns), steps)
         if self.streamed is not None:
             self._recorder.on_placed = self.streamed.add
 

@@ -1,8 +1,10 @@
-"""Cluster figures: a run's load per replica over time (from its steps.csv), and the router
-sweep's goodput against request rate, a line per router, a panel per replica count.
+"""Cluster figures: a run's load per replica over time (from its steps.csv), the router
+sweep's goodput against request rate, a line per router, a panel per replica count, and the
+colocated-against-disaggregated sweep's goodput against rate, a line per layout.
 
     python -m experiments.plot_cluster outputs/<run>/            # load_per_replica.png/.svg
     python -m experiments.plot_cluster multirun/router_sweep/aggregate.csv
+    python -m experiments.plot_cluster multirun/pd_sweep/aggregate.csv    # pd_sweep_goodput
 """
 
 from __future__ import annotations
@@ -47,8 +49,12 @@ def load_figure(run_dir: Path, out: Path | None = None) -> list[Path]:
 
 
 def router_sweep_figure(table: Path, out: Path | None = None) -> list[Path]:
-    """The router sweep's figure from its aggregate.csv (router_figure), saved beside it."""
+    """The router sweep's figure from its aggregate.csv (router_figure), saved beside it; a
+    sweep over layouts with disaggregated ones (``layout``, +experiment=pd_sweep) gets
+    layout_figure instead."""
     df = pd.read_csv(table)
+    if "layout" in df and df["layout"].notna().any():
+        return save(layout_figure(df), out or table.parent, "pd_sweep_goodput")
     missing = {"router", "num_replicas", "request_rate", "request_goodput"} - set(df)
     if missing:
         raise ValueError(f"{table} lacks {sorted(missing)}: not a router sweep's table "
@@ -78,11 +84,33 @@ def router_figure(df: pd.DataFrame) -> Figure:
     return fig
 
 
+def layout_figure(df: pd.DataFrame) -> Figure:
+    """Goodput against the configured rate, a line per cluster layout ("2 colocated", "1
+    prefill + 1 decode"), with the offered load; the y axis names the targets."""
+    df = df.copy()
+    colocated = df["layout"].isna()
+    df.loc[colocated, "layout"] = df.loc[colocated, "num_replicas"].map(
+        lambda n: f"{int(n)} colocated")
+    fig, ax = plt.subplots(figsize=(5.2, 3.8))
+    for i, (layout, rows) in enumerate(sorted(df.groupby("layout"),
+                                              key=lambda kv: "colocated" not in kv[0])):
+        rows = rows.sort_values("request_rate")
+        ax.plot(rows["request_rate"], rows["request_goodput"], marker="o", ms=3, color=f"C{i}",
+                label=layout)
+    draw_offered(ax, df)
+    ax.set_xlabel(rate_axis_label(df["workload"] if "workload" in df else []))
+    ax.set_ylabel(goodput_label(df.to_dict("records")).replace(" (", "\n(", 1))
+    ax.set_title("Colocated against disaggregated, equal GPUs")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("path", type=Path, help="a cluster run's directory, or a router sweep's "
-                                             "aggregate.csv")
+    ap.add_argument("path", type=Path, help="a cluster run's directory, or a router or "
+                                             "pd sweep's aggregate.csv")
     ap.add_argument("--out", type=Path, default=None, help="where the figures go")
     args = ap.parse_args()
     try:

@@ -187,9 +187,15 @@ class RequestRows:
     next is taken)."""
 
     def __init__(self, requests: Sequence[Request], replicas: Sequence[int] | None,
-                 times: TimesTable | None) -> None:
+                 times: TimesTable | None,
+                 extra: Sequence[tuple[str, np.ndarray]] = ()) -> None:
         self._requests, self._replicas = requests, replicas
         self._times = times_for(requests, times)
+        # columns after REQUEST_CSV_COLUMNS (a disaggregated cluster's: HandoffLog), per
+        # request, filled by the time a request's row is taken (NaN written empty)
+        self._extra = list(extra)
+        self.header = REQUEST_CSV_HEADER if not self._extra else \
+            ",".join((*REQUEST_CSV_COLUMNS, *(name for name, _ in self._extra))) + "\n"
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -217,6 +223,7 @@ class RequestRows:
                    (t.num_chunks[start:end], ""), (column("num_preemptions"), ""),
                    (as_given("finish_time"), "none"), (replica, ""),
                    (column("num_cached_prompt_tokens"), "")]
+        columns += [(values[start:end], "nan") for _, values in self._extra]
         return _request_rows_text, (columns, t.completed[start:end])
 
 
@@ -314,7 +321,8 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
                   requests: Sequence[Request], extra: Mapping[str, Any], *,
                   steps: Any = None, summary_text: str | None = None,
                   replicas: Sequence[int] | None = None, times: TimesTable | None = None,
-                  streamed: StreamedRows | None = None) -> Path:
+                  streamed: StreamedRows | None = None,
+                  extra_columns: Sequence[tuple[str, np.ndarray]] = ()) -> Path:
     """Write run_dir/result.json (summary + {"schedlab": extra}), requests.csv and, given
     per-step records, steps.csv, given the printout, summary.txt, as one unit: a previous run's
     files are removed first, each file is written atomically, result.json last, and if any write
@@ -330,7 +338,7 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     # long run (experiments.parallel_text): a failing chunk removes what was written with the
     # rest (the previous run's files are gone by then).
     result = _json_pieces({**summary, "schedlab": dict(extra)})
-    rows = RequestRows(requests, replicas, times)
+    rows = RequestRows(requests, replicas, times, extra_columns)
     jobs: list[Iterator[Job]] = []
     left = 0  # the most rows any one file or list has left to render
 
@@ -369,7 +377,7 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     try:
         # a streamed file's copy is completed and put in place here, with the rows before
         with (streamed.requests if streamed is not None
-              else AtomicText(run_dir / "requests.csv", REQUEST_CSV_HEADER)) as f:
+              else AtomicText(run_dir / "requests.csv", rows.header)) as f:
             for _ in range(request_chunks):
                 f.write(next(chunks))
         if step_chunks is not None:

@@ -337,6 +337,13 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
             replica_of = cluster_outcome.replica_of
             result["replicas"] = replica_summaries(cluster_outcome, times.ttft, times.output_len,
                                                    times.completed, cluster.labels)
+            if cluster.disaggregated:
+                from simulator.cluster import disaggregation_summary
+
+                extra["layout"] = cluster.layout
+                result["disaggregation"] = disaggregation_summary(
+                    result["replicas"], backend.handoffs, cluster.link,
+                    cluster.decode_router_name, cluster.early_rejection)
         if classes:
             extra["classes"] = classes
         extra.update(backend.run_fields(outcome, wall))
@@ -348,7 +355,8 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         with result_as_one_unit(run_dir) as commit:
             write_results(run_dir, result, requests, extra,
                           steps=getattr(outcome, "steps", None), summary_text=text,
-                          replicas=replica_of, times=times, streamed=backend.streamed)
+                          replicas=replica_of, times=times, streamed=backend.streamed,
+                          extra_columns=backend.request_columns)
             if sweep_label is None:
                 lines = [text, f"results: {run_dir}{os.sep} ({', '.join(_written(run_dir))})"]
                 commit(lines, lines)

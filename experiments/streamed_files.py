@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from experiments.files import AtomicText
 from experiments.parallel_text import Job, Texts, workers_for
-from experiments.result_files import REQUEST_CSV_HEADER, RequestRows
+from experiments.result_files import RequestRows
 
 if TYPE_CHECKING:
     from simulator.outcome import StepRows
@@ -51,7 +51,7 @@ class StreamedRows:
         self._to: deque[StreamedFile] = deque()  # the file of each text given, in order
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
-            self.requests = StreamedFile(run_dir / "requests.csv", REQUEST_CSV_HEADER)
+            self.requests = StreamedFile(run_dir / "requests.csv", rows.header)
             if steps is not None:
                 self.steps = StreamedFile(run_dir / "steps.csv", ",".join(steps.columns) + "\n")
         except BaseException:

@@ -32,7 +32,7 @@ from policies.scheduler import Scheduler
 class ReplicaLoad:
     """What a router sees of one replica; the backend keeps the counters."""
 
-    index: int
+    index: int  # its place among the replicas routed to (a disaggregated cluster's pool)
     schedulers: list[Scheduler]  # the replica's virtual engines
     group: int = 0  # its replica group (heterogeneous clusters)
     outstanding: int = 0  # requests routed here and not finished

@@ -80,6 +80,9 @@ class Scheduler:
         self._grouped = False
         self._regroup_wait = 0
         self._ungroup = False  # a request whose blocks may be shared came: no group from now
+        # Disaggregation (add_prefilled): requests whose KV was computed on another replica,
+        # waiting to be admitted as decoders
+        self.prefilled: deque[Request] = deque()
 
     # ----------------------------------------------- requests in and out
     def add_request(self, req: Request) -> None:
@@ -154,7 +157,8 @@ class Scheduler:
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self.waiting) or bool(self.running) or bool(self.finishing)
+        return bool(self.waiting) or bool(self.running) or bool(self.finishing) \
+            or bool(self.prefilled)
 
     def stalled(self) -> str | None:
         """Why this scheduler will never form a window, asked when ``schedule()`` formed none
@@ -166,9 +170,10 @@ class Scheduler:
         if not self.has_unfinished or self._in_flight:
             return None
         policy = self.policy
+        prefilled = f" (and {len(self.prefilled)} prefilled elsewhere)" if self.prefilled else ""
         return (f"policy {policy.name} ({type(policy).__name__}) formed no batch with "
-                f"{self.num_waiting} waiting and {self.num_running} running requests, and none "
-                "in flight: they would wait forever")
+                f"{self.num_waiting} waiting{prefilled} and {self.num_running} running requests, "
+                "and none in flight: they would wait forever")
 
     @property
     def num_waiting(self) -> int:
@@ -211,6 +216,8 @@ class Scheduler:
         policy = self.policy
         if policy.orders_queue:
             self._order_queues()
+        if self.prefilled:
+            self._admit_prefilled()
         preempted: list[Request] = []
         if policy.preemptive and self.waiting:
             for victim in self.hooks.preempt_for_waiting(self):
@@ -657,6 +664,71 @@ class Scheduler:
         batch.num_wasted_steps = wasted
         self.stats.num_wasted_steps += wasted
         return finished
+
+    # ------------------------------------- hand-off between replicas
+    # Prefill/decode disaggregation (simulator/disaggregation.py): a prefill replica's scheduler
+    # gives a request up once it has sampled its first token and keeps its blocks until its KV
+    # has been sent; a decode replica's scheduler admits it with that KV present. Requests are
+    # taken and admitted one by one: the decode group (group_decodes) is kept on the decode
+    # side (an admitted request joins it), and must be off on the prefill side.
+
+    def take_prefilled(self) -> list[Request]:
+        """After ``update()``: the running requests that have sampled a token (their prompt's KV
+        computed) leave this scheduler, in admission order, to be decoded elsewhere; their
+        blocks stay held until ``release``. Needs per-sequence decodes (no decode group, no
+        overlap): the backend calls it on a scheduler that decodes nothing of its own."""
+        if self._grouped or self.overlap:
+            raise RuntimeError("take_prefilled: a prefill-only scheduler keeps no decode group "
+                               "and no overlap")
+        running = self.running
+        taken = [r for r in running if r.num_output_tokens]
+        if taken:
+            self.running = [r for r in running if not r.num_output_tokens]
+        return taken
+
+    def release(self, req: Request) -> None:
+        """Give back the blocks of a request ``take_prefilled`` gave up (its KV has been sent);
+        it goes on elsewhere, in the state it has there."""
+        self._free(req, req.state)
+
+    def add_prefilled(self, req: Request, now: float) -> None:
+        """``req`` continues here with the KV of its sequence but its newest token computed
+        elsewhere (a prefill replica's, sent over a link): it waits to be admitted as a decoder
+        (in arrival order, before the next window is formed), its blocks taken at admission
+        as any request's are. (Whether it fits this replica at all is checked before the run,
+        as for every request: experiments/choices.py request_limit.)"""
+        if req.num_output_tokens < 1 or req.num_output_tokens >= req.max_tokens:
+            raise ValueError(f"request {req.request_id}: add_prefilled takes a request that has "
+                             f"sampled 1 to max_tokens - 1 tokens, got {req.num_output_tokens}")
+        req.state = RequestState.WAITING
+        req.waiting_since = now
+        req.num_computed_tokens = req.seq_len - 1
+        self.prefilled.append(req)
+
+    def _admit_prefilled(self) -> None:
+        """Admit prefilled requests (``add_prefilled``) in arrival order while seats and blocks
+        allow (watermark kept): each holds its computed tokens' blocks and decodes from the
+        next window on; the first that does not fit waits (none overtakes it)."""
+        bm = self.block_manager
+        queue, running = self.prefilled, self.running
+        max_seqs, now = self.config.max_num_seqs, self.now
+        while queue and len(running) < max_seqs:
+            req = queue[0]
+            computed = req.num_computed_tokens
+            if not bm.can_allocate(computed):
+                break
+            queue.popleft()
+            req.state = _RUNNING
+            if self._grouped:  # by count, as a group member's blocks are
+                bm.unassigned += bm.blocks_for(computed)
+                self._group.join((req,))
+            else:
+                bm.ensure_slots(req, computed)
+            wait = now - req.waiting_since
+            if wait > req.max_wait:
+                req.max_wait = wait
+            req.waiting_since = None
+            running.append(req)
 
 
 def known_done(req: Request) -> bool:

@@ -16,8 +16,10 @@ from policies.base import check_int, check_settings
 
 # The sections a replica group may set; the rest of a run's config is the cluster's.
 GROUP_SECTIONS = ("model", "hardware", "overhead", "policy", "scheduler")
-GROUP_KEYS = ("replicas", *GROUP_SECTIONS, "gpu_memory_utilization", "num_blocks")
-CLUSTER_KEYS = ("num_replicas", "groups")
+GROUP_KEYS = ("replicas", *GROUP_SECTIONS, "gpu_memory_utilization", "num_blocks", "role")
+# decode_router, link and early_rejection apply to a disaggregated cluster (docs/cluster.md)
+CLUSTER_KEYS = ("num_replicas", "groups", "decode_router", "link", "early_rejection")
+ROLES = ("mixed", "prefill", "decode")
 
 # load_section(group, name): conf/<group>/<name>.yaml as a dict
 LoadSection = Callable[[str, str], dict[str, Any]]
@@ -67,6 +69,10 @@ def replica_groups(cluster: Mapping[str, Any] | None, run: Mapping[str, Any],
         for key in ("gpu_memory_utilization", "num_blocks"):
             if group.get(key) is not None:
                 settings[key] = group[key]
+        role = group.get("role", "mixed")
+        if role not in ROLES:
+            raise ValueError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}")
+        settings["role"] = role
         out.append((n, settings))
     total = sum(n for n, _ in out)
     if num != 1 and num != total:
@@ -114,3 +120,43 @@ def replica_summaries(result: Any, ttft: np.ndarray, output_len: np.ndarray,
             "num_windows": rep.num_windows, "num_preemptions": rep.stats.num_preemptions,
         })
     return out
+
+
+def disaggregation_summary(replicas: Sequence[Mapping[str, Any]], log: Any, link: Any,
+                           decode_router: str, early_rejection: bool) -> dict[str, Any]:
+    """result.json's ``disaggregation``: the link (its figures and their source), the decode
+    router, the requests rejected at arrival, the KV transfers' time on the link and wait for
+    it (mean and p99 over the requests handed off), and per pool (role) its replicas, their
+    mean GPU busy fraction and KV use (of the cluster's duration) and the requests they
+    completed. ``replicas``: result.json's per-replica summaries (``replica_summaries``, each
+    with its role); ``log``: the run's simulator.disaggregation.HandoffLog."""
+    sent = ~np.isnan(log.transfer_s)
+
+    def spread(values: np.ndarray) -> dict[str, float]:
+        if not len(values):
+            return {"mean": 0.0, "p99": 0.0}
+        return {"mean": float(values.mean()), "p99": float(np.percentile(values, 99))}
+
+    pools = {}
+    for role in ROLES:
+        mine = [r for r in replicas if r.get("role") == role]
+        if not mine:
+            continue
+        pools[role] = {
+            "replicas": len(mine),
+            "gpu_busy_fraction": float(np.mean([r["gpu_busy_fraction"] for r in mine])),
+            "kv_use_mean": float(np.mean([r["kv_use_mean"] for r in mine])),
+            "completed": int(sum(r["completed"] for r in mine)),
+        }
+    pools.get("prefill", {})["prefilled"] = int((log.prefill_replica >= 0).sum())
+    return {
+        "link": {"name": link.name, "bandwidth_gb_s": link.bandwidth_gb_s,
+                 "latency_us": link.latency_us, "layerwise": link.layerwise,
+                 "source": link.source},
+        "decode_router": decode_router, "early_rejection": early_rejection,
+        "num_rejected": int(log.rejected.sum()),
+        "num_transfers": int(sent.sum()),
+        "transfer_s": spread(log.transfer_s[sent]),
+        "transfer_queue_s": spread(log.transfer_queue_s[sent]),
+        "pools": pools,
+    }

@@ -66,6 +66,15 @@ callback on an event (``events.call_at``) rather than a process of its own
    sends each request to the replica a router (policies/routers.py) picks at its send time.
    Every process wakes at an absolute time (``events.At``), so a replica's timeline is the one
    it has alone on the same requests.
+
+9. Disaggregated (a replica's ``role``: simulator/disaggregation.py), a prefill replica's
+   window closes (``update()``), and each request that sampled its first token leaves its
+   scheduler (its blocks still held) for the decode replica the decode router picks then; its
+   KV crosses the prefill replica's link, a busy-until FIFO as the engine thread is
+   (simulator/link.py), and at the transfer's end (a callback) the prefill replica's blocks go
+   back and the decode replica's scheduler takes the request with its KV present, waking its
+   engine. Its first token's time is its delivery on the prefill replica; a decode replica's
+   engine is done only once no prefill replica holds a request.
 """
 
 from __future__ import annotations
@@ -86,16 +95,19 @@ from common.client import PROGRESS_BAR_FORMAT, Client
 from common.model_spec import ModelSpec
 from common.window_record import window_record
 from policies.batch import Batch
+from policies.early_rejection import EarlyRejection
 from policies.hooks import checked_router
 from policies.late_schedule import LateSchedule
 from policies.request import Request, RequestState
 from policies.routers import ReplicaLoad, RoundRobin, Router
 from policies.scheduler import Scheduler, SchedulerStats
 from simulator.clock import PowerClock
-from simulator.cost_model import window_shapes
+from simulator.cost_model import step_time_fn, window_shapes
+from simulator.disaggregation import Disaggregation, HandoffLog, check_roles
 from simulator.events import At, call_at
 from simulator.front_end import apply_delivery_times, arrivals, client_finished, deliver
 from simulator.hardware import HardwareSpec
+from simulator.link import LinkSpec
 from simulator.memory import blocks_per_engine
 from simulator.outcome import ClusterResult, ReplicaSpec, SimResult, StepRows, cluster_total
 from simulator.overhead import (
@@ -150,12 +162,25 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
                      *, max_concurrency: int | None = None, progress: bool = True,
                      on_finish: FinishHook | None = None,
                      steps: Sequence[StepRows] | None = None,
-                     processes: Sequence[UserProcess | str] | None = None) -> ClusterResult:
+                     processes: Sequence[UserProcess | str] | None = None,
+                     decode_router: Router | None = None, link: LinkSpec | None = None,
+                     handoffs: HandoffLog | None = None,
+                     early_rejection: tuple[float | None, float | None] | None = None
+                     ) -> ClusterResult:
     """Serve ``requests`` on the replicas, each request sent to the one ``router`` picks.
-    ``steps``: each replica's StepRows to fill, and ``processes``, as ``simulate``'s."""
+    ``steps``: each replica's StepRows to fill, and ``processes``, as ``simulate``'s.
+
+    Disaggregated (a replica's ``role`` prefill or decode): ``router`` picks among the prefill
+    and mixed replicas, ``decode_router`` (default round_robin) the decode replica a prefilled
+    request continues on, its KV sent over ``link`` (simulator/disaggregation.py); ``handoffs``
+    gets each request's prefill replica and transfer times. ``early_rejection``: the default
+    (TTFT, TPOT) targets in ms of Mooncake-style early rejection at arrival
+    (policies/early_rejection.py; a request's SLO class's targets first); None: off."""
     if not replicas:
         raise ValueError("cluster.num_replicas must be >= 1, got 0")
     cluster = len(replicas) > 1
+    roles = [spec.role for spec in replicas]
+    disaggregated = check_roles(roles, link)
     if steps is not None and (len(steps) != len(replicas)
                               or any(len(s) or s.cluster != cluster for s in steps)):
         raise ValueError(f"simulate: steps must be {len(replicas)} empty StepRows"
@@ -174,10 +199,33 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
     with tqdm(total=len(requests), disable=not progress, desc="simulating",
               bar_format=PROGRESS_BAR_FORMAT) as bar:
         shared = Shared(env, client, bar, on_finish, cluster)
-        sims = [_replica(shared, i, spec, StepRows(cluster) if steps is None else steps[i])
+        # a router's indices are positions in its pool (all replicas where none decodes only)
+        pools = ([i for i, r in enumerate(roles) if r != "decode"],
+                 [i for i, r in enumerate(roles) if r == "decode"])
+        at = {i: n for pool in pools for n, i in enumerate(pool)}
+        sims = [_replica(shared, i, spec, StepRows(cluster) if steps is None else steps[i],
+                         at[i])
                 for i, spec in enumerate(replicas)]
         replica_of: dict[int, int] = {}
-        own = [env.process(arrivals(shared, sims, checked_router(router), replica_of))]
+        entry = pd = None
+        if early_rejection is not None and not disaggregated:
+            raise ValueError("cluster.early_rejection applies to a disaggregated cluster only")
+        if disaggregated:
+            entry = [sims[i] for i in pools[0]]
+            pd = Disaggregation(link, checked_router(decode_router or RoundRobin()),
+                                [s for s in sims if s.role == "prefill"],
+                                [sims[i] for i in pools[1]], replica_of, handoffs)
+            if early_rejection is not None:
+                pd.rejection = EarlyRejection(
+                    [_prefill_time(replicas[i]) for i in pools[0]],
+                    [_decode_step_time(replicas[i]) for i in pools[1]], *early_rejection)
+            for sim in sims:
+                if sim.role == "prefill":
+                    sim.sends_kv = pd
+                elif sim.role == "decode":
+                    sim.takes_kv = pd
+        own = [env.process(arrivals(shared, sims, checked_router(router), replica_of, entry,
+                                    None if pd is None or pd.rejection is None else pd.reject))]
         for sim in sims:
             overlap = sim.schedulers[0].overlap
             for v in range(len(sim.schedulers)):
@@ -205,10 +253,11 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
     if len(sims) == 1:
         where, routed = [0] * len(requests), [list(requests)]
     else:
-        where = [replica_of[id(r)] for r in requests]
+        where = [replica_of.get(id(r), -1) for r in requests]  # (-1: rejected at arrival)
         routed = [[] for _ in sims]
         for r, i in zip(requests, where, strict=True):
-            routed[i].append(r)
+            if i >= 0:
+                routed[i].append(r)
     for sim, mine in zip(sims, routed, strict=True):  # the finished ones are final already
         for sched in sim.schedulers:
             sched.settle()
@@ -219,7 +268,20 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
     return ClusterResult(total, per, where, list(replicas))
 
 
-def _replica(shared: Shared, index: int, spec: ReplicaSpec, steps: StepRows) -> ReplicaSim:
+def _prefill_time(spec: ReplicaSpec) -> Callable[[int, int], float]:
+    """Seconds of a step prefilling m prompts of n tokens on this replica (the cost model)."""
+    first = step_time_fn(spec.model, spec.hw)
+    return lambda n, m: first(0, 0, 0, [(n, 0, True)] * m) * spec.time_scale
+
+
+def _decode_step_time(spec: ReplicaSpec) -> Callable[[int, int], float]:
+    """Seconds of a decode step of n sequences over kv tokens on this replica."""
+    first = step_time_fn(spec.model, spec.hw)
+    return lambda n, kv: first(n, kv, kv // max(n, 1), ()) * spec.time_scale
+
+
+def _replica(shared: Shared, index: int, spec: ReplicaSpec, steps: StepRows,
+             pool_index: int) -> ReplicaSim:
     num_blocks = spec.num_blocks
     if num_blocks is None:
         num_blocks = blocks_per_engine(spec.model, spec.hw, block_size=spec.block_size,
@@ -236,7 +298,10 @@ def _replica(shared: Shared, index: int, spec: ReplicaSpec, steps: StepRows) -> 
         overhead = scale_overhead(overhead, time_scale)
     pp = spec.hw.pp
     schedulers = [spec.make_scheduler(num_blocks) for _ in range(pp)]
-    if spec.group_decodes:
+    if spec.role == "prefill" and schedulers[0].overlap:
+        raise ValueError(f"replica {index}: scheduler.overlap on a prefill replica is not "
+                         "modelled (its requests leave once prefilled)")
+    if spec.group_decodes and spec.role != "prefill":  # (a prefill replica decodes nothing)
         for sched in schedulers:
             sched.group_decodes()
     if schedulers[0].overlap and pp > 1:  # Scheduler.overlap: wherever it is configured
@@ -247,8 +312,8 @@ def _replica(shared: Shared, index: int, spec: ReplicaSpec, steps: StepRows) -> 
     return ReplicaSim(env, shared, index, stages,
                       schedulers, spec.model, spec.hw, overhead, spec.stream_per_step,
                       [None] * pp, PowerClock(spec.model, spec.hw), time_scale,
-                      ReplicaLoad(index, schedulers, spec.group), num_blocks, [0] * pp,
-                      steps=steps, group_delivery=[np.zeros(0)] * pp)
+                      ReplicaLoad(pool_index, schedulers, spec.group), num_blocks, [0] * pp,
+                      steps=steps, group_delivery=[np.zeros(0)] * pp, role=spec.role)
 
 
 def _result(sim: ReplicaSim, requests: list[Request], wall: float) -> SimResult:
@@ -303,6 +368,8 @@ def _all_done(sim: ReplicaSim, v: int) -> bool:
     """Whether virtual engine ``v`` is done when its scheduler formed no batch: nothing more
     arrives and nothing is left; work left that no batch takes is an error (Scheduler.stalled)."""
     if sim.arrivals_left[v] or sim.shared.client.num_unsent:
+        return False
+    if sim.takes_kv is not None and sim.takes_kv.prefilling():  # a hand-off may still come
         return False
     stalled = sim.schedulers[v].stalled()
     if stalled:  # the policy's doing (a user's, as a rule): the run's one-line error
@@ -466,6 +533,8 @@ def _close_window(sim: ReplicaSim, sched: Scheduler, win: Window) -> None:
             load.outstanding -= len(finished)
             load.outstanding_tokens -= sum(r.prompt_len + r.max_tokens for r in finished)
     win.finished = finished
+    if sim.sends_kv is not None:  # a prefill replica: its prefilled requests leave
+        sim.sends_kv.hand_off(sim, sched, win)
     if win.delivery_known:
         client_finished(sim, win)
 

@@ -7,7 +7,7 @@ delivered (simulator/engine.py's module doc: the timeline)."""
 from __future__ import annotations
 
 import operator
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import numpy as np
@@ -22,13 +22,18 @@ _FINISH_TIME = operator.attrgetter("finish_time")
 
 
 def arrivals(shared: Shared, sims: list[ReplicaSim], router: Router,
-              replica_of: dict[int, int]) -> Generator:
+             replica_of: dict[int, int], pool: list[ReplicaSim] | None = None,
+             reject: Callable[[Request, ReplicaSim, float], bool] | None = None) -> Generator:
     """Send requests as the client does (at their arrival times; with max_concurrency, when a
-    slot frees), each to the replica the router picks, round-robin over its virtual engines."""
+    slot frees), each to the replica the router picks of ``pool`` (the replicas a request
+    starts on: all but a disaggregated cluster's decode replicas), round-robin over its
+    virtual engines. ``reject``: early rejection (a rejected request goes nowhere)."""
     env, client = shared.env, shared.client
-    loads = [sim.load for sim in sims]
+    if pool is None:
+        pool = sims
+    loads = [sim.load for sim in pool]
     single = len(sims) == 1
-    fronts = [request_time(sim.overhead) for sim in sims]
+    fronts = [request_time(sim.overhead) for sim in pool]
     now = env.now
     # one engine that takes requests as they come (no front-end time, one virtual engine):
     # each burst reaches its scheduler at once, as _enter would take it one by one
@@ -40,13 +45,15 @@ def arrivals(shared: Shared, sims: list[ReplicaSim], router: Router,
             for req in sent:
                 direct.add_request(req)
             sims[0].num_sent += len(sent)
-            _wake_engine(sims[0], 0)
+            wake_engine(sims[0], 0)
             sent = []
         for req in sent:
             r = 0 if single else router.route(req, loads, now)
-            sim = sims[r]
+            sim = pool[r]
+            if reject is not None and reject(req, sim, now):
+                continue
             if not single:  # (one replica needs no map: every request is its)
-                replica_of[id(req)] = r
+                replica_of[id(req)] = sim.index
                 load = sim.load
                 load.outstanding += 1
                 load.outstanding_tokens += req.prompt_len + req.max_tokens
@@ -81,7 +88,13 @@ def arrivals(shared: Shared, sims: list[ReplicaSim], router: Router,
         elif t > now:  # (now is env.now: nothing was waited for since it was taken)
             yield At(env, t)
             now = t
-    for sim in sims:  # nothing more comes: an idle engine learns it is done
+    wake_idle(sims)  # nothing more comes: an idle engine learns it is done
+
+
+def wake_idle(sims: list[ReplicaSim]) -> None:
+    """Each idle virtual engine with no request on its way resumes now (to find it is done,
+    or, a decode replica of a disaggregated cluster, to wait for the prefills left)."""
+    for sim in sims:
         for v, wake in enumerate(sim.wake):
             if wake is not None and not sim.arrivals_left[v]:
                 sim.wake[v] = None
@@ -92,10 +105,10 @@ def _enter(sim: ReplicaSim, req: Request, v: int) -> None:
     """``req`` reaches virtual engine ``v``'s scheduler, which wakes if it was idle."""
     sim.schedulers[v].add_request(req)
     sim.arrivals_left[v] -= 1
-    _wake_engine(sim, v)
+    wake_engine(sim, v)
 
 
-def _wake_engine(sim: ReplicaSim, v: int) -> None:
+def wake_engine(sim: ReplicaSim, v: int) -> None:
     """Virtual engine ``v`` resumes now if it was idle (waiting for work)."""
     wake = sim.wake[v]
     if wake is not None:
@@ -118,6 +131,8 @@ def client_finished(sim: ReplicaSim, win: Window) -> None:
         else:
             times[:] = map(get, times)
         r.finish_time = get(r.finish_time)
+    if sim.takes_kv is not None and finished:  # (disaggregated) tokens from its prefill first
+        sim.takes_kv.first_tokens(finished)
     group = win.batch.decodes
     # a member's decode tokens: its run of the group's delivery times
     runs = None if group is None else (sim.group_delivery[win.engine], group.runs)

@@ -99,6 +99,7 @@ class ReplicaSpec:
     # keep each scheduler's decoders as one group where it can (Scheduler.group_decodes):
     # the same windows, in time independent of the running count; False: one by one
     group_decodes: bool = True
+    role: str = "mixed"  # prefill, decode or mixed (serves whole requests): disaggregation
 
 
 @dataclass(slots=True)
@@ -108,7 +109,7 @@ class ClusterResult:
 
     total: SimResult
     replicas: list[SimResult]  # per replica; requests: the ones routed to it
-    replica_of: list[int]  # per request, in the order given
+    replica_of: list[int]  # per request, in the order given (-1: rejected at arrival)
     specs: list[ReplicaSpec]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import simpy
@@ -91,6 +92,11 @@ class ReplicaSim:
     cpu_busy: float = 0.0
     num_finished: int = 0
     steps: StepRows = field(default_factory=lambda: StepRows(False))
+    # prefill/decode disaggregation (simulator/disaggregation.py): the cluster's hand-off state
+    # on a prefill replica (it sends KV) and on a decode replica (it takes KV); None otherwise
+    sends_kv: Any = None
+    takes_kv: Any = None
+    role: str = "mixed"
 
     def stall(self, until: float) -> None:
         """Hold the engine thread until ``until`` (a user's process: a replica that fails and
