@@ -59,7 +59,7 @@ class ShortPromptFirst(Policy):
 def tiny() -> ModelSpec:
     from experiments.profiles import load_conf
 
-    return ModelSpec.from_dict({**load_conf("model", "tiny32"), "max_model_len": MAX_MODEL_LEN})
+    return ModelSpec.from_dict({**load_conf("model", "tiny"), "max_model_len": MAX_MODEL_LEN})
 
 
 def trace(name: str) -> list[dict]:
@@ -84,7 +84,7 @@ def step_time():
     from experiments.profiles import load_conf
 
     spec = {"factory": "experiments.choices:profile_step_time",
-            "kwargs": {"model": {**load_conf("model", "tiny32"), "max_model_len": MAX_MODEL_LEN},
+            "kwargs": {"model": {**load_conf("model", "tiny"), "max_model_len": MAX_MODEL_LEN},
                        "hardware": load_conf("hardware", "cpu")}}
     from experiments.choices import profile_step_time
 
