@@ -32,6 +32,9 @@ import scipy
 
 from experiments.files import atomic_path
 from experiments.fit import (
+    _TOL as FIT_TOLERANCE,
+)
+from experiments.fit import (
     FIT_KEYS,
     STEP_KINDS,
     _shape,
@@ -164,12 +167,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "0.96, 0.06 in three calibrations): the profiled clocks vary too little to "
                     "tell it from matmul efficiency, and a served step's clock is one or two "
                     "samples, noise that pulls a fitted coefficient towards 0")
+    ap.add_argument("--fit-tolerance", type=float, default=FIT_TOLERANCE,
+                    help="the step-time fit's solver tolerances (ftol, xtol, gtol; default "
+                    f"{FIT_TOLERANCE:g}); noisy steps of a loaded CPU converge slowly at the "
+                    "default, 1e-6 ends in minutes")
     ap.add_argument("--bootstrap", type=_resamples, default=DEFAULT_BOOTSTRAP,
                     help="refits on rows drawn with replacement, for each fitted coefficient's "
                     f"spread in the conf dir's calibration/<name>.uncertainty.csv (default "
                     f"{DEFAULT_BOOTSTRAP}; 0: none)")
     args = ap.parse_args(argv)
-    defaults = vars(ap.parse_args([]))
+    check_scope(args, vars(ap.parse_args([])))
+    hw_name, oh_name = DEFAULT_NAMES[args.backend]
+    args.model = args.model or ("tiny" if args.backend == "vllm" else "llama3_8b")
+    args.device = args.device or ("cpu" if args.backend == "vllm" else "cuda")
+    args.name = args.name or ("h200_ops" if args.ops else hw_name)
+    args.overhead_name = args.overhead_name or oh_name
+    return args
+
+
+def check_scope(args: argparse.Namespace, defaults: dict[str, Any]) -> None:
+    """A flag given that does not apply to the chosen calibration: one line and exit 2."""
     for dest, value in vars(args).items():
         if value == defaults[dest]:
             continue
@@ -184,12 +201,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if why:
             print(f"error: --{dest.replace('_', '-')} {why}", file=sys.stderr)
             raise SystemExit(2)
-    hw_name, oh_name = DEFAULT_NAMES[args.backend]
-    args.model = args.model or ("tiny" if args.backend == "vllm" else "llama3_8b")
-    args.device = args.device or ("cpu" if args.backend == "vllm" else "cuda")
-    args.name = args.name or ("h200_ops" if args.ops else hw_name)
-    args.overhead_name = args.overhead_name or oh_name
-    return args
 
 
 @dataclasses.dataclass
@@ -259,7 +270,8 @@ def fit_all(args: argparse.Namespace, spec: ModelSpec, base: HardwareSpec,
         graphs[key] = int(col.max()) if len(col) else 0
     base = dataclasses.replace(base, **graphs)
     fixed = fixed_terms(data, spec, base)
-    hw, steps, elasticity = fit_gpu(data, spec, base, args.clock_elasticity, fixed)
+    hw, steps, elasticity = fit_gpu(data, spec, base, args.clock_elasticity, fixed,
+                                    args.fit_tolerance)
     if prof is None:  # the window timeline and clock samples saved beside the data, if any
         parts = [_companion(Path(args.data), part) for part in ("timeline", "clock")]
         timeline, clock = (pd.read_csv(f) if f.exists() else pd.DataFrame() for f in parts)
@@ -334,9 +346,12 @@ def write_profiles(args: argparse.Namespace, spec: ModelSpec, base_name: str, fi
     whose = ("schedlab's real backend's CPU costs" if args.backend == "real" else
              "vLLM's engine's CPU costs (synchronous:\nschedule, execute and output "
              "processing in turn; the device's part is execute_model + sample_tokens)")
+    served_text = (f"schedule_*: schedule() + update_from_output() per step, fitted on {served}\n"
+                   "steps of served synthetic runs; output_*: the engine's output processing per\n"
+                   "step (on the critical path).\n")
     oheader = (f"Calibrated by `{command}` on {stamp}: {whose}\n"
                f"({versions}).\n"
-               + (f"schedule_*: the GPU's idle time between two served windows (schedule, input\n"
+               + (served_text if args.backend == "vllm" else f"schedule_*: the GPU's idle time between two served windows (schedule, input\n"
                   f"preparation, launch, drain, update; older data: the timed CPU parts), fitted\n"
                   f"on {served} windows of served synthetic runs;\n"
                   "output_*: pythonization per step (async: overlaps the next step).\n"

@@ -38,12 +38,13 @@ def test_backend_vllm_names_its_profiles_for_vllm_on_the_cpu():
 
 @pytest.mark.slow
 def test_refitting_the_committed_vllm_data_gives_the_committed_profiles(tmp_path):
-    """`python -m experiments.calibrate --backend vllm --data conf/calibration/vllm_cpu.csv.gz`
-    writes the committed vllm_cpu profiles (vLLM's CPU engine: synchronous output processing)."""
+    """`python -m experiments.calibrate --backend vllm --data conf/calibration/vllm_cpu.csv.gz
+    --fit-tolerance 1e-6` writes the committed vllm_cpu profiles (vLLM's CPU engine: synchronous
+    output processing)."""
     from tests.test_fit_reproduces import assert_same_profile
 
     calibrate.main(["--backend", "vllm", "--data", str(CONF / "calibration" / "vllm_cpu.csv.gz"),
-                    "--conf-dir", str(tmp_path), "--bootstrap", "0"])
+                    "--fit-tolerance", "1e-6", "--conf-dir", str(tmp_path), "--bootstrap", "0"])
     for group in ("hardware", "overhead"):
         committed = yaml.safe_load((CONF / group / "vllm_cpu.yaml").read_text())
         got = yaml.safe_load((tmp_path / group / "vllm_cpu.yaml").read_text())
@@ -57,7 +58,7 @@ def test_refitting_the_committed_vllm_data_gives_the_committed_profiles(tmp_path
 def test_calibrating_vllm_measures_its_steps_shapes_and_writes_both_profiles(tmp_path):
     conf = tmp_path / "conf"
     calibrate.main(["--backend", "vllm", "--quick", "--reps", "1", "--conf-dir", str(conf),
-                    "--bootstrap", "0"])
+                    "--fit-tolerance", "1e-6", "--bootstrap", "0"])
     hw = yaml.safe_load((conf / "hardware" / "vllm_cpu.yaml").read_text())
     oh = yaml.safe_load((conf / "overhead" / "vllm_cpu.yaml").read_text())
     assert hw["name"] == "vllm_cpu" and oh["async_output_processing"] is False
