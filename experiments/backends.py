@@ -202,6 +202,13 @@ class VllmBackend(Backend):
             progress: bool) -> Any:
         from vllm_backend.engine import run_vllm
 
+        return run_vllm(requests, self.model, self.settings, self.schedlab_section(),
+                        max_concurrency=max_concurrency, progress=progress)
+
+    def schedlab_section(self) -> dict[str, Any]:
+        """additional_config's ``schedlab`` section of this run's engine: the policy, schedlab's
+        scheduler limits (the block size vLLM runs), the cost model of a policy that needs one
+        (vllm_backend/scheduler.py's SETTINGS)."""
         choice = self.choice
         step_time = None
         if choice.policy.needs_step_time and self.cfg.get("hardware") is not None:
@@ -214,8 +221,7 @@ class VllmBackend(Backend):
                                      for k in choice.scheduler.__dataclass_fields__},
                                   "block_size": self.block_size},
                     "step_time": step_time}
-        return run_vllm(requests, self.model, self.settings, schedlab,
-                        max_concurrency=max_concurrency, progress=progress)
+        return schedlab
 
     def labels(self, outcome: Any) -> dict[str, Any]:
         return {"hardware": outcome.stats.get("device_name"), "overhead": None, "host": None}

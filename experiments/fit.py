@@ -236,16 +236,18 @@ def _step_problem(data: pd.DataFrame, spec: ModelSpec, base: HardwareSpec,
 
 def fit_gpu(data: pd.DataFrame, spec: ModelSpec, base: HardwareSpec,
             elasticity: float | None = 1.0,
-            fixed: dict[str, tuple[float, str]] | None = None,
+            fixed: dict[str, tuple[float, str]] | None = None, tol: float = _TOL,
             ) -> tuple[HardwareSpec, pd.DataFrame, float]:
     """Least squares on log step time over the cost model's free coefficients (bounded; the
     ``fixed`` ones, by default ``fixed_terms``, held). Where the data has each window's sampled
     SM clock, a step is priced at slowdown 1 + elasticity * (max clock / its clock - 1) of its
     compute-bound terms; ``elasticity`` None fits it with the rest (0: the sampled clock
-    explains nothing; 1: fully). Returns the profile, the steps with their predictions, and the
-    elasticity used (0 where no clock was sampled)."""
+    explains nothing; 1: fully). ``tol``: the solver's tolerances (calibrate's
+    --fit-tolerance: a loaded CPU's noisy steps converge slowly at the default). Returns the
+    profile, the steps with their predictions, and the elasticity used (0 where no clock was
+    sampled)."""
     problem, steps = _step_problem(data, spec, base, elasticity, fixed)
-    x, _ = problem.solve(problem.starts())
+    x, _ = problem.solve(problem.starts(), tol=tol)
     steps = steps.assign(predicted_s=problem.predict(x))
     steps["rel_error"] = steps["predicted_s"] / steps["gpu_s"] - 1
     return problem.hw(x), steps, problem.elasticity_of(x)

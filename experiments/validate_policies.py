@@ -1,16 +1,21 @@
-"""The simulator against the real engine on the policies of the literature and on prefix
-caching: each measured run (benchmarks/policy_suite.py, benchmarks/prefix_suite.py) predicted
-from its own configuration and profiles taken before it, never from the run itself, and scored
-against targets (docs/validation/policies.md, docs/validation/prefix_cache.md).
+"""The simulator against an engine on the policies of the literature and on prefix caching:
+each measured run (benchmarks/policy_suite.py, benchmarks/prefix_suite.py on the real engine,
+benchmarks/vllm_suite.py on vLLM's) predicted from its own configuration and profiles taken
+before it, never from the run itself, and scored against targets (docs/validation/policies.md,
+docs/validation/prefix_cache.md, docs/validation/vllm.md).
 
     python -m experiments.validate_policies MEASURED_DIR [--out DIR] [--table policies]
                     [--hardware h200_calibrated] [--overhead schedlab_h200] [--sim-repeats 9]
+
+Runs named ``NAME_r1``, ``NAME_r2``, ... are repeats of one configuration: the measured side is
+their mean, and each error is shown beside the repeats' spread (max - min over the mean).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -30,7 +35,10 @@ TARGETS = {"request_throughput": ("rel", 3.0), "median_ttft_ms": ("rel", 10.0),
            "p90_tpot_ms": ("rel", 15.0), "slo_attainment": ("points", 5.0),
            "prefix_cache_hit_rate": ("points", 1.0)}
 TITLES = {"policies": "Policies: the simulator against the real engine",
-          "prefix_cache": "Prefix caching: the simulator against the real engine"}
+          "prefix_cache": "Prefix caching: the simulator against the real engine",
+          "vllm": "vLLM on the CPU: the simulator against vLLM's engine"}
+ENGINES = ("real", "vllm")  # the backends whose runs are measurements
+REPEAT = re.compile(r"_r\d+$")  # a repeat's suffix: NAME_r2 is the second repeat of NAME
 
 
 def hit_rate(result: dict[str, Any]) -> float | None:
@@ -59,7 +67,7 @@ def attainment(result: dict[str, Any]) -> float | None:
 
 
 def measured_runs(root: Path) -> list[tuple[Path, dict, dict]]:
-    """(run dir, its config, its result) of every real-engine run under ``root``."""
+    """(run dir, its config, its result) of every engine run (``ENGINES``) under ``root``."""
     runs = []
     for cfg_path in sorted(root.rglob("config.json")):
         result_path = cfg_path.with_name("result.json")
@@ -70,19 +78,40 @@ def measured_runs(root: Path) -> list[tuple[Path, dict, dict]]:
             result = json.loads(result_path.read_text())
         except (OSError, ValueError) as err:
             raise InputError(f"{cfg_path.parent}: unreadable run ({one_line(err)})") from None
-        if (cfg.get("backend") or {}).get("name") != "real":
+        if (cfg.get("backend") or {}).get("name") not in ENGINES:
             continue
         runs.append((cfg_path.parent, cfg, result))
     if not runs:
-        raise InputError(f"{root}: no real-engine run (config.json beside result.json)")
+        raise InputError(f"{root}: no engine run ({' or '.join(ENGINES)}: config.json beside "
+                         "result.json)")
     return runs
 
 
-def predict(cfg: dict, hardware: dict, overhead: dict, scales: list[float]) -> dict[str, float]:
+def repeat_groups(runs: list[tuple[Path, dict, dict]]) -> dict[str, list[tuple[Path, dict, dict]]]:
+    """The runs by configuration: NAME_r1, NAME_r2, ... under NAME (their configurations must
+    be one, else they are not repeats), any other run alone under its own name."""
+    groups: dict[str, list[tuple[Path, dict, dict]]] = {}
+    for one in runs:
+        groups.setdefault(REPEAT.sub("", one[0].name), []).append(one)
+    for name, group in groups.items():
+        first = group[0][1]
+        for run_dir, cfg, _ in group[1:]:
+            if cfg != first:
+                raise InputError(f"{run_dir}: its configuration is not that of "
+                                 f"{group[0][0].name}, so it is not a repeat of {name}")
+    return groups
+
+
+def predict(cfg: dict, hardware: dict, overhead: dict, scales: list[float],
+            num_blocks: int | None = None) -> dict[str, float]:
     """The mean over ``scales`` of simulated runs of the measured configuration: its policy,
-    workload, model and scheduler, on the given profiles (the measured run is not read)."""
-    sim = {**cfg, "backend": {**load_conf("backend", "sim"), "time_scale": 1.0},
-           "hardware": hardware, "overhead": overhead, "progress": False}
+    workload, model and scheduler, on the given profiles (the measured run is not read, but
+    for ``num_blocks``: the KV cache vLLM sized from its memory setting)."""
+    backend = {**load_conf("backend", "sim"), "time_scale": 1.0}
+    if num_blocks is not None:
+        backend["num_blocks"] = num_blocks
+    sim = {**cfg, "backend": backend, "hardware": hardware, "overhead": overhead,
+           "progress": False}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, scale in enumerate(scales):
@@ -92,32 +121,47 @@ def predict(cfg: dict, hardware: dict, overhead: dict, scales: list[float]) -> d
     return pd.DataFrame(rows).mean(numeric_only=True).to_dict()
 
 
-def score(measured: dict, predicted: dict) -> list[dict[str, Any]]:
+def score(measured: dict | list[dict], predicted: dict) -> list[dict[str, Any]]:
+    """Each metric's error against its target; ``measured``: one result, or the results of
+    repeats (their mean is scored, and their spread, max - min over the mean, is kept)."""
+    results = measured if isinstance(measured, list) else [measured]
     out = []
     for metric, (kind, target) in TARGETS.items():
-        m = _metric(measured, metric)
+        values = [_metric(r, metric) for r in results]
+        if any(v is None for v in values):
+            continue
+        m = sum(values) / len(values)
         p = predicted.get(metric)
         if m is None or p is None or (kind == "rel" and not m):
             continue
         if metric == "prefix_cache_hit_rate" and not m and not p:
             continue  # nothing shared, nothing to score
         err = (p - m) / m * 100.0 if kind == "rel" else p - m
-        out.append({"metric": metric, "measured": m, "predicted": p, "error": err,
-                    "unit": "%" if kind == "rel" else "points", "target": target,
-                    "within": abs(err) <= target})
+        row = {"metric": metric, "measured": m, "predicted": p, "error": err,
+               "unit": "%" if kind == "rel" else "points", "target": target,
+               "within": abs(err) <= target}
+        if len(results) > 1:
+            spread = max(values) - min(values)
+            row.update(repeats=len(results),
+                       spread=spread / m * 100.0 if kind == "rel" else spread)
+        out.append(row)
     return out
 
 
 def validate(root: Path, hardware: str, overhead: str, scales: list[float]) -> pd.DataFrame:
     hw, oh = load_conf("hardware", hardware), load_conf("overhead", overhead)
     rows = []
-    for run_dir, cfg, result in measured_runs(root):
-        predicted = predict(cfg, hw, oh, scales)
+    for name, group in repeat_groups(measured_runs(root)).items():
+        _, cfg, result = group[0]
+        blocks = ((result.get("schedlab") or {}).get("num_blocks")
+                  if cfg["backend"]["name"] == "vllm" else None)
+        predicted = predict(cfg, hw, oh, scales, blocks)
         policy = cfg["policy"]["name"]
         rate = cfg["workload"].get("request_rate")
-        for row in score(result, predicted):
-            rows.append({"run": run_dir.name, "policy": policy, "request_rate": rate, **row})
-        print(f"{run_dir.name}: predicted", flush=True)
+        measured = [r for _, _, r in group] if len(group) > 1 else result
+        for row in score(measured, predicted):
+            rows.append({"run": name, "policy": policy, "request_rate": rate, **row})
+        print(f"{name}: predicted", flush=True)
     return pd.DataFrame(rows)
 
 
@@ -137,17 +181,33 @@ def markdown(df: pd.DataFrame, command: str, table: str = "policies") -> str:
                 cells.append("")
                 continue
             r = hit.iloc[0]
-            text = f"{r['error']:+.1f}" + ("%" if r["unit"] == "%" else " pt")
-            cells.append(text if r["within"] else f"**{text}**")
+            unit = "%" if r["unit"] == "%" else " pt"
+            text = f"{r['error']:+.1f}{unit}"
+            spread = r.get("spread")
+            if spread is None or spread != spread:  # one run: no spread
+                cells.append(text if r["within"] else f"**{text}**")
+                continue
+            text += f" ({spread:.1f}{unit})"
+            cells.append(text if r["within"] else f"*{text}*"
+                         if abs(r["error"]) <= r["target"] + spread else f"**{text}**")
         lines.append(f"| {run_name} | " + " | ".join(cells) + " |")
     n, ok = len(df), int(df["within"].sum())
-    lines += ["", f"{ok} of {n} cells within target."]
+    if "spread" not in df or df["spread"].isna().all():
+        lines += ["", f"{ok} of {n} cells within target."]
+        return "\n".join(lines) + "\n"
+    spread_ok = int((~df["within"] & (df["error"].abs() <= df["target"] + df["spread"])).sum())
+    lo, hi = int(df["repeats"].min()), int(df["repeats"].max())
+    lines += ["", f"Each cell: the error of the mean of {lo if lo == hi else f'{lo}-{hi}'} "
+              "repeats, and in brackets the repeats' spread (max - min, over the mean for a "
+              "relative error); *italic*: over target but within target + spread.", "",
+              f"{ok} of {n} cells within target; {spread_ok} more within target + spread."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("measured_dir", help="the runs of benchmarks/policy_suite.py")
+    ap.add_argument("measured_dir", help="the runs of benchmarks/policy_suite.py, "
+                    "prefix_suite.py or vllm_suite.py")
     ap.add_argument("--out", default=None, help="write TABLE.csv and TABLE.md here")
     ap.add_argument("--table", default="policies", choices=sorted(TITLES),
                     help="the table's name and title (default: policies)")

@@ -40,16 +40,17 @@ def test_vllm_missing_is_one_line_naming_the_package(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.metadata, "distribution", absent)
     with pytest.raises(ValueError, match=r"^backend=vllm needs vLLM, and the package vllm is "
                                          r"not installed: [^\n]*$"):
-        run(_cfg("model=tiny32"), tmp_path)
+        run(_cfg("model=tiny"), tmp_path)
     assert not (tmp_path / "result.json").exists()
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["model=tiny"], r"^model tiny has head_dim 16, which vLLM's CPU attention does not run"),
-    (["model=tiny32", "policy=multi_step"], r"^policy multi_step cannot run in vLLM's "
+    (["model=tiny", "model.head_dim=16", "model.hidden_size=64"],
+     r"^model tiny has head_dim 16, which vLLM's CPU attention does not run"),
+    (["model=tiny", "policy=multi_step"], r"^policy multi_step cannot run in vLLM's "
                                             r"scheduler: multi-step windows"),
-    (["model=tiny32", "scheduler.overlap=true"], r"^scheduler\.overlap: backend=vllm"),
-    (["model=tiny32", "+backend.kv_cache_gb=1"], r"kv_cache_gb"),
+    (["model=tiny", "scheduler.overlap=true"], r"^scheduler\.overlap: backend=vllm"),
+    (["model=tiny", "+backend.kv_cache_gb=1"], r"kv_cache_gb"),
 ])
 def test_what_vllm_cannot_run_is_one_line_before_it_starts(tmp_path, overrides, message):
     from experiments.run import run
@@ -73,7 +74,7 @@ def test_a_run_on_vllm_writes_the_result_files(tmp_path):
     writes result.json, requests.csv and steps.csv (one window record per engine step)."""
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.run", "backend=vllm", "model=tiny32",
+        [sys.executable, "-m", "experiments.run", "backend=vllm", "model=tiny",
          "workload=synthetic", "workload.num_prompts=6", "workload.lengths.dist=fixed",
          "workload.lengths.prompt_len=40",
          "workload.lengths.output_len=6", "scheduler.max_num_batched_tokens=64",

@@ -58,7 +58,7 @@ def check_vllm_settings(settings: Mapping[str, Any], model: ModelSpec | None = N
     if model is not None and device == "cpu" and model.head_dim not in CPU_HEAD_SIZES:
         raise ValueError(f"model {model.name} has head_dim {model.head_dim}, which vLLM's CPU "
                          f"attention does not run (it runs {', '.join(map(str, CPU_HEAD_SIZES))}"
-                         "): model=tiny32 is tiny with 32-wide heads")
+                         "); conf/model/tiny has 32-wide heads")
 
 
 def build_engine(model: ModelSpec, settings: Mapping[str, Any], schedlab: Mapping[str, Any]

@@ -154,8 +154,8 @@ def test_hf_checkpoint_round_trip(tmp_path, tied: bool) -> None:
 def test_hf_checkpoint_errors(tmp_path) -> None:
     spec = load_spec("tiny")
     save_hf_model(random_model(spec, "cpu", torch.float32), tmp_path, num_shards=2)
-    with pytest.raises(ValueError, match="config.json has hidden_size 64 but model tiny2"):
-        load_hf_model(load_spec("tiny", name="tiny2", hidden_size=128), tmp_path, "cpu",
+    with pytest.raises(ValueError, match="config.json has hidden_size 128 but model tiny2"):
+        load_hf_model(load_spec("tiny", name="tiny2", hidden_size=256), tmp_path, "cpu",
                       torch.float32)
     shard = tmp_path / "model-00001-of-00002.safetensors"
     tensors = load_file(str(shard))

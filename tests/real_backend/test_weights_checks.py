@@ -67,7 +67,7 @@ def edit_shard(file: Path, edit) -> None:
     ("rms_norm_eps", 1e-06, "1e-05"),
     ("tie_word_embeddings", True, "False"),
     ("rope_scaling", None, "'factor': 8.0"),
-    ("head_dim", 32, "16"),
+    ("head_dim", 64, "32"),
     ("num_hidden_layers", 3, "2"),
     ("vocab_size", 1024, "512"),
 ])
@@ -245,13 +245,13 @@ def test_repeated_tensor_names_both_files(ckpt: Path) -> None:
 
 def test_wrong_shape_names_tensor_and_file(ckpt: Path) -> None:
     shard = shard_of(ckpt, "model.norm.weight")
-    edit_shard(shard, lambda t: t.update({"model.norm.weight": torch.ones(65)}))
-    refused(ckpt, str(shard), "model.norm.weight of shape (65,)", "needs (64,)")
+    edit_shard(shard, lambda t: t.update({"model.norm.weight": torch.ones(129)}))
+    refused(ckpt, str(shard), "model.norm.weight of shape (129,)", "needs (128,)")
 
 
 def test_integer_tensor_is_refused(ckpt: Path) -> None:
     shard = shard_of(ckpt, "model.norm.weight")
-    edit_shard(shard, lambda t: t.update({"model.norm.weight": torch.ones(64, dtype=torch.int32)}))
+    edit_shard(shard, lambda t: t.update({"model.norm.weight": torch.ones(128, dtype=torch.int32)}))
     refused(ckpt, str(shard), "model.norm.weight of dtype torch.int32")
 
 
