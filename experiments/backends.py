@@ -4,6 +4,7 @@ the backend. ``BACKENDS`` maps ``backend.name`` to each; experiments/run.py asks
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -65,6 +66,21 @@ class Backend:
         """result.json's fields of this backend alone (after the others)."""
         return {}
 
+    def cluster_fields(self, times: Any
+                       ) -> tuple[dict[str, Any], list[dict[str, Any]] | None, Any]:
+        """A run of several replicas behind a router: result.json's router and replica count
+        (schedlab section), its per-replica summaries (``replicas``) and each request's replica
+        (requests.csv); a run of one engine has none of them."""
+        return {}, None, None
+
+    def discard(self) -> None:
+        """After a failed run: the result files it wrote as it went removed (their temporary
+        copies), their workers stopped; an OS error doing so is not raised (the run's own
+        error is the one to report)."""
+        if self.streamed is not None:
+            with contextlib.suppress(OSError):
+                self.streamed.discard()
+
 
 class SimBackend(Backend):
     """The discrete-event simulator (simulator/): one replica, or a cluster behind a router."""
@@ -113,6 +129,19 @@ class SimBackend(Backend):
 
     def times(self, requests: Sequence[Request]) -> Any:
         return self.finishes.table()  # taken as each request finished
+
+    def cluster_fields(self, times: Any
+                       ) -> tuple[dict[str, Any], list[dict[str, Any]] | None, Any]:
+        from simulator.cluster import replica_summaries
+
+        cluster = self.cluster
+        if cluster.size == 1:
+            return {}, None, None
+        outcome = self.cluster_outcome
+        return ({"router": cluster.router_name, "num_replicas": cluster.size},
+                replica_summaries(outcome, times.ttft, times.output_len, times.completed,
+                                  cluster.labels),
+                outcome.replica_of)
 
     def labels(self, outcome: Any) -> dict[str, Any]:
         sections = self.cluster.sections  # the run's, or its one replica's (its group's)

@@ -15,7 +15,6 @@ import json
 import math
 import operator
 import os
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -346,9 +345,8 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     streamed_steps = None
     if streamed is not None:
         if streamed.steps is not None and streamed.step_rows is not steps:
-            err = ValueError("write_results: steps are not the rows streamed into steps.csv")
-            streamed.__exit__(ValueError, err, None)  # its copies removed, its workers stopped
-            raise err
+            streamed.discard()
+            raise ValueError("write_results: steps are not the rows streamed into steps.csv")
         streamed.finish()
         streamed_steps = streamed.steps
     request_chunks = chunked(rows.job, len(rows), streamed.rows_given if streamed else 0)
@@ -395,7 +393,7 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     except BaseException:
         if streamed is not None:  # the copies it has not put in place removed
             with contextlib.suppress(OSError):  # the write's own error is the one to report
-                streamed.__exit__(*sys.exc_info())
+                streamed.discard()
         with contextlib.suppress(OSError):
             clear_results(run_dir)
         raise

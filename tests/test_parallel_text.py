@@ -114,7 +114,7 @@ def test_a_full_disk_while_streaming_names_the_file(tmp_path, name):
     file.file = Full()
     with pytest.raises(OSError, match=rf"No space left on device: '.*{name}'"):
         file.write("0,0.0\n")
-    streamed.__exit__(OSError, None, None)
+    streamed.discard()
     assert not os.listdir(tmp_path)
 
 
