@@ -97,7 +97,14 @@ from simulator.events import At, call_at
 from simulator.front_end import apply_delivery_times, arrivals, client_finished, deliver
 from simulator.hardware import HardwareSpec
 from simulator.memory import blocks_per_engine
-from simulator.outcome import ClusterResult, ReplicaSpec, SimResult, StepRows, cluster_total
+from simulator.outcome import (
+    ClusterResult,
+    ReplicaSpec,
+    SimResult,
+    StepRows,
+    cluster_total,
+    step_row,
+)
 from simulator.overhead import (
     OverheadSpec,
     scale_overhead,
@@ -417,15 +424,15 @@ def _window_row(sim: ReplicaSim, win: Window, v: int) -> tuple:
     its replica and that replica's load as the window closes (the per-replica load figure)."""
     batch = win.batch
     first = win.first
-    row = (v, *window_record(batch.window_id, win.t_start, batch.num_steps, batch.num_seqs,
-                             first.num_prefill_seqs, first.num_tokens, first.kv_tokens,
-                             len(batch.preempted), batch.num_wasted_steps),
-           win.schedule_cost, tuple(win.stage_times))
+    record = window_record(batch.window_id, win.t_start, batch.num_steps, batch.num_seqs,
+                           first.num_prefill_seqs, first.num_tokens, first.kv_tokens,
+                           len(batch.preempted), batch.num_wasted_steps)
+    load = ()
     if sim.shared.cluster:
-        load = sim.load
-        row += (sim.index, load.outstanding, sum(s.num_waiting for s in sim.schedulers),
-                sum(s.num_running for s in sim.schedulers), load.kv_blocks_used)
-    return row
+        now = sim.load
+        load = (sim.index, now.outstanding, sum(s.num_waiting for s in sim.schedulers),
+                sum(s.num_running for s in sim.schedulers), now.kv_blocks_used)
+    return step_row(v, record, win.schedule_cost, win.stage_times, load)
 
 
 def _run_steps(sim: ReplicaSim, win: Window) -> Generator:
