@@ -40,7 +40,7 @@ PARALLEL_MIN_ROWS = 100_000
 MAX_PROCESSES = 4  # this one and its workers
 _START = "forkserver"
 # what a worker imports before its first job (the renderers' modules)
-_PRELOAD = ["experiments.result_files", "simulator.outcome"]
+_PRELOAD = ["experiments.request_rows", "experiments.result_files", "simulator.outcome"]
 
 
 def num_workers() -> int:

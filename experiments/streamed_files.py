@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from experiments.files import AtomicText
 from experiments.parallel_text import Job, Texts, workers_for
-from experiments.result_files import REQUEST_CSV_HEADER, RequestRows
+from experiments.request_rows import REQUEST_CSV_HEADER, RequestRows
 
 if TYPE_CHECKING:
     from simulator.outcome import StepRows

@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 from hydra import compose, initialize_config_dir
 
-from experiments import parallel_text, request_times, result_files, streamed_files
+from experiments import parallel_text, request_rows, request_times, result_files, streamed_files
 from experiments.run import CONF_DIR, run
 from simulator.outcome import StepRows
 
@@ -208,7 +208,7 @@ def test_request_rows_are_the_csv_modules_cells_whatever_repeats():
     columns = [(list(range(n)), ""), (repeated, ""), (mixed, ""), (with_none, "none"),
                (np.array(repeated), "done"), (np.array(tpot), "nan"), (signed, ""),
                (signed[::-1], ""), (np.array(tpot), "done")]
-    text = result_files._request_rows_text(columns, done)
+    text = request_rows._request_rows_text(columns, done)
     expected = io.StringIO()
     writer = csv.writer(expected, lineterminator="\n")
     for i in range(n):
