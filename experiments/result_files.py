@@ -233,67 +233,37 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     # long run (experiments.parallel_text): a failing chunk removes what was written with the
     # rest (the previous run's files are gone by then).
     result = _json_pieces({**summary, "schedlab": dict(extra)})
-    rows = RequestRows(requests, replicas, times)
-    jobs: list[Iterator[Job]] = []
-    left = 0  # the most rows any one file or list has left to render
-
-    def chunked(job: Callable[[int, int], Job], n: int, first: int = 0) -> int:
-        """The jobs of rows first..n-1, a chunk at a time (each made as it is taken); how
-        many."""
-        nonlocal left
-        bounds = [(max(a, first), b) for a, b in chunk_bounds(n) if b > first]
-        jobs.append(job(a, b) for a, b in bounds)
-        left = max(left, n - first)
-        return len(bounds)
-
-    streamed_steps = None
-    if streamed is not None:
-        if streamed.steps is not None and streamed.step_rows is not steps:
-            streamed.discard()
-            raise ValueError("write_results: steps are not the rows streamed into steps.csv")
-        streamed.finish()
-        streamed_steps = streamed.steps
-    request_chunks = chunked(rows.job, len(rows), streamed.rows_given if streamed else 0)
+    streamed_steps = _end_stream(streamed, steps) if streamed is not None else None
+    request_rows = _Chunked(RequestRows(requests, replicas, times).job, len(requests),
+                            streamed.rows_given if streamed is not None else 0)
+    step_rows = None
     texts = []
-    step_chunks = None
     if hasattr(steps, "csv_job"):  # simulator.outcome.StepRows: rows rendered like requests
-        step_chunks = chunked(steps.csv_job, len(steps),
-                              streamed_steps.rows_given if streamed_steps else 0)
+        step_rows = _Chunked(steps.csv_job, len(steps),
+                             streamed_steps.rows_given if streamed_steps is not None else 0)
     elif steps is not None:
         texts.append(("steps.csv", steps_csv(steps)))
-    list_chunks = [chunked(p.json_job, len(p)) for p in result if isinstance(p, PerRequest)]
+    lists = [_Chunked(p.json_job, len(p)) for p in result if isinstance(p, PerRequest)]
     if summary_text is not None:
         texts.append(("summary.txt", summary_text + "\n"))
+    parts = [request_rows, *([step_rows] if step_rows is not None else []), *lists]
     clear_results(run_dir)
     # (workers that could not start for the stream are not tried again)
-    renderer = Texts(workers_for(left) if streamed is None or streamed.parallel else 0)
-    chunks = renderer.rest(itertools.chain.from_iterable(jobs))
+    renderer = Texts(workers_for(max(p.rows for p in parts))
+                     if streamed is None or streamed.parallel else 0)
+    chunks = renderer.rest(itertools.chain.from_iterable(p.jobs for p in parts))
     try:
         # a streamed file's copy is completed and put in place here, with the rows before
-        with (streamed.requests if streamed is not None
-              else AtomicText(run_dir / "requests.csv", REQUEST_CSV_HEADER)) as f:
-            for _ in range(request_chunks):
-                f.write(next(chunks))
-        if step_chunks is not None:
-            with (streamed_steps if streamed_steps is not None
-                  else AtomicText(run_dir / "steps.csv", ",".join(steps.columns) + "\n")) as f:
-                for _ in range(step_chunks):
-                    f.write(next(chunks))
+        _write_rows(streamed.requests if streamed is not None
+                    else AtomicText(run_dir / "requests.csv", REQUEST_CSV_HEADER),
+                    chunks, request_rows.count)
+        if step_rows is not None:
+            _write_rows(streamed_steps if streamed_steps is not None
+                        else AtomicText(run_dir / "steps.csv", ",".join(steps.columns) + "\n"),
+                        chunks, step_rows.count)
         for name, text in texts:
             write_text_atomic(run_dir / name, text)
-        with atomic_text_file(run_dir / "result.json") as f:
-            lists = iter(list_chunks)
-            for piece in result:
-                if isinstance(piece, str):
-                    f.write(piece)
-                    continue
-                f.write("[")
-                sep = ""
-                for _ in range(next(lists)):
-                    if text := next(chunks):
-                        f.write(sep + text)
-                        sep = ", "
-                f.write("]")
+        _write_json(run_dir / "result.json", result, chunks, [p.count for p in lists])
     except BaseException:
         if streamed is not None:  # the copies it has not put in place removed
             with contextlib.suppress(OSError):  # the write's own error is the one to report
@@ -306,3 +276,50 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
         renderer.close()  # stops the workers
     _fsync_dir(run_dir)
     return run_dir / "result.json"
+
+
+class _Chunked:
+    """A file's (or a list's) rows first..n-1 as jobs (experiments.parallel_text), a chunk of
+    rows at a time, each job made as it is taken: ``count`` of them, ``rows`` rows."""
+
+    def __init__(self, job: Callable[[int, int], Job], n: int, first: int = 0) -> None:
+        bounds = [(max(a, first), b) for a, b in chunk_bounds(n) if b > first]
+        self.jobs: Iterator[Job] = (job(a, b) for a, b in bounds)
+        self.count, self.rows = len(bounds), n - first
+
+
+def _end_stream(streamed: StreamedRows, steps: Any) -> AtomicText | None:
+    """The stream of the run's rows ended (its workers' texts written, the workers stopped);
+    steps.csv's streamed copy, if it streamed ``steps``. Steps other than those it streamed
+    are refused, its copies removed."""
+    if streamed.steps is not None and streamed.step_rows is not steps:
+        streamed.discard()
+        raise ValueError("write_results: steps are not the rows streamed into steps.csv")
+    streamed.finish()
+    return streamed.steps
+
+
+def _write_rows(file: AtomicText, chunks: Iterator[str], count: int) -> None:
+    """The next ``count`` chunks' text into ``file``, put in place when done (or removed)."""
+    with file as f:
+        for _ in range(count):
+            f.write(next(chunks))
+
+
+def _write_json(path: Path, result: list[str | PerRequest], chunks: Iterator[str],
+                counts: list[int]) -> None:
+    """result.json from its pieces (_json_pieces), each per-request list from the next of
+    ``counts`` chunks' texts (an empty chunk adds no separator)."""
+    with atomic_text_file(path) as f:
+        lists = iter(counts)
+        for piece in result:
+            if isinstance(piece, str):
+                f.write(piece)
+                continue
+            f.write("[")
+            sep = ""
+            for _ in range(next(lists)):
+                if text := next(chunks):
+                    f.write(sep + text)
+                    sep = ", "
+            f.write("]")
