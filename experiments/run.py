@@ -69,14 +69,14 @@ def outcome_stats(outcome: Any) -> dict[str, Any]:
 CUDA_ONLY_FIELDS = ("cuda_graph_sizes", "prefill_graphs", "prefill_graph_replays",
                     "piecewise_graph_sizes", "piecewise_capture_s", "piecewise_graph_replays",
                     "cuda_module_loading")
-# From this many requests on, computing the metrics and writing the files takes a second or
-# more (about 0.1 ms a request: 12 s for 100k on a 2-core box), so a line says what the run is
-# doing meanwhile.
+# From this many requests on, computing the metrics and writing the files takes long enough
+# to be noticed, so a line says what the run is doing meanwhile (the time a request: the 1M
+# cases of BENCHMARKS.md; figures are kept there, dated, rather than here to go stale).
 LONG_WRITE_REQUESTS = 10_000
 
 # A single run of the command line leaves its objects (a 1M-request run's millions) to the
 # operating system when the process ends, rather than Python freeing them one by one (a
-# second at 1M): main() sets LEAVE_TO_EXIT, run() keeps them here, main() ends the process.
+# noticeable part of a long run's time): main() sets LEAVE_TO_EXIT, run() keeps them here, main() ends the process.
 LEAVE_TO_EXIT = False
 _left_to_exit: list[Any] = []
 
@@ -448,7 +448,7 @@ def no_huge_pages() -> None:
     NUMPY_MADVISE_HUGEPAGE=0 sets when numpy is imported; a value given in the environment is
     kept). Where the kernel compacts memory to find huge pages for a region that asks
     (transparent_hugepage/defrag = madvise, a common default), a long run's first arrays of
-    tens of MB cost about a second of system time (1M requests: 2.1 -> 0.85 s of it)."""
+    tens of MB cost much system time (BENCHMARKS.md, "system time", has the figures)."""
     if "NUMPY_MADVISE_HUGEPAGE" in os.environ:
         return
     import numpy as np

@@ -180,8 +180,8 @@ def release_kept_runner() -> None:
 
 
 # The last run's runner (weights, KV cache, CUDA graphs), kept for the next run of the same model,
-# backend settings and scheduler limits when ``backend.keep_runner``: its setup takes 4-12 s on
-# an H200. A failed run's runner is never kept.
+# backend settings and scheduler limits when ``backend.keep_runner``: its setup is most of a
+# short run's time. A failed run's runner is never kept.
 _KEPT: dict[str, ModelRunner] = {}
 
 
@@ -341,8 +341,8 @@ def _wait_until(at: float | None, clock: Clock, runner: ModelRunner,
 
     The wait keeps the CPU busy, as a CUDA synchronize does while the engine without overlap
     waits for its window: it does not sleep. Sleeping between the polls, the engine ran the next
-    window's schedule, input preparation and launch up to 1.5x slower in three of four pairs
-    measured, and a launch slower than the window's GPU work leaves the GPU waiting
+    window's schedule, input preparation and launch slower in most pairs measured, and a
+    launch slower than the window's GPU work leaves the GPU waiting
     (BENCHMARKS.md, "The overlap loop's wait"). ``time.sleep(0)`` releases the GIL on every
     pass, so the process's other threads (under ``experiments.serve``, the main thread that
     watches the engine thread) are not held off."""

@@ -249,7 +249,7 @@ def _draw(cfg: Mapping[str, Any], vocab_size: int | None, max_model_len: int | N
         src = _generated(cfg, kind, num_prompts, seed, prefix_len, with_ids)
     n = len(src.prompt_lens)
     # a few thousand distinct lengths: one int object each, held by every request of that
-    # length (64 MB less at 1M requests than an object a request)
+    # length (far less memory in a long run than an object a request)
     prompt_lens, output_lens = _one_object_per_value(src.prompt_lens), \
         _one_object_per_value(src.output_lens)
     hash_ids, segments = src.hash_ids, src.segments

@@ -58,7 +58,7 @@ def to_request(spec: RequestSpec, request_id: int, with_token_ids: bool) -> Requ
     """A fresh Request asking for exactly ``output_len`` tokens, as benchmark_serving does;
     ``request_id`` is the spec's index in its workload (a later turn names its previous turn's).
     Without token ids (the simulator's requests) no output id is ever sampled: its
-    output_token_ids is an empty tuple, not a list per request (72 MB at 1M requests)."""
+    output_token_ids is an empty tuple, not a list per request (a long run's memory)."""
     token_ids: list[int] | None = None
     if with_token_ids:
         if spec.prompt_token_ids is None:
