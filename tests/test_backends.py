@@ -6,11 +6,10 @@ engine both time under the same columns after it."""
 from __future__ import annotations
 
 import ast
+import csv
 from pathlib import Path
 
 import pytest
-
-import csv
 
 from common.window_record import STAGE_COLUMNS, WINDOW_COLUMNS
 from experiments.backends import BACKENDS, backend_class
