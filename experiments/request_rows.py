@@ -5,11 +5,12 @@ held whole and a chunk can be rendered by a worker process (experiments/parallel
 The cells are the csv module's: each value's own ``str()`` (a time the request holds as the
 int 0 reads "0", a float its shortest repr), empty for None, NaN or an unfinished request's
 times. pandas' and pyarrow's CSV writers were measured on the 1M-request case
-(benchmarks/results_write.py, figures in BENCHMARKS.md): neither writes these bytes (pyarrow
-writes the float 0.0 as "0", pandas a column of ints and floats as floats, and both quote or
-type a column as a whole), and pandas is slower than this renderer. So requests.csv keeps its
-own renderer: columns in arrays, and each distinct float of a column that repeats (a window's
-requests share their times) formatted once, a float's repr being most of a row's cost."""
+(benchmarks/results_write.py; figures in BENCHMARKS.md): neither writes these bytes (pyarrow
+writes the float 0.0 as "0"; pandas writes a column of ints and floats, the t = 0 clock's int 0
+among float times, as floats), and pandas is slower than this renderer. So requests.csv keeps
+its own renderer: columns in arrays, and each distinct float of a column that repeats (a
+window's requests share their times) formatted once, a float's repr being most of a row's
+cost."""
 
 from __future__ import annotations
 
