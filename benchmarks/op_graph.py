@@ -15,7 +15,7 @@ from op_timing import Bench
 from common.model_spec import ModelSpec
 
 if TYPE_CHECKING:
-    from operators import Grid
+    from op_grid import Grid
 
 GRAPH_WEIGHT_BYTES = 60 * 2**30  # truncated models in the graph table stay below this
 

@@ -20,7 +20,7 @@ from real_backend.model import rope_table, split_heads
 from real_backend.sampling import SamplingParams, sample
 
 if TYPE_CHECKING:
-    from operators import Grid
+    from op_grid import Grid
 
 BLOCK_SIZE = 16  # the engine's (scheduler.block_size)
 # an H200's rates for the estimates (the efficiencies a little below what these shapes reach)

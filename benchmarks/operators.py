@@ -36,7 +36,6 @@ import math
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -48,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from op_graph import graph_layers, graph_model_spec, graph_table  # noqa: E402
+from op_grid import Grid  # noqa: E402
 from op_kernels import (  # noqa: E402
     decode_table,
     gemm_shapes,
@@ -77,22 +77,6 @@ EST_COMPILE_S = 0.8
 
 class InputError(Exception):
     """A bad setting: printed as one line, exit code 2."""
-
-
-@dataclass(slots=True)
-class Grid:
-    gemm_m: list[int]
-    lm_head_m: list[int]
-    decode_batches: list[int]
-    decode_contexts: list[int]
-    longest_batches: list[int]  # a batch of short sequences and one long one (its splits)
-    longest_contexts: list[int]  # that long sequence's tokens
-    prefill: list[tuple[int, int, int]]  # (sequences, query tokens each, cached prefix each)
-    small_tokens: list[int]
-    sampled: list[int]
-    graph_layers: list[int]
-    graph_context: int  # tokens of the batch-1 decode step's sequence
-    piece_tokens: int  # the piecewise step's tokens (one captured size)
 
 
 def full_grid() -> Grid:

@@ -21,10 +21,17 @@ import heapq
 import operator
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from policies.request import Request
+
+class Request(Protocol):
+    """What the client reads and sets of a request (policies/request.py's Request has it):
+    named here, not imported, as common/ imports nothing above it."""
+
+    request_id: int
+    arrival_time: float
+    previous_turn: int | None
+    think_time: float
 
 # The run's progress bar counts finished requests, without a rate: tqdm's "req/s" would read
 # like the benchmark's request throughput, which it is not (wall-clock, and the simulator's

@@ -4,6 +4,7 @@ the backend. ``BACKENDS`` maps ``backend.name`` to each; experiments/run.py asks
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -70,6 +71,22 @@ class Backend:
         """requests.csv's columns after its own (name, a value per request)."""
         return []
 
+    def cluster_fields(self, times: Any
+                       ) -> tuple[dict[str, Any], dict[str, Any], Any]:
+        """A run of several replicas behind a router: result.json's router and replica count
+        (schedlab section; a disaggregated cluster's layout too), its entries of the cluster
+        (``replicas``: per-replica summaries; ``disaggregation``) and each request's replica
+        (requests.csv); a run of one engine has none of them."""
+        return {}, {}, None
+
+    def discard(self) -> None:
+        """After a failed run: the result files it wrote as it went removed (their temporary
+        copies), their workers stopped; an OS error doing so is not raised (the run's own
+        error is the one to report)."""
+        if self.streamed is not None:
+            with contextlib.suppress(OSError):
+                self.streamed.discard()
+
 
 class SimBackend(Backend):
     """The discrete-event simulator (simulator/): one replica, or a cluster behind a router."""
@@ -134,6 +151,24 @@ class SimBackend(Backend):
     def request_columns(self) -> list[tuple[str, Any]]:
         """requests.csv's columns after its own: a disaggregated cluster's hand-offs."""
         return self.handoffs.columns() if self.handoffs is not None else []
+
+    def cluster_fields(self, times: Any
+                       ) -> tuple[dict[str, Any], dict[str, Any], Any]:
+        from simulator.cluster import disaggregation_summary, replica_summaries
+
+        cluster = self.cluster
+        if cluster.size == 1:
+            return {}, {}, None
+        outcome = self.cluster_outcome
+        fields = {"router": cluster.router_name, "num_replicas": cluster.size}
+        entries = {"replicas": replica_summaries(outcome, times.ttft, times.output_len,
+                                                 times.completed, cluster.labels)}
+        if cluster.disaggregated:
+            fields["layout"] = cluster.layout
+            entries["disaggregation"] = disaggregation_summary(
+                entries["replicas"], self.handoffs, cluster.link, cluster.decode_router_name,
+                cluster.early_rejection)
+        return fields, entries, outcome.replica_of
 
     def labels(self, outcome: Any) -> dict[str, Any]:
         sections = self.cluster.sections  # the run's, or its one replica's (its group's)

@@ -7,7 +7,6 @@ import contextlib
 import glob
 import os
 import signal
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -96,7 +95,7 @@ class AtomicText:
             self._copy = self.file.name
             self.write(header)
         except BaseException:
-            self.__exit__(*sys.exc_info())
+            self.discard()
             raise
 
     def write(self, text: str) -> None:
@@ -114,6 +113,15 @@ class AtomicText:
     def __exit__(self, *exc: Any) -> None:
         stack, self._stack = self._stack, contextlib.ExitStack()
         stack.__exit__(*exc)
+
+    def discard(self) -> None:
+        """Remove the copy, leaving ``path`` as it was (leaving it on an error); once."""
+        gone = _Discarded()
+        self.__exit__(_Discarded, gone, None)
+
+
+class _Discarded(Exception):
+    """What AtomicText.discard leaves its copy with: the error that removes it."""
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from experiments.request_rows import RequestRows
 from experiments.request_times import TimesRecorder, TimesTable
-from experiments.result_files import RequestRows
 from experiments.streamed_files import StreamedRows
 from policies.request import Request
 

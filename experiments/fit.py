@@ -12,7 +12,7 @@ every run and, as far as the data allows, under every numpy/scipy version:
   graph replay and the LM-head terms), ``mixed_kernels_per_layer`` (the data's eager mixed
   steps are all compute-bound, so their launch floor never binds), and ``kernel_launch_us``
   where the data has served launch times (it traded off against ``cuda_graph_replay_us``:
-  the launch floor binds only on the smallest piecewise steps, so fits landed at 9 us or 66 us
+  the launch floor binds only on the smallest piecewise steps, so fits landed far apart
   with the replay moving to match). It is set from a measurement of its own: each served
   piecewise window's CPU launch time over the launches the cost model counts for it;
 - ``bootstrap`` resamples the rows and refits, for each coefficient's uncertainty.

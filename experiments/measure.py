@@ -252,7 +252,7 @@ class Profiler:
         CPU: one ``served`` row per window: the time it adds beyond its GPU work (to the next
         window's start: schedule, input preparation, the launch the GPU waits for, the drain,
         update), its timed CPU parts, and pythonization per step. Hand-built microbenchmark
-        windows measure preparation up to 0.3 ms dearer than served ones at small batches.
+        windows measure preparation dearer than served ones at small batches.
         GPU: one ``served_step`` row per step, its shape and time (with the clock it ran at),
         for the step-time fit beside the microbenchmarks (a fit on isolated windows alone
         priced served large decode batches and multi-prompt prefills 2-11% fast).

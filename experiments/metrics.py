@@ -140,6 +140,28 @@ def _p_word(p: float) -> str:
     return str(int(p)) if int(p) == p else str(p)
 
 
+def _per_request_lists(t: TimesTable, prompt_lens: np.ndarray, arrivals: np.ndarray,
+                       generated_texts: Sequence[str] | None, streamed: bool
+                       ) -> dict[str, Any]:
+    """summarize's per-request lists, in benchmark_serving's order (``streamed``: the lists of
+    numbers as PerRequest sequences, made a chunk at a time as result.json is written)."""
+    def column(values: np.ndarray) -> Sequence[Any]:
+        return PerRequest.of(values) if streamed else values.tolist()
+
+    return {
+        "input_lens": column(prompt_lens),
+        "output_lens": column(t.output_len),
+        "ttfts": column(t.ttft),
+        "itls": PerRequest.itls(t) if streamed else t.itl_lists(),
+        "e2els": column(t.e2el),
+        "latencies": column(t.e2el),
+        "start_times": column(arrivals),
+        "generated_texts": list(generated_texts) if generated_texts is not None
+        else [""] * len(t),
+        "errors": ["" if ok else UNFINISHED for ok in t.completed.tolist()],
+    }
+
+
 def summarize(requests: Sequence[Request], duration: float, *,
               percentiles: Sequence[float] | Mapping[str, Sequence[float]] = (99.0,),
               goodput: Mapping[str, float] | None = None,
@@ -199,22 +221,7 @@ def summarize(requests: Sequence[Request], duration: float, *,
     arrivals = np.fromiter(map(operator.attrgetter("arrival_time"), requests), float,
                            len(requests))
     if per_request:
-        def column(values: np.ndarray) -> Sequence[Any]:
-            return PerRequest.of(values) if streamed else values.tolist()
-
-        itls = PerRequest.itls(t) if streamed else t.itl_lists()
-        summary.update({
-            "input_lens": column(prompt_lens),
-            "output_lens": column(t.output_len),
-            "ttfts": column(t.ttft),
-            "itls": itls,
-            "e2els": column(t.e2el),
-            "latencies": column(t.e2el),
-            "start_times": column(arrivals),
-            "generated_texts": list(generated_texts) if generated_texts is not None
-            else [""] * len(requests),
-            "errors": ["" if ok else UNFINISHED for ok in done.tolist()],
-        })
+        summary.update(_per_request_lists(t, prompt_lens, arrivals, generated_texts, streamed))
     summary["max_output_tokens_per_s"], summary["max_concurrent_requests"] = \
         peak_output_and_concurrency(arrivals[done], t, done)
     for key in METRIC_KEYS:

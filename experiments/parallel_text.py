@@ -34,13 +34,13 @@ Job = tuple[Callable[..., str], tuple[Any, ...]]  # function, its arguments: the
 
 log = logging.getLogger(__name__)
 
-# Fewer rows than this are rendered in this process (starting a worker and sending it the
-# data costs a fraction of a second; 100k rows take about a second to render).
+# Fewer rows than this are rendered in this process: starting a worker and sending it the
+# data would cost about as much as rendering them (the rendering's figures: BENCHMARKS.md).
 PARALLEL_MIN_ROWS = 100_000
 MAX_PROCESSES = 4  # this one and its workers
 _START = "forkserver"
 # what a worker imports before its first job (the renderers' modules)
-_PRELOAD = ["experiments.result_files", "simulator.outcome"]
+_PRELOAD = ["experiments.request_rows", "experiments.result_files", "simulator.outcome"]
 
 
 def num_workers() -> int:

@@ -210,7 +210,7 @@ class TimesTable:
 
     def without_itls(self) -> TimesTable:
         """The table with no ITL left (every other column shared): what a run keeps once its
-        ITL statistics are taken where no per-request list is written (0.14 GB at 1M)."""
+        ITL statistics are taken where no per-request list is written (its ITLs' memory back)."""
         return TimesTable(self.completed, self.output_len, self.ttft, self.e2el, self.tpot,
                           self.num_chunks, np.zeros(0), np.zeros(len(self) + 1, np.int64))
 

@@ -13,9 +13,7 @@ import io
 import itertools
 import json
 import math
-import operator
 import os
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,17 +22,16 @@ import numpy as np
 
 from experiments.files import AtomicText, atomic_text_file, write_text_atomic
 from experiments.parallel_text import Job, Texts, workers_for
-from experiments.request_times import TimesTable, chunk_bounds, runs_as_lists, times_for
+from experiments.request_rows import (  # noqa: F401  (requests.csv's columns: the run's files' names)
+    REQUEST_CSV_COLUMNS,
+    REQUEST_CSV_HEADER,
+    RequestRows,
+)
+from experiments.request_times import TimesTable, chunk_bounds, runs_as_lists
 from policies.request import Request
 
 if TYPE_CHECKING:
     from experiments.streamed_files import StreamedRows
-
-REQUEST_CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len",
-                       "first_scheduled_time", "ttft", "e2el", "tpot", "num_chunks",
-                       "num_preemptions", "finish_time", "replica", "num_cached_tokens")
-REQUEST_CSV_HEADER = ",".join(REQUEST_CSV_COLUMNS) + "\n"
-
 
 def _jsonable(x: Any) -> Any:
     """A JSON-safe copy: numpy scalars to Python, paths to str, inf/nan to "inf"/"nan"
@@ -181,107 +178,6 @@ def _json_pieces(obj: Mapping[str, Any]) -> list[str | PerRequest]:
     return pieces
 
 
-class RequestRows:
-    """requests.csv's rows, a chunk at a time (``job(start, end)``: the job that renders them,
-    its columns taken of those requests then, so that a worker renders one chunk while the
-    next is taken)."""
-
-    def __init__(self, requests: Sequence[Request], replicas: Sequence[int] | None,
-                 times: TimesTable | None,
-                 extra: Sequence[tuple[str, np.ndarray]] = ()) -> None:
-        self._requests, self._replicas = requests, replicas
-        self._times = times_for(requests, times)
-        # columns after REQUEST_CSV_COLUMNS (a disaggregated cluster's: HandoffLog), per
-        # request, filled by the time a request's row is taken (NaN written empty)
-        self._extra = list(extra)
-        self.header = REQUEST_CSV_HEADER if not self._extra else \
-            ",".join((*REQUEST_CSV_COLUMNS, *(name for name, _ in self._extra))) + "\n"
-
-    def __len__(self) -> int:
-        return len(self._requests)
-
-    def job(self, start: int, end: int) -> Job:
-        """The job (experiments.parallel_text) of rows start..end-1's text."""
-        reqs = self._requests[start:end]
-        n, t = len(reqs), self._times
-
-        def column(attr: str) -> np.ndarray:
-            return np.fromiter(map(operator.attrgetter(attr), reqs), np.int64, n)
-
-        def as_given(attr: str) -> list[Any]:  # each value's own str(): 0 stays 0, None ""
-            return list(map(operator.attrgetter(attr), reqs))
-
-        replica = (np.asarray(self._replicas[start:end], np.int64)
-                   if self._replicas is not None else np.zeros(n, np.int64))
-        # REQUEST_CSV_COLUMNS' columns, and what of each is written empty ("nan": NaN,
-        # "none": None, "done": a request that did not finish); the times the requests hold as
-        # they hold them (a t = 0 run's clock starts at the int 0)
-        columns = [(column("request_id"), ""), (as_given("arrival_time"), ""),
-                   (column("prompt_len"), ""), (column("num_output_tokens"), ""),
-                   (as_given("first_scheduled_time"), "none"), (t.ttft[start:end], "done"),
-                   (t.e2el[start:end], "done"), (t.tpot[start:end], "nan"),
-                   (t.num_chunks[start:end], ""), (column("num_preemptions"), ""),
-                   (as_given("finish_time"), "none"), (replica, ""),
-                   (column("num_cached_prompt_tokens"), "")]
-        columns += [(values[start:end], "nan") for _, values in self._extra]
-        return _request_rows_text, (columns, t.completed[start:end])
-
-
-def _text(x: Any, how: str) -> str:
-    """A cell: the value's str(), empty for None in a "none" column, NaN in a "nan" one."""
-    return "" if (how == "none" and x is None) or (how == "nan" and x != x) else str(x)
-
-
-class _Texts(dict):
-    """The cell of each value asked for (``_text``), made once a value."""
-
-    def __init__(self, how: str) -> None:
-        super().__init__()
-        self.how = how
-
-    def __missing__(self, x: Any) -> str:
-        text = self[x] = _text(x, self.how)
-        return text
-
-
-def _cells(values: list[Any] | np.ndarray, how: str) -> list[str]:
-    """Each value's cell (``_text``). Where the values are of one type and repeat (a window's
-    requests share their times), each distinct one is made once: a float's shortest repr is
-    most of a row's cost."""
-    numbers = isinstance(values, np.ndarray) and values.dtype.kind in "iuf"
-    plain = numbers and not (values.dtype.kind == "f" and np.isnan(values).any())
-    if isinstance(values, np.ndarray):
-        values = values.tolist()
-    head = values[:256]
-    if len(set(head)) * 2 <= len(head) and (plain or len(set(map(type, values))) == 1):
-        texts = _Texts(how)  # one type: 0 and 0.0 never meet
-        cells = list(map(texts.__getitem__, values))
-        zero = next((x for x in texts if x == 0), None)
-        if isinstance(zero, float):  # 0.0 and -0.0 are one key: each zero its own sign
-            sign = math.copysign(1.0, zero)
-            for i, x in enumerate(values):
-                if x == 0 and math.copysign(1.0, x) != sign:
-                    cells[i] = _text(x, how)
-        return cells
-    if plain or how in ("", "done"):
-        return list(map(str, values))
-    return [_text(x, how) for x in values]
-
-
-def _request_rows_text(columns: list[tuple[Sequence[Any], str]], done: np.ndarray) -> str:
-    """requests.csv's lines of these rows: each column made as text at once, the csv module's
-    cells (a number's str; "" for None in a "none" column, NaN in a "nan" one, and in a "done"
-    one where the request did not finish)."""
-    cols = []
-    for values, how in columns:
-        cells = _cells(values, how)
-        if how == "done":
-            for i in np.flatnonzero(~done).tolist():
-                cells[i] = ""
-        cols.append(cells)
-    return "\n".join(map(",".join, zip(*cols))) + "\n" if len(done) else ""
-
-
 def steps_csv(steps: Any) -> str:
     """Per-step records (mappings, dataclasses, a DataFrame or simulator.outcome.StepRows) as
     CSV."""
@@ -338,72 +234,42 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
     # long run (experiments.parallel_text): a failing chunk removes what was written with the
     # rest (the previous run's files are gone by then).
     result = _json_pieces({**summary, "schedlab": dict(extra)})
+    streamed_steps = _end_stream(streamed, steps) if streamed is not None else None
     rows = RequestRows(requests, replicas, times, extra_columns)
-    jobs: list[Iterator[Job]] = []
-    left = 0  # the most rows any one file or list has left to render
-
-    def chunked(job: Callable[[int, int], Job], n: int, first: int = 0) -> int:
-        """The jobs of rows first..n-1, a chunk at a time (each made as it is taken); how
-        many."""
-        nonlocal left
-        bounds = [(max(a, first), b) for a, b in chunk_bounds(n) if b > first]
-        jobs.append(job(a, b) for a, b in bounds)
-        left = max(left, n - first)
-        return len(bounds)
-
-    streamed_steps = None
-    if streamed is not None:
-        if streamed.steps is not None and streamed.step_rows is not steps:
-            err = ValueError("write_results: steps are not the rows streamed into steps.csv")
-            streamed.__exit__(ValueError, err, None)  # its copies removed, its workers stopped
-            raise err
-        streamed.finish()
-        streamed_steps = streamed.steps
-    request_chunks = chunked(rows.job, len(rows), streamed.rows_given if streamed else 0)
+    request_rows = _Chunked(rows.job, len(requests),
+                            streamed.rows_given if streamed is not None else 0)
+    step_rows = None
     texts = []
-    step_chunks = None
     if hasattr(steps, "csv_job"):  # simulator.outcome.StepRows: rows rendered like requests
-        step_chunks = chunked(steps.csv_job, len(steps),
-                              streamed_steps.rows_given if streamed_steps else 0)
+        step_rows = _Chunked(steps.csv_job, len(steps),
+                             streamed_steps.rows_given if streamed_steps is not None else 0)
     elif steps is not None:
         texts.append(("steps.csv", steps_csv(steps)))
-    list_chunks = [chunked(p.json_job, len(p)) for p in result if isinstance(p, PerRequest)]
+    lists = [_Chunked(p.json_job, len(p)) for p in result if isinstance(p, PerRequest)]
     if summary_text is not None:
         texts.append(("summary.txt", summary_text + "\n"))
+    parts = [request_rows, *([step_rows] if step_rows is not None else []), *lists]
     clear_results(run_dir)
     # (workers that could not start for the stream are not tried again)
-    renderer = Texts(workers_for(left) if streamed is None or streamed.parallel else 0)
-    chunks = renderer.rest(itertools.chain.from_iterable(jobs))
+    renderer = Texts(workers_for(max(p.rows for p in parts))
+                     if streamed is None or streamed.parallel else 0)
+    chunks = renderer.rest(itertools.chain.from_iterable(p.jobs for p in parts))
     try:
         # a streamed file's copy is completed and put in place here, with the rows before
-        with (streamed.requests if streamed is not None
-              else AtomicText(run_dir / "requests.csv", rows.header)) as f:
-            for _ in range(request_chunks):
-                f.write(next(chunks))
-        if step_chunks is not None:
-            with (streamed_steps if streamed_steps is not None
-                  else AtomicText(run_dir / "steps.csv", ",".join(steps.columns) + "\n")) as f:
-                for _ in range(step_chunks):
-                    f.write(next(chunks))
+        _write_rows(streamed.requests if streamed is not None
+                    else AtomicText(run_dir / "requests.csv", rows.header),
+                    chunks, request_rows.count)
+        if step_rows is not None:
+            _write_rows(streamed_steps if streamed_steps is not None
+                        else AtomicText(run_dir / "steps.csv", ",".join(steps.columns) + "\n"),
+                        chunks, step_rows.count)
         for name, text in texts:
             write_text_atomic(run_dir / name, text)
-        with atomic_text_file(run_dir / "result.json") as f:
-            lists = iter(list_chunks)
-            for piece in result:
-                if isinstance(piece, str):
-                    f.write(piece)
-                    continue
-                f.write("[")
-                sep = ""
-                for _ in range(next(lists)):
-                    if text := next(chunks):
-                        f.write(sep + text)
-                        sep = ", "
-                f.write("]")
+        _write_json(run_dir / "result.json", result, chunks, [p.count for p in lists])
     except BaseException:
         if streamed is not None:  # the copies it has not put in place removed
             with contextlib.suppress(OSError):  # the write's own error is the one to report
-                streamed.__exit__(*sys.exc_info())
+                streamed.discard()
         with contextlib.suppress(OSError):
             clear_results(run_dir)
         raise
@@ -412,3 +278,50 @@ def write_results(run_dir: str | os.PathLike[str], summary: Mapping[str, Any],
         renderer.close()  # stops the workers
     _fsync_dir(run_dir)
     return run_dir / "result.json"
+
+
+class _Chunked:
+    """A file's (or a list's) rows first..n-1 as jobs (experiments.parallel_text), a chunk of
+    rows at a time, each job made as it is taken: ``count`` of them, ``rows`` rows."""
+
+    def __init__(self, job: Callable[[int, int], Job], n: int, first: int = 0) -> None:
+        bounds = [(max(a, first), b) for a, b in chunk_bounds(n) if b > first]
+        self.jobs: Iterator[Job] = (job(a, b) for a, b in bounds)
+        self.count, self.rows = len(bounds), n - first
+
+
+def _end_stream(streamed: StreamedRows, steps: Any) -> AtomicText | None:
+    """The stream of the run's rows ended (its workers' texts written, the workers stopped);
+    steps.csv's streamed copy, if it streamed ``steps``. Steps other than those it streamed
+    are refused, its copies removed."""
+    if streamed.steps is not None and streamed.step_rows is not steps:
+        streamed.discard()
+        raise ValueError("write_results: steps are not the rows streamed into steps.csv")
+    streamed.finish()
+    return streamed.steps
+
+
+def _write_rows(file: AtomicText, chunks: Iterator[str], count: int) -> None:
+    """The next ``count`` chunks' text into ``file``, put in place when done (or removed)."""
+    with file as f:
+        for _ in range(count):
+            f.write(next(chunks))
+
+
+def _write_json(path: Path, result: list[str | PerRequest], chunks: Iterator[str],
+                counts: list[int]) -> None:
+    """result.json from its pieces (_json_pieces), each per-request list from the next of
+    ``counts`` chunks' texts (an empty chunk adds no separator)."""
+    with atomic_text_file(path) as f:
+        lists = iter(counts)
+        for piece in result:
+            if isinstance(piece, str):
+                f.write(piece)
+                continue
+            f.write("[")
+            sep = ""
+            for _ in range(next(lists)):
+                if text := next(chunks):
+                    f.write(sep + text)
+                    sep = ", "
+            f.write("]")

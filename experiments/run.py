@@ -11,8 +11,9 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from omegaconf import DictConfig
@@ -39,6 +40,11 @@ from policies import ModelSpec
 from policies.base import MOVED_SETTINGS, check_settings
 from policies.request import Request
 
+if TYPE_CHECKING:
+    from experiments.backends import Backend
+    from experiments.metrics import ResultSettings
+    from experiments.request_times import TimesTable
+
 CONF_DIR = str(conf_dir())  # one home: experiments/paths.py
 
 
@@ -64,14 +70,14 @@ def outcome_stats(outcome: Any) -> dict[str, Any]:
 CUDA_ONLY_FIELDS = ("cuda_graph_sizes", "prefill_graphs", "prefill_graph_replays",
                     "piecewise_graph_sizes", "piecewise_capture_s", "piecewise_graph_replays",
                     "cuda_module_loading")
-# From this many requests on, computing the metrics and writing the files takes a second or
-# more (about 0.1 ms a request: 12 s for 100k on a 2-core box), so a line says what the run is
-# doing meanwhile.
+# From this many requests on, computing the metrics and writing the files takes long enough
+# to be noticed, so a line says what the run is doing meanwhile (the time a request: the 1M
+# cases of BENCHMARKS.md; figures are kept there, dated, rather than here to go stale).
 LONG_WRITE_REQUESTS = 10_000
 
 # A single run of the command line leaves its objects (a 1M-request run's millions) to the
 # operating system when the process ends, rather than Python freeing them one by one (a
-# second at 1M): main() sets LEAVE_TO_EXIT, run() keeps them here, main() ends the process.
+# noticeable part of a long run's time): main() sets LEAVE_TO_EXIT, run() keeps them here, main() ends the process.
 LEAVE_TO_EXIT = False
 _left_to_exit: list[Any] = []
 
@@ -210,6 +216,92 @@ def sweep_line(label: str, result: Mapping[str, Any], run_dir: Path) -> str:
     return f"{line} -> {run_dir}"
 
 
+@dataclass
+class RunPlan:
+    """A run's choices, every setting checked before the run directory is touched: its backend,
+    model, parallel layout, policy, cluster or single replica, workload, and what its results
+    compute. ``max_len``: a request's longest prompt plus output (``max_len_set_by``: what sets
+    it where not model.max_model_len, a cluster's replica groups)."""
+
+    cfg: Mapping[str, Any]
+    backend_cls: type[Backend]
+    results: ResultSettings
+    model: ModelSpec
+    parallel: ParallelConfig
+    choice: PolicyChoice
+    cluster: ClusterChoice
+    workload: dict[str, Any]
+    max_len: int
+    max_len_set_by: Any = None
+
+    @classmethod
+    def of(cls, cfg: Mapping[str, Any]) -> RunPlan:
+        from experiments.backends import backend_class
+        from experiments.metrics import result_settings
+
+        top_keys, _ = known_settings()
+        check_settings("the config's top level", cfg, top_keys)  # +gpu_memory_utilisation=0.5
+        backend_cls = backend_class(cfg)
+        backend_cls.check(cfg)  # its settings; what needs the run's choices, when it is built
+        results = result_settings(plain(cfg.get("metrics") or {}), plain(cfg.get("goodput") or {}))
+        model = ModelSpec.from_dict(plain(cfg["model"]))
+        parallel = ParallelConfig.from_mapping(plain(cfg.get("parallel") or {}))
+        parallel.check_model(model)
+        choice = PolicyChoice(cfg, model)
+        # cluster.*, router.*; the simulator's replica groups, a group's settings checked
+        cluster = ClusterChoice(cfg, plain(cfg["backend"]), parallel)
+        plan = cls(cfg, backend_cls, results, model, parallel, choice, cluster,
+                   plain(cfg["workload"]), model.max_model_len)
+        if cluster.groups:  # the simulator: a request may go to any replica
+            plan.max_len, plan.max_len_set_by = cluster.request_limit()
+            if cluster.size == 1:  # the run is its one replica
+                plan.model, plan.choice = cluster.groups[0].model, cluster.groups[0].choice
+        return plan
+
+    def new_backend(self) -> Backend:
+        """The run's backend, built (its settings that need the run's choices checked)."""
+        return self.backend_cls(self.cfg, self.choice, self.model, self.parallel, self.cluster)
+
+
+@dataclass
+class RunRequests:
+    """The run's requests (``num_dropped``: workload.drop_too_long's over max_len), the most in
+    flight at once, and the tokenizer its outputs are named and decoded with (loaded only where
+    a backend's outputs become text)."""
+
+    requests: list[Request]
+    num_dropped: int
+    limit: int | None
+    tokenizer_id: str
+    tokenizer: Any
+
+    @classmethod
+    def of(cls, plan: RunPlan) -> RunRequests:
+        """The workload's requests, made with the cyclic collector off and then frozen: they
+        live to the run's end, and the collector would rescan them again and again as they are
+        made (unfrozen when the run ends, ``run``)."""
+        from experiments.workload import build_requests, load_tokenizer, max_concurrency
+
+        with_ids = plan.backend_cls.needs_token_ids  # the simulator needs lengths only
+        workload, model = plan.workload, plan.model
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            requests, num_dropped = build_requests(
+                workload, vocab_size=model.vocab_size if with_ids else None,
+                max_model_len=plan.max_len, limit=plan.max_len_set_by)
+            tokenizer_id = text_tokenizer_id(workload, model)
+            # the real backend's outputs become text: its tokenizer is loaded before the run
+            tokenizer = load_tokenizer(tokenizer_id) \
+                if with_ids and plan.results.save_per_request else None
+            made = cls(requests, num_dropped, max_concurrency(workload), tokenizer_id, tokenizer)
+            gc.freeze()
+        finally:
+            if collecting:
+                gc.enable()
+        return made
+
+
 def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
         sweep_label: str | None = None) -> dict[str, Any]:
     """Run one configuration and write result.json, requests.csv (, steps.csv) and summary.txt
@@ -219,161 +311,137 @@ def run(cfg: Mapping[str, Any], run_dir: str | os.PathLike, *,
     Every setting is checked, and every input read, before run_dir is touched; then a previous
     run's result files go, if schedlab wrote them there (run_dir's manifest lists them): a file
     of that name it did not write, or an input the run would overwrite, is refused."""
-    from experiments.backends import backend_class
-    from experiments.metrics import (
-        format_summary,
-        prefix_cache_hit_rate,
-        result_settings,
-        save_result_metadata,
-        summarize,
-    )
-    from experiments.result_files import RESULT_FILES, write_results
-    from experiments.scheduling_metrics import scheduling_metrics
-    from experiments.workload import build_requests, load_tokenizer, max_concurrency
-    from experiments.workload.settings import get_float
+    from experiments.result_files import RESULT_FILES
 
     run_dir = Path(run_dir)
-    top_keys, _ = known_settings()
-    check_settings("the config's top level", cfg, top_keys)  # +gpu_memory_utilisation=0.5
-    backend_cls = backend_class(cfg)
-    backend_cls.check(cfg)  # its settings; what needs the run's choices, when it is built
-    results = result_settings(plain(cfg.get("metrics") or {}), plain(cfg.get("goodput") or {}))
-    model = ModelSpec.from_dict(plain(cfg["model"]))
-    parallel = ParallelConfig.from_mapping(plain(cfg.get("parallel") or {}))
-    parallel.check_model(model)
-    choice = PolicyChoice(cfg, model)
-    # cluster.*, router.*; the simulator's replica groups, a group's settings checked
-    cluster = ClusterChoice(cfg, plain(cfg["backend"]), parallel)
-    max_len_set_by = None  # model.max_model_len
-    if cluster.groups:  # the simulator: a request may go to any replica
-        max_len, max_len_set_by = cluster.request_limit()
-        if cluster.size == 1:  # the run is its one replica
-            model, choice = cluster.groups[0].model, cluster.groups[0].choice
-    else:
-        max_len = model.max_model_len
-    policy = choice.policy
-    with_ids = backend_cls.needs_token_ids  # the simulator needs lengths only
-    workload = plain(cfg["workload"])
-    # The workload's objects live to the run's end: the cyclic collector, which would rescan
-    # them again and again as they are made (half the time of making 1M), waits until they
-    # are, and then leaves them out (frozen before it is back on; unfrozen when the run ends).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        # num_dropped: workload.drop_too_long's requests over max_len
-        requests, num_dropped = build_requests(
-            workload, vocab_size=model.vocab_size if with_ids else None,
-            max_model_len=max_len, limit=max_len_set_by)
-        limit = max_concurrency(workload)
-        tokenizer_id = text_tokenizer_id(workload, model)
-        # the real backend's outputs become text: its tokenizer is loaded before the run
-        tokenizer = load_tokenizer(tokenizer_id) if with_ids and results.save_per_request \
-            else None
-        gc.freeze()
-    finally:
-        if collecting:
-            gc.enable()
+    plan = RunPlan.of(cfg)
+    work = RunRequests.of(plan)
     backend = None
     try:
-        progress = bool(cfg.get("progress", True))
-        backend = backend_cls(cfg, choice, model, parallel, cluster)
+        backend = plan.new_backend()
         # Every setting is checked: now the run directory (a run of a sweep: a job directory)
         setting = "hydra.run.dir" if sweep_label is None else "hydra.sweep.dir"
         check_inputs_outside(cfg, run_dir, (*RESULT_FILES, MANIFEST), setting)
         remove_recorded(run_dir, RESULT_FILES, setting)
 
         wall0 = time.perf_counter()
-        outcome = backend.run(requests, run_dir, max_concurrency=limit, progress=progress)
+        outcome = backend.run(work.requests, run_dir, max_concurrency=work.limit,
+                              progress=bool(cfg.get("progress", True)))
         wall = time.perf_counter() - wall0
         gc.freeze()  # what the run made (its steps, delivery times) lives to its end too
 
-        if len(requests) >= LONG_WRITE_REQUESTS:
+        long_run = len(work.requests) >= LONG_WRITE_REQUESTS
+        if long_run:
             say(f"writing results to {run_dir} ...", console=sweep_label is None)
-        texts = generated_texts(requests, tokenizer) if tokenizer is not None else None
-        # once, for every metric and file below (the simulator's: taken as each request finished)
-        times = backend.times(requests)
-        summary = summarize(requests, outcome.duration, percentiles=results.percentiles,
-                            goodput=results.goodput, generated_texts=texts,
-                            per_request=results.save_per_request, times=times, streamed=True)
-        scheduling = scheduling_metrics(requests, outcome.duration, choice.service_time_fn, times)
-        if not results.save_per_request:
-            times = times.without_itls()  # taken: its memory is back before the files are written
-        classes = scheduling.pop("classes", None)
-        summary.update(scheduling)
-        trace = workload.get("kind") == "trace"
-        result = {**save_result_metadata(
-            backend=f"schedlab-{backend.name}", model_id=model.name, tokenizer_id=tokenizer_id,
-            num_prompts=len(requests),
-            request_rate=None if trace else get_float(workload, "request_rate", math.inf),
-            burstiness=None if trace else get_float(workload, "burstiness", 1.0),
-            max_concurrency=limit), **summary}
-        extra = {
-            "backend": backend.name,
-            "policy": choice.name,
-            "policy_settings": policy.describe(),
-            "k": getattr(policy, "num_steps", 1),
-            "overlap": choice.scheduler.overlap,
-            "enable_prefix_caching": choice.scheduler.enable_prefix_caching,
-            "prefix_cache_hit_rate": prefix_cache_hit_rate(requests),
-            "model": model.name,
-            "tensor_parallel_size": parallel.tensor_parallel_size,
-            "pipeline_parallel_size": parallel.pipeline_parallel_size,
-            **backend.labels(outcome),  # hardware, overhead, host
-            "workload": workload,
-            "wall_seconds": wall,
-            **outcome_stats(outcome),
-            STAMP_KEY: config_stamp(cfg),
-        }
-        if workload.get("drop_too_long"):
-            extra["num_dropped_too_long"] = num_dropped
-        if results.goodput:
-            extra["goodput_slo_ms"] = dict(results.goodput)
-        replica_of = None
-        if cluster.size > 1:
-            from simulator.cluster import replica_summaries
-
-            extra.update(router=cluster.router_name, num_replicas=cluster.size)
-            cluster_outcome = backend.cluster_outcome
-            replica_of = cluster_outcome.replica_of
-            result["replicas"] = replica_summaries(cluster_outcome, times.ttft, times.output_len,
-                                                   times.completed, cluster.labels)
-            if cluster.disaggregated:
-                from simulator.cluster import disaggregation_summary
-
-                extra["layout"] = cluster.layout
-                result["disaggregation"] = disaggregation_summary(
-                    result["replicas"], backend.handoffs, cluster.link,
-                    cluster.decode_router_name, cluster.early_rejection)
-        if classes:
-            extra["classes"] = classes
-        extra.update(backend.run_fields(outcome, wall))
-        if backend.settings.get("save_token_ids"):
-            result["output_token_ids"] = [list(r.output_token_ids) for r in requests]
-        hidden = {STAMP_KEY, *(CUDA_ONLY_FIELDS if extra.get("device") == "cpu" else ())}
-        text = format_summary(result, {k: v for k, v in extra.items() if k not in hidden},
-                              shown=results.shown)
-        with result_as_one_unit(run_dir) as commit:
-            write_results(run_dir, result, requests, extra,
-                          steps=getattr(outcome, "steps", None), summary_text=text,
-                          replicas=replica_of, times=times, streamed=backend.streamed,
-                          extra_columns=backend.request_columns)
-            if sweep_label is None:
-                lines = [text, f"results: {run_dir}{os.sep} ({', '.join(_written(run_dir))})"]
-                commit(lines, lines)
-            else:
-                line = sweep_line(sweep_label, result, run_dir)
-                commit([text, line], [line])
-        if LEAVE_TO_EXIT and sweep_label is None and len(requests) >= LONG_WRITE_REQUESTS:
-            _left_to_exit.append((requests, outcome, backend, times))
+        result, extra, times, replica_of = run_result(plan, work, backend, outcome, wall)
+        write_run(run_dir, plan, work.requests, backend, outcome, result, extra, times,
+                  replica_of, sweep_label)
+        if LEAVE_TO_EXIT and sweep_label is None and long_run:
+            _left_to_exit.append((work.requests, outcome, backend, times))
         return {**result, "schedlab": extra}
     except BaseException:
-        streamed = backend.streamed if backend is not None else None
-        if streamed is not None:  # its files' copies removed, its workers stopped
-            with contextlib.suppress(OSError):  # the run's own error is the one to report
-                streamed.__exit__(*sys.exc_info())
+        if backend is not None:  # what it wrote as it went removed, its workers stopped
+            backend.discard()
         raise
     finally:
         gc.unfreeze()
+
+
+def run_result(plan: RunPlan, work: RunRequests, backend: Backend, outcome: Any, wall: float
+               ) -> tuple[dict[str, Any], dict[str, Any], TimesTable, Sequence[int] | None]:
+    """result.json's vLLM fields and its schedlab section of a run that is over, every
+    request's times (with their ITLs only where the per-request lists are saved), and each
+    request's replica in a cluster's run."""
+    from experiments.metrics import save_result_metadata, summarize
+    from experiments.scheduling_metrics import scheduling_metrics
+    from experiments.workload.settings import get_float
+
+    requests, results, workload = work.requests, plan.results, plan.workload
+    texts = generated_texts(requests, work.tokenizer) if work.tokenizer is not None else None
+    # once, for every metric and file below (the simulator's: taken as each request finished)
+    times = backend.times(requests)
+    summary = summarize(requests, outcome.duration, percentiles=results.percentiles,
+                        goodput=results.goodput, generated_texts=texts,
+                        per_request=results.save_per_request, times=times, streamed=True)
+    scheduling = scheduling_metrics(requests, outcome.duration, plan.choice.service_time_fn,
+                                    times)
+    if not results.save_per_request:
+        times = times.without_itls()  # taken: its memory is back before the files are written
+    classes = scheduling.pop("classes", None)
+    summary.update(scheduling)
+    trace = workload.get("kind") == "trace"
+    result = {**save_result_metadata(
+        backend=f"schedlab-{backend.name}", model_id=plan.model.name,
+        tokenizer_id=work.tokenizer_id, num_prompts=len(requests),
+        request_rate=None if trace else get_float(workload, "request_rate", math.inf),
+        burstiness=None if trace else get_float(workload, "burstiness", 1.0),
+        max_concurrency=work.limit), **summary}
+    cluster, entries, replica_of = backend.cluster_fields(times)
+    result.update(entries)
+    extra = schedlab_section(plan, work, backend, outcome, wall, cluster)
+    if classes:
+        extra["classes"] = classes
+    extra.update(backend.run_fields(outcome, wall))
+    if backend.settings.get("save_token_ids"):
+        result["output_token_ids"] = [list(r.output_token_ids) for r in requests]
+    return result, extra, times, replica_of
+
+
+def schedlab_section(plan: RunPlan, work: RunRequests, backend: Backend, outcome: Any,
+                     wall: float, cluster: Mapping[str, Any]) -> dict[str, Any]:
+    """result.json's schedlab section: what ran (backend, policy, model, parallel layout,
+    hardware, workload), its counters, and the config's stamp (``cluster``: a cluster's router
+    and replica count)."""
+    from experiments.metrics import prefix_cache_hit_rate
+
+    choice, policy = plan.choice, plan.choice.policy
+    extra = {
+        "backend": backend.name,
+        "policy": choice.name,
+        "policy_settings": policy.describe(),
+        "k": getattr(policy, "num_steps", 1),
+        "overlap": choice.scheduler.overlap,
+        "enable_prefix_caching": choice.scheduler.enable_prefix_caching,
+        "prefix_cache_hit_rate": prefix_cache_hit_rate(work.requests),
+        "model": plan.model.name,
+        "tensor_parallel_size": plan.parallel.tensor_parallel_size,
+        "pipeline_parallel_size": plan.parallel.pipeline_parallel_size,
+        **backend.labels(outcome),  # hardware, overhead, host
+        "workload": plan.workload,
+        "wall_seconds": wall,
+        **outcome_stats(outcome),
+        STAMP_KEY: config_stamp(plan.cfg),
+    }
+    if plan.workload.get("drop_too_long"):
+        extra["num_dropped_too_long"] = work.num_dropped
+    if plan.results.goodput:
+        extra["goodput_slo_ms"] = dict(plan.results.goodput)
+    extra.update(cluster)
+    return extra
+
+
+def write_run(run_dir: Path, plan: RunPlan, requests: Sequence[Request], backend: Backend,
+              outcome: Any, result: dict[str, Any], extra: dict[str, Any], times: TimesTable,
+              replica_of: Sequence[int] | None, sweep_label: str | None) -> None:
+    """The run's result files placed in run_dir as one unit with its manifest and run.log's
+    summary (result_as_one_unit); the summary printed, or in a sweep its one line."""
+    from experiments.metrics import format_summary
+    from experiments.result_files import write_results
+
+    hidden = {STAMP_KEY, *(CUDA_ONLY_FIELDS if extra.get("device") == "cpu" else ())}
+    text = format_summary(result, {k: v for k, v in extra.items() if k not in hidden},
+                          shown=plan.results.shown)
+    with result_as_one_unit(run_dir) as commit:
+        write_results(run_dir, result, requests, extra,
+                      steps=getattr(outcome, "steps", None), summary_text=text,
+                      replicas=replica_of, times=times, streamed=backend.streamed,
+                      extra_columns=backend.request_columns)
+        if sweep_label is None:
+            lines = [text, f"results: {run_dir}{os.sep} ({', '.join(_written(run_dir))})"]
+            commit(lines, lines)
+        else:
+            line = sweep_line(sweep_label, result, run_dir)
+            commit([text, line], [line])
 
 
 def no_huge_pages() -> None:
@@ -381,7 +449,7 @@ def no_huge_pages() -> None:
     NUMPY_MADVISE_HUGEPAGE=0 sets when numpy is imported; a value given in the environment is
     kept). Where the kernel compacts memory to find huge pages for a region that asks
     (transparent_hugepage/defrag = madvise, a common default), a long run's first arrays of
-    tens of MB cost about a second of system time (1M requests: 2.1 -> 0.85 s of it)."""
+    tens of MB cost much system time (BENCHMARKS.md, "system time", has the figures)."""
     if "NUMPY_MADVISE_HUGEPAGE" in os.environ:
         return
     import numpy as np

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from experiments.files import AtomicText
 from experiments.parallel_text import Job, Texts, workers_for
-from experiments.result_files import RequestRows
+from experiments.request_rows import RequestRows
 
 if TYPE_CHECKING:
     from simulator.outcome import StepRows
@@ -38,8 +37,8 @@ class StreamedRows:
     ends (the workers stopped: their memory is back before the metrics, the run's peak);
     ``write_results`` writes the rest and puts the files in place with the others. ``start``
     gives None where there would be no workers (too few rows, one CPU): the files are then
-    written whole at the end. Used as a context manager: leaving it on an error removes the
-    copies and stops the workers."""
+    written whole at the end. ``discard``, after an error, removes the copies and stops the
+    workers."""
 
     BATCH_ROWS = 20_000  # requests.csv's rows given at a time, at least (steps.csv's: a fifth)
 
@@ -55,7 +54,7 @@ class StreamedRows:
             if steps is not None:
                 self.steps = StreamedFile(run_dir / "steps.csv", ",".join(steps.columns) + "\n")
         except BaseException:
-            self.__exit__(*sys.exc_info())
+            self.discard()
             raise
         self.rows_final = 0  # requests.csv's rows 0..rows_final-1 are final
         self.finished = False
@@ -110,14 +109,11 @@ class StreamedRows:
             self._to.popleft().write(text)
         self.texts.close()
 
-    def __enter__(self) -> StreamedRows:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        """The copies put in place, or on an error removed; the workers stopped; once."""
-        stack = contextlib.ExitStack()  # each one left, whichever fails
-        stack.callback(self.texts.close)
-        for streamed in (self.steps, self.requests):
-            if streamed is not None:
-                stack.push(streamed)
-        stack.__exit__(*exc)
+    def discard(self) -> None:
+        """After an error: the files' copies removed and the workers stopped (each, whichever
+        fails); once."""
+        with contextlib.ExitStack() as stack:
+            stack.callback(self.texts.close)
+            for streamed in (self.steps, self.requests):
+                if streamed is not None:
+                    stack.callback(streamed.discard)

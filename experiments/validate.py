@@ -464,16 +464,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
 
 def validate(args: argparse.Namespace, argv: list[str]) -> pd.DataFrame:
     """Run (or read) the measured side and the simulated side of the grid; write the table."""
-    measured = None
-    if args.measured_dir:
-        for d in args.measured_dir:
-            if not Path(d).is_dir():
-                raise InputError(f"--measured-dir {d}: not a directory")
-        try:
-            measured = measured_from_dir([Path(d) for d in args.measured_dir],
-                                         args.skip_unreadable, args.assume_policy)
-        except ValueError as err:
-            raise InputError(f"--measured-dir: {err}") from None
+    measured = _read_measured(args)
     scales = time_scales(args.sim_repeats, args.sim_spread)
     profiles = {group: load_profile(group, getattr(args, group))
                 for group in ("hardware", "overhead")}
@@ -507,38 +498,75 @@ def validate(args: argparse.Namespace, argv: list[str]) -> pd.DataFrame:
                     missing.append(f"{policy}{'' if k is None else f' k={k}'} rate={rate:g}")
                     continue
                 used.add((policy, k, rate))
-                # simulate the workload that was measured
-                n, seed = meas.get("num_prompts"), meas.get("seed")
-                base = config_overrides(policy, k, rate, args,
-                                        args.num_prompts if n is None else n,
-                                        0 if seed is None else seed)
-                if meas.get("arrivals"):  # the requests as the client sent them
-                    base = replay_overrides(base, meas["arrivals"])
-                elif meas.get("sent"):  # the same, from vLLM's client's per-request lists
-                    trace = runs / "measured" / f"{tag}_arrivals.csv"
-                    trace.parent.mkdir(parents=True, exist_ok=True)
-                    write_text_atomic(trace, arrivals_csv(meas["sent"]))
-                    base = replay_overrides(base, str(trace))
-                limit = measured_limit(meas)
-                if limit is not None:  # sent as the measurement sent them
-                    base.append(f"workload.max_concurrency={limit}")
-                base += measured_engine(meas)
+                base = _measured_overrides(meas, policy, k, rate, args, runs / "measured" / tag)
             pred = predict(base + sim_side, runs / "sim" / tag, profiles, meas["cache_sizes"],
                            scales, sources)
             if measured is not None:
-                problems, unknown = workload_mismatch(pred, meas)
-                untotalled += unknown
-                if problems and not args.allow_workload_mismatch:
-                    raise InputError(
-                        f"--measured-dir: {'; '.join(problems)}: the simulated workload "
-                        f"(--workload {args.workload}, its seed and prompts as measured) is not "
-                        "the measured one; simulate the requests that were measured, or pass "
-                        "--allow-workload-mismatch")
-                for problem in problems:
-                    print(f"note: --measured-dir: {problem}; compared anyway "
-                          "(--allow-workload-mismatch)", file=sys.stderr)
+                untotalled += _check_workload(pred, meas, args)
             for r in relative_errors(pred, meas):
                 rows.append({"policy": policy, "k": k, "request_rate": rate, **r})
+    _note_unmatched(args, measured, used, missing, untotalled)
+    if not rows:
+        raise InputError("no configuration had both a simulated and a measured result")
+    return _write_outputs(pd.DataFrame(rows), out, args, argv)
+
+
+def _read_measured(args: argparse.Namespace) -> dict[tuple, dict[str, Any]] | None:
+    """--measured-dir's results by (policy, k, rate), or None where the real backend runs."""
+    if not args.measured_dir:
+        return None
+    for d in args.measured_dir:
+        if not Path(d).is_dir():
+            raise InputError(f"--measured-dir {d}: not a directory")
+    try:
+        return measured_from_dir([Path(d) for d in args.measured_dir], args.skip_unreadable,
+                                 args.assume_policy)
+    except ValueError as err:
+        raise InputError(f"--measured-dir: {err}") from None
+
+
+def _measured_overrides(meas: dict[str, Any], policy: str, k: int | None, rate: float,
+                        args: argparse.Namespace, tag_path: Path) -> list[str]:
+    """The simulated side's overrides for a measured result: the workload that was measured
+    (its prompts and seed; its requests as the client sent them, where recorded, written
+    beside ``tag_path`` from vLLM's per-request lists), its concurrency limit and engine."""
+    n, seed = meas.get("num_prompts"), meas.get("seed")
+    base = config_overrides(policy, k, rate, args, args.num_prompts if n is None else n,
+                            0 if seed is None else seed)
+    if meas.get("arrivals"):  # the requests as the client sent them
+        base = replay_overrides(base, meas["arrivals"])
+    elif meas.get("sent"):  # the same, from vLLM's client's per-request lists
+        trace = tag_path.with_name(f"{tag_path.name}_arrivals.csv")
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(trace, arrivals_csv(meas["sent"]))
+        base = replay_overrides(base, str(trace))
+    limit = measured_limit(meas)
+    if limit is not None:  # sent as the measurement sent them
+        base.append(f"workload.max_concurrency={limit}")
+    return base + measured_engine(meas)
+
+
+def _check_workload(pred: dict[str, Any], meas: dict[str, Any], args: argparse.Namespace
+                    ) -> list[str]:
+    """Refuse a simulated workload that is not the measured one (unless
+    --allow-workload-mismatch, which notes it); the files that record no token totals."""
+    problems, unknown = workload_mismatch(pred, meas)
+    if problems and not args.allow_workload_mismatch:
+        raise InputError(
+            f"--measured-dir: {'; '.join(problems)}: the simulated workload "
+            f"(--workload {args.workload}, its seed and prompts as measured) is not "
+            "the measured one; simulate the requests that were measured, or pass "
+            "--allow-workload-mismatch")
+    for problem in problems:
+        print(f"note: --measured-dir: {problem}; compared anyway "
+              "(--allow-workload-mismatch)", file=sys.stderr)
+    return unknown
+
+
+def _note_unmatched(args: argparse.Namespace, measured: dict[tuple, Any] | None,
+                    used: set[tuple], missing: list[str], untotalled: list[str]) -> None:
+    """One note each on stderr: grid points with no measured result, measured results outside
+    the grid, files whose workload could not be compared."""
     if missing:
         print(f"note: no measured result for {len(missing)} of "
               f"{len(args.policies) * len(args.rates)} configurations of --policies and "
@@ -552,12 +580,14 @@ def validate(args: argparse.Namespace, argv: list[str]) -> pd.DataFrame:
     if untotalled:
         print(f"note: --measured-dir: {len(untotalled)} file(s) record no token totals, so "
               f"their workload was not compared: {short_list(untotalled)}", file=sys.stderr)
-    if not rows:
-        raise InputError("no configuration had both a simulated and a measured result")
-    df = pd.DataFrame(rows)
-    command = "python -m experiments.validate " + " ".join(argv)
+
+
+def _write_outputs(df: pd.DataFrame, out: Path, args: argparse.Namespace, argv: list[str]
+                   ) -> pd.DataFrame:
+    """validation.csv, validation.md and the scatter in ``out``; the table printed."""
     from experiments.plot import plot_validation
 
+    command = "python -m experiments.validate " + " ".join(argv)
     try:
         write_table(df, out, command)
         plot_validation(df, out, model=args.model, hardware=args.hardware)

@@ -18,7 +18,7 @@ from collections import deque
 
 from policies.batch import Batch
 
-MARGIN_S = 300e-6  # early by this much: a decode window's GPU time wanders by ~1-3% (~0.1 ms)
+MARGIN_S = 300e-6  # early by this much: a decode window's GPU time wanders window to window
 RECENT_WINDOWS = 64  # of each kind: the batch and its contexts drift slowly
 
 

@@ -170,7 +170,7 @@ class PrefixAffinity(Router):
     name: ClassVar[str] = "prefix_affinity"
     load_cap_abs: int = 32
     load_cap_rel: float = 1.5
-    max_prefixes: int = 1_000_000  # conversations and block hashes remembered (LRU), ~100 MB
+    max_prefixes: int = 1_000_000  # conversations and block hashes remembered (LRU)
     _owner: OrderedDict[Any, int] = field(default_factory=OrderedDict, init=False)
 
     def __post_init__(self) -> None:

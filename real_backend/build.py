@@ -20,7 +20,7 @@ from real_backend.runner import ModelRunner
 from real_backend.weights import load_hf_model, random_model
 
 if TYPE_CHECKING:
-    from real_backend.parallel import TPGroup
+    from real_backend.tp_group import TPGroup
 
 
 @dataclass(frozen=True, slots=True)

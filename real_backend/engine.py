@@ -24,7 +24,7 @@ from tqdm import tqdm
 from common.client import PROGRESS_BAR_FORMAT, Client
 from common.model_spec import ModelSpec
 from common.parallel import ParallelConfig
-from common.window_record import WINDOW_COLUMNS, window_record
+from common.window_record import stage_cells, window_record, window_row
 from policies.batch import Batch
 from policies.late_schedule import LateSchedule
 from policies.request import Request
@@ -180,8 +180,8 @@ def release_kept_runner() -> None:
 
 
 # The last run's runner (weights, KV cache, CUDA graphs), kept for the next run of the same model,
-# backend settings and scheduler limits when ``backend.keep_runner``: its setup takes 4-12 s on
-# an H200. A failed run's runner is never kept.
+# backend settings and scheduler limits when ``backend.keep_runner``: its setup is most of a
+# short run's time. A failed run's runner is never kept.
 _KEPT: dict[str, ModelRunner] = {}
 
 
@@ -341,8 +341,8 @@ def _wait_until(at: float | None, clock: Clock, runner: ModelRunner,
 
     The wait keeps the CPU busy, as a CUDA synchronize does while the engine without overlap
     waits for its window: it does not sleep. Sleeping between the polls, the engine ran the next
-    window's schedule, input preparation and launch up to 1.5x slower in three of four pairs
-    measured, and a launch slower than the window's GPU work leaves the GPU waiting
+    window's schedule, input preparation and launch slower in most pairs measured, and a
+    launch slower than the window's GPU work leaves the GPU waiting
     (BENCHMARKS.md, "The overlap loop's wait"). ``time.sleep(0)`` releases the GIL on every
     pass, so the process's other threads (under ``experiments.serve``, the main thread that
     watches the engine thread) are not held off."""
@@ -371,16 +371,13 @@ def host_cpu() -> str:
 
 def _window_row(batch: Batch, out: WindowResult, t_start: float, schedule_s: float,
                 update_s: float) -> dict[str, Any]:
-    """steps.csv's row of a served window: the window record, then the engine's timings."""
+    """steps.csv's row of a served window: the window record, the stages the simulator also
+    times (its CPU before the GPU: scheduling plus preparing), then the engine's own timings."""
     record = window_record(
         batch.window_id, t_start, batch.num_steps, len(batch.seqs),
         len(batch.seqs) - batch.num_decode_seqs, out.num_tokens,
         sum(s.num_cached_tokens + s.num_query_tokens for s in batch.seqs), len(batch.preempted),
         batch.num_wasted_steps)
-    return {
-        **dict(zip(WINDOW_COLUMNS, record, strict=True)), "schedule_s": schedule_s,
-        "prepare_s": out.prepare_s, "launch_s": out.launch_s, "pythonize_s": out.pythonize_s,
-        "update_s": update_s,
-        "gpu_s": sum(out.gpu_step_s),
-        "gpu_step_s": ";".join(f"{g:.6f}" for g in out.gpu_step_s),
-    }
+    return window_row(record, stage_cells(schedule_s + out.prepare_s, out.gpu_step_s),
+                      schedule_s=schedule_s, prepare_s=out.prepare_s, launch_s=out.launch_s,
+                      pythonize_s=out.pythonize_s, update_s=update_s)

@@ -17,7 +17,7 @@ from real_backend.kv_cache import KVCache
 from real_backend.ops import dense_causal_attention
 
 if TYPE_CHECKING:
-    from real_backend.parallel import TPGroup
+    from real_backend.tp_group import TPGroup
 
 
 @dataclass(slots=True)

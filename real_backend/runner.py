@@ -189,7 +189,7 @@ class ModelRunner:
         """Before the clock starts, on block 0 of the cache: the largest eager steps (so the
         allocator already holds their memory), then a mixed prefill + decode step at each decode
         batch size that picks a new number of key splits: each count is its own compiled
-        decode-attention kernel, and compiling one in a served run stalls it for ~0.4 s."""
+        decode-attention kernel, and compiling one in a served run stalls it."""
         self.profile_run(num_tokens, num_seqs, scratch=False)
         if self.kernels.name != "triton":
             return

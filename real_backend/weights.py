@@ -16,7 +16,7 @@ from common.model_spec import HF_CONFIG_FIELDS, ModelSpec
 from real_backend.model import LayerWeights, Llama, rope_table
 
 if TYPE_CHECKING:
-    from real_backend.parallel import TPGroup
+    from real_backend.tp_group import TPGroup
 
 # config.json key -> ModelSpec field, checked on load so a checkpoint never silently mismatches.
 _HF_CONFIG = HF_CONFIG_FIELDS

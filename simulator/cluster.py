@@ -93,8 +93,10 @@ def replica_summaries(result: Any, ttft: np.ndarray, output_len: np.ndarray,
     duration = result.total.duration
     where = np.asarray(result.replica_of)
     kv: list[list[int]] = [[] for _ in result.replicas]
-    for row in result.total.steps.rows:  # StepRows: replica and kv_blocks_used are the last
-        kv[row[-5]].append(row[-1])
+    steps = result.total.steps
+    for replica, used in zip(steps.column("replica"), steps.column("kv_blocks_used"),
+                             strict=True):
+        kv[replica].append(used)
     out = []
     for i, rep in enumerate(result.replicas):
         pp = max(1, result.specs[i].hw.pp)

@@ -1,81 +1,9 @@
 """The simulated serving engine: SimPy processes on one environment that drive policies/
-schedulers over a cost model, for one replica or a cluster of them behind a router.
-
-Timeline of one window (every decision is the scheduler's; this module only keeps time):
-
-1. The engine thread (one CPU, shared by the ``pp`` virtual engines) calls ``schedule()`` once
-   it is free and spends the overhead model's schedule + input-preparation time.
-2. The window's k steps run back to back on the GPU (advance_step between them, in the cost
-   model). With ``pp`` > 1 each step flows through the ``pp`` stages, each a ``simpy.Resource``,
-   so the virtual engines' micro-batches fill the pipeline and bubbles appear when fewer
-   than ``pp`` are in flight; a step's sampled tokens return to the first stage before the
-   next step starts.
-3. ``update()`` is called when the last step leaves the GPU, so the next ``schedule()`` sees the
-   window's tokens, finishes and freed blocks.
-4. Each step's outputs are processed on the engine thread. Without async output processing
-   the window's output processing runs after its last step and before the next schedule
-   (serial). With it, step j's outputs are processed while step j+1 runs, and the last step's
-   right after the next window has been scheduled and launched (vLLM 0.6's order), or as the
-   window ends when ``defer_last_output`` is false (schedlab's engine).
-5. A token's delivery time is when its output processing (and the API server's streaming)
-   finishes. By default (``stream_per_step=False``) a window's tokens reach the client
-   together when its last output processing finishes, as vLLM V0 multi-step streams in
-   bursts; ``stream_per_step=True`` delivers each step's tokens once they are processed.
-
-6. With overlap scheduling (``scheduler.overlap``; pp = 1) the engine thread schedules and
-   launches window n+1 while window n is on the GPU: window n+1 starts on the GPU when both
-   its launch and window n are done, so the GPU waits only when the CPU's work is longer.
-   Then the thread processes window n's outputs, each step's once the step is done (they
-   overlap window n+1's GPU time), and calls ``update()`` for window n before it schedules
-   window n+2. Formed late (policies/late_schedule.py), window n+1 waits, and the steps of
-   window n that finish meanwhile are processed as they finish. ``async_output_processing``
-   and ``defer_last_output`` do not apply.
-
-7. ``time_scale`` multiplies every priced cost: each step's GPU time (through the clock
-   model) and every CPU cost (``scale_overhead``). A request's TTFT depends on where its
-   arrival falls in the window cycle, and that phase, summed over hundreds of windows, moves
-   with the step time: a 0.5% faster GPU replays the same trace as a different draw of median
-   TTFT (with k = 16 at 20 req/s, 50 against 60 ms). One run is one such draw;
-   experiments.validate averages runs whose time_scale spans the cost model's own uncertainty.
-
-The engine thread and the API-server process are FIFO servers kept as "busy until" times:
-work is claimed at the current simulated time, so ``start = max(now, busy_until)`` is a FIFO
-queue and needs no event. The exceptions book a step's output processing for when the
-step ends, ahead of now: a single engine's async output processing (its whole window is known
-when it starts) and, with overlap, the steps after the next window's launch; work that arrives
-in between (a request's front-end parse) then queues behind it, which overstates its wait by at
-most that processing. Delivery can end after ``update()`` ran (and after the next window was
-scheduled), so ``update()`` records each step's GPU completion time, which is unique to the
-step, and a finished request's token_times and finish_time are mapped to their steps' delivery
-times once its last window is delivered (then ``on_finish`` takes it, a decode group member's
-last tokens as its run of the group's delivery log: ``replica_state.FinishHook``; a policy
-reading token_times during the run sees GPU times). Requests arrive from one process, sent as
-the benchmark client sends them (``common.client``: at their arrival times, with
-``max_concurrency`` a request waits for an unfinished one's last token to be delivered), pass
-through the front end's per-request work (``api_per_request_us``: on the engine thread, or on
-the API-server process) and go round-robin to the virtual engines.
-Events are per CPU phase and GPU window (per step and stage when pp > 1), never per token: each
-virtual engine's loop and the client's arrivals are SimPy processes, an idle engine or a client
-waiting for a finish waits for a ``simpy.Event``, and the work of an instant (a request reaching
-its scheduler after the front end, output processing claimed as a step ends, a slot freed) is a
-callback on an event (``events.call_at``) rather than a process of its own
-(docs/simulator.md).
-
-8. A cluster (``simulate_cluster``) is replicas on one SimPy environment, each a whole engine as
-   above (its own schedulers, KV cache, engine thread, API server, GPU and clock); the client
-   sends each request to the replica a router (policies/routers.py) picks at its send time.
-   Every process wakes at an absolute time (``events.At``), so a replica's timeline is the one
-   it has alone on the same requests.
-
-9. Disaggregated (a replica's ``role``: simulator/disaggregation.py), a prefill replica's
-   window closes (``update()``), and each request that sampled its first token leaves its
-   scheduler (its blocks still held) for the decode replica the decode router picks then; its
-   KV crosses the prefill replica's link, a busy-until FIFO as the engine thread is
-   (simulator/link.py), and at the transfer's end (a callback) the prefill replica's blocks go
-   back and the decode replica's scheduler takes the request with its KV present, waking its
-   engine. Its first token's time is its delivery on the prefill replica; a decode replica's
-   engine is done only once no prefill replica holds a request.
-"""
+schedulers over a cost model, for one replica or a cluster of them behind a router. Every
+decision is the scheduler's; this module only keeps time: a window's schedule on the engine
+thread, its k steps on the GPU (through the pipeline stages), its output processing and
+delivery, with overlap scheduling and time_scale as docs/simulator.md ("The engine's
+timeline") describes them."""
 
 from __future__ import annotations
 
@@ -109,7 +37,14 @@ from simulator.front_end import apply_delivery_times, arrivals, client_finished,
 from simulator.hardware import HardwareSpec
 from simulator.link import LinkSpec
 from simulator.memory import blocks_per_engine
-from simulator.outcome import ClusterResult, ReplicaSpec, SimResult, StepRows, cluster_total
+from simulator.outcome import (
+    ClusterResult,
+    ReplicaSpec,
+    SimResult,
+    StepRows,
+    cluster_total,
+    step_row,
+)
 from simulator.overhead import (
     OverheadSpec,
     scale_overhead,
@@ -235,7 +170,7 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
         env.all_of(own).callbacks.append(StopSimulation.callback)
         # The run makes millions of lists (token times, block tables) that live to its end
         # and few reference cycles: the cyclic collector would rescan them again and again
-        # (a third of a 1M-request run) and free almost nothing. Reference counting still
+        # (a large share of a long run's time) and free almost nothing. Reference counting still
         # frees everything acyclic; the collector runs again once the run is over.
         collecting = gc.isenabled()
         gc.disable()
@@ -484,15 +419,15 @@ def _window_row(sim: ReplicaSim, win: Window, v: int) -> tuple:
     its replica and that replica's load as the window closes (the per-replica load figure)."""
     batch = win.batch
     first = win.first
-    row = (v, *window_record(batch.window_id, win.t_start, batch.num_steps, batch.num_seqs,
-                             first.num_prefill_seqs, first.num_tokens, first.kv_tokens,
-                             len(batch.preempted), batch.num_wasted_steps),
-           win.schedule_cost, tuple(win.stage_times))
+    record = window_record(batch.window_id, win.t_start, batch.num_steps, batch.num_seqs,
+                           first.num_prefill_seqs, first.num_tokens, first.kv_tokens,
+                           len(batch.preempted), batch.num_wasted_steps)
+    load = ()
     if sim.shared.cluster:
-        load = sim.load
-        row += (sim.index, load.outstanding, sum(s.num_waiting for s in sim.schedulers),
-                sum(s.num_running for s in sim.schedulers), load.kv_blocks_used)
-    return row
+        now = sim.load
+        load = (sim.index, now.outstanding, sum(s.num_waiting for s in sim.schedulers),
+                sum(s.num_running for s in sim.schedulers), now.kv_blocks_used)
+    return step_row(v, record, win.schedule_cost, win.stage_times, load)
 
 
 def _run_steps(sim: ReplicaSim, win: Window) -> Generator:

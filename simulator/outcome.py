@@ -11,16 +11,28 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from common.model_spec import ModelSpec
-from common.window_record import window_columns
+from common.window_record import WINDOW_COLUMNS, stage_cells, window_columns
 from policies.request import Request
 from policies.scheduler import Scheduler, SchedulerStats
 from simulator.hardware import HardwareSpec
 from simulator.overhead import OverheadSpec
 
-# the window record (common/window_record.py) after the virtual engine, then the timings
-STEP_COLUMNS = window_columns(("schedule_prepare_s", "gpu_s", "gpu_step_s"),
-                              lead=("virtual_engine",))
+# the window record and the stage timings (common/window_record.py) after the virtual engine
+STEP_COLUMNS = window_columns(lead=("virtual_engine",))
 CLUSTER_STEP_COLUMNS = ("replica", "outstanding", "num_waiting", "num_running", "kv_blocks_used")
+# A stored row (step_row): the virtual engine, the window record, the CPU's time before the GPU,
+# each step's GPU time (a tuple: gpu_s and gpu_step_s are made of it when read), then in a
+# cluster the replica and its load. Read by name (StepRows.column), never by position.
+STORED_FIELDS = ("virtual_engine", *WINDOW_COLUMNS, "schedule_prepare_s", "gpu_step_times",
+                 *CLUSTER_STEP_COLUMNS)
+_CPU = STORED_FIELDS.index("schedule_prepare_s")
+
+
+def step_row(virtual_engine: int, record: tuple, schedule_prepare_s: float,
+             gpu_step_times: Sequence[float], load: tuple = ()) -> tuple:
+    """A window's stored row in STORED_FIELDS' order (``record``: common.window_record's;
+    ``load``: a cluster's replica and its load, CLUSTER_STEP_COLUMNS)."""
+    return (virtual_engine, *record, schedule_prepare_s, tuple(gpu_step_times), *load)
 
 
 class StepRows(Sequence[dict[str, Any]]):
@@ -46,11 +58,15 @@ class StepRows(Sequence[dict[str, Any]]):
     def _dict(self, row: tuple) -> dict[str, Any]:
         return dict(zip(self.columns, self._cells(row), strict=True))
 
+    def column(self, name: str) -> list[Any]:
+        """One stored field (STORED_FIELDS) of every row, in order."""
+        i = STORED_FIELDS.index(name)
+        return [row[i] for row in self.rows]
+
     @staticmethod
     def _cells(row: tuple) -> tuple:
-        # stored: gpu_step_s as the stage times (gpu_s is their sum), formatted when read
-        times = row[11]
-        return (*row[:11], sum(times), ";".join(f"{g:.6f}" for g in times), *row[12:])
+        # stored: the stage times per step, made STAGE_COLUMNS' cells when read
+        return (*row[:_CPU], *stage_cells(row[_CPU], row[_CPU + 1]), *row[_CPU + 2:])
 
     def csv_job(self, start: int, end: int) -> tuple[Callable[..., str], tuple]:
         """Rows start..end-1 as CSV lines, without the header (``columns``), as a function and

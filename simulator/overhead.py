@@ -1,68 +1,7 @@
-"""The CPU-overhead model: the engine thread's time per scheduler invocation and per step.
-
-Per scheduler invocation (once per window): schedule + input preparation + H2D copy,
-
-    t_schedule = schedule_base_us + schedule_per_seq_us * num_seqs
-               + schedule_per_token_us * num_tokens
-               + schedule_per_kv_token_us * kv_tokens
-             [ + schedule_multi_step_us
-                 + schedule_multi_step_per_seq_us * num_seqs * (num_steps - 1) ]
-             [ + schedule_overlap_us ]
-             [ + schedule_mixed_us + schedule_mixed_per_seq_us * num_seqs ]
-             [ + schedule_prefill_per_layer_us * num_layers ]
-
-(num_tokens: the query tokens of the window's first step; kv_tokens: the KV-cache tokens it
-attends over, whose block tables and slot mappings the engine builds; the bracket: windows of
-more than one step, whose preparation schedlab's engine measures dearer and whose update()
-appends num_steps tokens to every sequence; the second bracket: windows formed with overlap
-scheduling, whose inputs also gather each sequence's newest token on the device; the third:
-windows whose first step mixes prefill (or prefill-chunk) sequences with decodes, whose
-preparation builds both kinds of attention metadata and runs the piecewise-graph path; the fourth:
-windows with prefill tokens, whose steps launch per layer (piecewise-graph pieces between eager
-attention launches), so that their CPU cost grows with the model's layer count).
-
-Output processing: the device-to-host copy and pythonization of the sampled ids, then the
-engine's walk over the sequence groups (appending tokens, detokenization, stop checks,
-building each request's output), then the API server's streaming (HTTP/SSE). With d tokens
-delivered to c SSE chunks (one chunk per request that got a token) by n sequences,
-
-    per step j:          output_pythonize_per_seq_us * n_j
-                       + output_per_token_us * d_j
-    per processing call: output_base_us + output_per_seq_us * n
-                       [+ api_per_chunk_us * c + api_per_token_us * d]
-
-``output_per_window`` says how often the processing call runs. False (schedlab's engine): once
-per step, so every step's tokens make chunks of one token (c = d). True (vLLM V0 multi-step:
-``MultiStepOutputProcessor.process_outputs`` runs once per window per sequence group over all
-k steps' tokens, and one ``RequestOutput`` per request per window reaches the API server, which
-streams it as one SSE chunk): once per window, at its last step, with n the window's
-sequences and c the requests it delivers tokens to (with the simulator's ``stream_per_step``,
-the what-if of streaming each step, c = d_j at every step). With k = 1 both read the same, so
-a single-step run costs the same under either setting. ``api_chunk_per_window`` keeps the
-processing call per step but streams per window (c: the requests a window delivers tokens
-to, at its last step), as schedlab's HTTP server does.
-
-When the front end has a process of its own (``api_server_on_critical_path`` false), the
-engine thread also hands it the tokens to stream, after its bookkeeping: one pipe message per
-step that streams c > 0 chunks, with one event per chunk,
-
-    handoff_per_window_us + handoff_per_chunk_us * c
-
-With ``api_chunk_per_window`` (schedlab's server: one message per window, an event per request
-that got tokens) that is once per window, at its last step.
-
-The bracketed API-server terms land on the engine thread when ``api_server_on_critical_path``
-(vLLM <= 0.5: one asyncio process); otherwise on a separate serial process (vLLM 0.6's
-multiprocessing front end; schedlab's server, whose front end has a process of its own) that
-delays delivery without stalling the engine. The same holds
-for ``api_per_request_us``, the front end's work on each request it receives (parsing,
-tokenization, submission): the request reaches the scheduler once that work is done, on the
-engine thread or on the API-server process.
-``async_output_processing``: a step's output processing overlaps the next GPU step. With
-overlap scheduling (``scheduler.overlap``) a window's output processing waits for the next
-window's launch (or, when the next window is formed late, runs step by step while it waits),
-so that setting and ``defer_last_output`` do not apply (simulator/engine.py).
-"""
+"""The CPU-overhead model: the engine thread's time per scheduler invocation (schedule, input
+preparation, H2D copy) and per step (output processing, the API server's streaming, the hand-off
+to a front end of its own), each a linear model of the window's shape whose terms and where
+they land docs/simulator.md ("The CPU-overhead model") writes out."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 from hydra import compose, initialize_config_dir
 
-from experiments import parallel_text, request_times, result_files, streamed_files
+from experiments import parallel_text, request_rows, request_times, result_files, streamed_files
 from experiments.run import CONF_DIR, run
 from simulator.outcome import StepRows
 
@@ -114,7 +114,7 @@ def test_a_full_disk_while_streaming_names_the_file(tmp_path, name):
     file.file = Full()
     with pytest.raises(OSError, match=rf"No space left on device: '.*{name}'"):
         file.write("0,0.0\n")
-    streamed.__exit__(OSError, None, None)
+    streamed.discard()
     assert not os.listdir(tmp_path)
 
 
@@ -208,7 +208,7 @@ def test_request_rows_are_the_csv_modules_cells_whatever_repeats():
     columns = [(list(range(n)), ""), (repeated, ""), (mixed, ""), (with_none, "none"),
                (np.array(repeated), "done"), (np.array(tpot), "nan"), (signed, ""),
                (signed[::-1], ""), (np.array(tpot), "done")]
-    text = result_files._request_rows_text(columns, done)
+    text = request_rows._request_rows_text(columns, done)
     expected = io.StringIO()
     writer = csv.writer(expected, lineterminator="\n")
     for i in range(n):

@@ -198,20 +198,30 @@ class _Drawn:
         return out
 
 
+@dataclasses.dataclass
+class _Source:
+    """What a workload's kind gives before the requests are made: each request's send time and
+    lengths, and as the kind has them its text (``sample``: the sharegpt kinds), block hashes
+    and segments, conversation, earlier turn and think time, and a trace's SLO class names
+    (``named``, with ``where`` each is for the messages)."""
+
+    arrivals: list[float]
+    prompt_lens: list[int]
+    output_lens: list[int]
+    sample: Any = None
+    hash_ids: list[tuple[int, ...] | None] | None = None
+    segments: list[tuple[tuple[int, int], ...] | None] | None = None
+    conversations: list[int] | None = None
+    previous: list[int | None] | None = None
+    think: float = 0.0
+    named: list[str | None] | None = None
+    where: list[str] | None = None
+
+
 def _draw(cfg: Mapping[str, Any], vocab_size: int | None, max_model_len: int | None,
           limit: str | None) -> _Drawn:
     """build_workload's columns: the section checked, the requests drawn."""
-    if not isinstance(cfg, Mapping):
-        raise ValueError(f"workload config must be a mapping, got {type(cfg).__name__}")
-    kind = cfg.get("kind")
-    if kind not in KINDS:
-        raise ValueError(f"workload.kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    unknown = sorted(set(cfg) - _KEYS_BY_KIND[kind])
-    if unknown:
-        raise ValueError(f"workload.{unknown[0]} is not a setting of kind={kind} "
-                         f"(settings: {', '.join(sorted(_KEYS_BY_KIND[kind]))})")
-    if vocab_size is not None and (isinstance(vocab_size, bool) or vocab_size < 1):
-        raise ValueError(f"model.vocab_size must be >= 1, got {vocab_size}")
+    kind = _check_kind(cfg, vocab_size)
     with_ids = vocab_size is not None
     seed = get_int(cfg, "seed", 0, 0)
     max_concurrency(cfg)
@@ -232,65 +242,17 @@ def _draw(cfg: Mapping[str, Any], vocab_size: int | None, max_model_len: int | N
     classes = read_classes(cfg.get("classes"))
     if classes is not None and kind != "trace":  # drawn by share: refused before the draw
         check_shares(classes)
-    sample: Any = None  # where the prompts' text is (sharegpt kinds)
-    hash_ids: list[tuple[int, ...] | None] | None = None
-    segments: list[tuple[tuple[int, int], ...] | None] | None = None
-    conversations: list[int] | None = None
-    previous: list[int | None] | None = None
-    think = 0.0
-    named = where = None  # a trace's slo_class column
     if kind == "trace":
-        trace = read_trace_section(cfg, num_prompts, with_token_ids=with_ids)
-        arrivals = [r.arrival_time for r in trace]
-        prompt_lens = [r.prompt_len for r in trace]
-        output_lens = [r.output_len for r in trace]
-        if any(r.hash_ids is not None for r in trace):
-            hash_ids = [r.hash_ids for r in trace]
-        if any(r.segments is not None for r in trace):
-            segments = [r.segments for r in trace]
-        if any(r.slo_class is not None for r in trace):
-            if classes is None:
-                first = next(r for r in trace if r.slo_class is not None)
-                raise ValueError(f"{cfg.get('trace_path')}:{first.line}: the trace names SLO "
-                                 "classes (slo_class) but workload.classes defines none")
-            named = [r.slo_class for r in trace]
-            where = [f"{cfg.get('trace_path')}:{r.line}" for r in trace]
-        del trace
+        src = _from_trace(cfg, num_prompts, with_ids, classes is not None)
     else:
         assert num_prompts is not None
-        rate = get_float(cfg, "request_rate", math.inf)
-        if math.isnan(rate) or rate <= 0:
-            raise ValueError(f"workload.request_rate must be > 0 (or inf), got {rate}")
-        burstiness = get_float(cfg, "burstiness", 1.0)
-        if not (burstiness > 0 and math.isfinite(burstiness)):
-            raise ValueError(f"workload.burstiness must be > 0, got {burstiness}")
-        if kind == "synthetic":
-            p, o = synthetic_lengths(cfg.get("lengths"), num_prompts, seed)
-            # Before the lengths become Python objects, the arrays being 8 bytes a request.
-            check_run_fits(num_prompts, int(p.sum()) + num_prompts * prefix_len, int(o.sum()),
-                           with_token_ids=with_ids, segments=2 * num_prompts * bool(prefix_len))
-            prompt_lens, output_lens = p.tolist(), o.tolist()
-        elif kind == "sharegpt":
-            sample = sample_sharegpt_section(cfg, num_prompts, seed)
-            prompt_lens, output_lens = sample.prompt_lens, sample.output_lens
-        else:
-            think = think_time(cfg)
-            sample = sample_conversations_section(cfg, num_prompts, seed)
-            prompt_lens, output_lens = sample.prompt_lens, sample.output_lens
-            segments, conversations = sample.segments, sample.conversation_ids
-            previous = sample.previous_turns
-        # a conversation's start for each of its turns; a request's send time otherwise
-        # (all at t = 0: one float object, not one a request)
-        arrivals = ([0.0] * num_prompts if math.isinf(rate)
-                    else arrival_times(num_prompts, rate, burstiness, seed).tolist())
-        if multiturn:
-            sample.check_waits(arrivals, think)
-            arrivals = sample.arrival_times(arrivals)
-    n = len(prompt_lens)
+        src = _generated(cfg, kind, num_prompts, seed, prefix_len, with_ids)
+    n = len(src.prompt_lens)
     # a few thousand distinct lengths: one int object each, held by every request of that
-    # length (64 MB less at 1M requests than an object a request)
-    prompt_lens, output_lens = _one_object_per_value(prompt_lens), \
-        _one_object_per_value(output_lens)
+    # length (far less memory in a long run than an object a request)
+    prompt_lens, output_lens = _one_object_per_value(src.prompt_lens), \
+        _one_object_per_value(src.output_lens)
+    hash_ids, segments = src.hash_ids, src.segments
     # a trace's segments are counted with its hash ids; the system prompt adds two a request
     check_run_fits(n, sum(prompt_lens) + n * prefix_len, sum(output_lens),
                    with_token_ids=with_ids,
@@ -301,20 +263,94 @@ def _draw(cfg: Mapping[str, Any], vocab_size: int | None, max_model_len: int | N
 
     limit = limit or f"model.max_model_len = {max_model_len}"
     keep = None if max_model_len is None else \
-        _fitting(prompt_lens, output_lens, prefix_len, max_model_len, previous, drop, limit)
+        _fitting(prompt_lens, output_lens, prefix_len, max_model_len, src.previous, drop, limit)
 
     token_ids: list[tuple[int, ...]] | None = None
     if vocab_size is not None:
-        if sample is not None:  # ShareGPT: the tokenizer's ids
-            token_ids = sample.prompt_token_ids(vocab_size)
+        if src.sample is not None:  # ShareGPT: the tokenizer's ids
+            token_ids = src.sample.prompt_token_ids(vocab_size)
         elif segments is not None:  # a trace's block hashes: equal hashes, equal tokens
             token_ids = segment_token_ids(segments, vocab_size)
         else:
             token_ids = random_token_ids(prompt_lens, vocab_size, seed)
-    slo = None if classes is None else assign_classes(classes, n, seed, named, where)
+    slo = None if classes is None else assign_classes(classes, n, seed, src.named, src.where)
     system_ids = () if vocab_size is None else system_prompt_ids(prefix_len, vocab_size, seed)
-    return _Drawn(arrivals, prompt_lens, output_lens, keep, token_ids, system_ids, prefix_len,
-                  segments, hash_ids, slo, conversations, previous, think, multiturn, limit)
+    return _Drawn(src.arrivals, prompt_lens, output_lens, keep, token_ids, system_ids,
+                  prefix_len, segments, hash_ids, slo, src.conversations, src.previous,
+                  src.think, multiturn, limit)
+
+
+def _check_kind(cfg: Mapping[str, Any], vocab_size: int | None) -> str:
+    """The section's kind, its settings those of that kind, and the vocabulary's size >= 1."""
+    if not isinstance(cfg, Mapping):
+        raise ValueError(f"workload config must be a mapping, got {type(cfg).__name__}")
+    kind = cfg.get("kind")
+    if kind not in KINDS:
+        raise ValueError(f"workload.kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    unknown = sorted(set(cfg) - _KEYS_BY_KIND[kind])
+    if unknown:
+        raise ValueError(f"workload.{unknown[0]} is not a setting of kind={kind} "
+                         f"(settings: {', '.join(sorted(_KEYS_BY_KIND[kind]))})")
+    if vocab_size is not None and (isinstance(vocab_size, bool) or vocab_size < 1):
+        raise ValueError(f"model.vocab_size must be >= 1, got {vocab_size}")
+    return kind
+
+
+def _from_trace(cfg: Mapping[str, Any], num_prompts: int | None, with_ids: bool,
+                has_classes: bool) -> _Source:
+    """A trace's requests as its file gives them (its first ``num_prompts``, None: all)."""
+    trace = read_trace_section(cfg, num_prompts, with_token_ids=with_ids)
+    src = _Source([r.arrival_time for r in trace], [r.prompt_len for r in trace],
+                  [r.output_len for r in trace])
+    if any(r.hash_ids is not None for r in trace):
+        src.hash_ids = [r.hash_ids for r in trace]
+    if any(r.segments is not None for r in trace):
+        src.segments = [r.segments for r in trace]
+    if any(r.slo_class is not None for r in trace):
+        if not has_classes:
+            first = next(r for r in trace if r.slo_class is not None)
+            raise ValueError(f"{cfg.get('trace_path')}:{first.line}: the trace names SLO "
+                             "classes (slo_class) but workload.classes defines none")
+        src.named = [r.slo_class for r in trace]
+        src.where = [f"{cfg.get('trace_path')}:{r.line}" for r in trace]
+    return src
+
+
+def _generated(cfg: Mapping[str, Any], kind: str, num_prompts: int, seed: int,
+               prefix_len: int, with_ids: bool) -> _Source:
+    """A synthetic or ShareGPT workload's requests: lengths drawn or sampled, sent at
+    request_rate with the burstiness given (a conversation's later turns after its think
+    time)."""
+    rate = get_float(cfg, "request_rate", math.inf)
+    if math.isnan(rate) or rate <= 0:
+        raise ValueError(f"workload.request_rate must be > 0 (or inf), got {rate}")
+    burstiness = get_float(cfg, "burstiness", 1.0)
+    if not (burstiness > 0 and math.isfinite(burstiness)):
+        raise ValueError(f"workload.burstiness must be > 0, got {burstiness}")
+    src = _Source([], [], [])
+    if kind == "synthetic":
+        p, o = synthetic_lengths(cfg.get("lengths"), num_prompts, seed)
+        # Before the lengths become Python objects, the arrays being 8 bytes a request.
+        check_run_fits(num_prompts, int(p.sum()) + num_prompts * prefix_len, int(o.sum()),
+                       with_token_ids=with_ids, segments=2 * num_prompts * bool(prefix_len))
+        src.prompt_lens, src.output_lens = p.tolist(), o.tolist()
+    elif kind == "sharegpt":
+        src.sample = sample = sample_sharegpt_section(cfg, num_prompts, seed)
+        src.prompt_lens, src.output_lens = sample.prompt_lens, sample.output_lens
+    else:
+        src.think = think_time(cfg)
+        src.sample = sample = sample_conversations_section(cfg, num_prompts, seed)
+        src.prompt_lens, src.output_lens = sample.prompt_lens, sample.output_lens
+        src.segments, src.conversations = sample.segments, sample.conversation_ids
+        src.previous = sample.previous_turns
+    # a conversation's start for each of its turns; a request's send time otherwise
+    # (all at t = 0: one float object, not one a request)
+    src.arrivals = ([0.0] * num_prompts if math.isinf(rate)
+                    else arrival_times(num_prompts, rate, burstiness, seed).tolist())
+    if kind == "sharegpt_multiturn":
+        src.sample.check_waits(src.arrivals, src.think)
+        src.arrivals = src.sample.arrival_times(src.arrivals)
+    return src
 
 
 def _fitting(prompt_lens: list[int], output_lens: list[int], prefix_len: int,

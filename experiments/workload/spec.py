@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import MISSING, dataclass, fields
-from itertools import repeat
+from dataclasses import dataclass
+from functools import partial
 
 from experiments.workload.classes import SLOClass
 from policies.request import Request
@@ -58,7 +58,7 @@ def to_request(spec: RequestSpec, request_id: int, with_token_ids: bool) -> Requ
     """A fresh Request asking for exactly ``output_len`` tokens, as benchmark_serving does;
     ``request_id`` is the spec's index in its workload (a later turn names its previous turn's).
     Without token ids (the simulator's requests) no output id is ever sampled: its
-    output_token_ids is an empty tuple, not a list per request (72 MB at 1M requests)."""
+    output_token_ids is an empty tuple, not a list per request (a long run's memory)."""
     token_ids: list[int] | None = None
     if with_token_ids:
         if spec.prompt_token_ids is None:
@@ -84,21 +84,6 @@ def to_request(spec: RequestSpec, request_id: int, with_token_ids: bool) -> Requ
     return req
 
 
-def _defaults_before(name: str) -> tuple:
-    """The defaults of Request's fields after its four given ones (request_id, arrival_time,
-    prompt_len, max_tokens) and before ``name``: passed by position, a million requests are
-    made a tenth of a second sooner than with ``name`` as a keyword."""
-    names = [f.name for f in fields(Request)]
-    between = fields(Request)[4:names.index(name)]
-    if names[:4] != ["request_id", "arrival_time", "prompt_len", "max_tokens"] \
-            or any(f.default is MISSING for f in between):
-        raise TypeError("Request's fields changed: plain_requests passes them by position")
-    return tuple(f.default for f in between)
-
-
-_BEFORE_OUTPUT_IDS = _defaults_before("output_token_ids")
-
-
 def plain_requests(arrivals: Sequence[float], prompt_lens: Sequence[int],
                    output_lens: Sequence[int]) -> list[Request]:
     """``to_request(RequestSpec(a, p, o), i, with_token_ids=False)`` of each i, with no spec
@@ -108,5 +93,5 @@ def plain_requests(arrivals: Sequence[float], prompt_lens: Sequence[int],
     if len(prompt_lens) != n or len(output_lens) != n:
         raise ValueError(f"{n} arrival times for {len(prompt_lens)} prompt lengths and "
                          f"{len(output_lens)} output lengths")
-    return list(map(Request, range(n), arrivals, prompt_lens, output_lens,
-                    *map(repeat, _BEFORE_OUTPUT_IDS), repeat(())))
+    return list(map(partial(Request, output_token_ids=()), range(n), arrivals, prompt_lens,
+                    output_lens))
