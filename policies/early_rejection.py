@@ -22,9 +22,10 @@ class EarlyRejection:
     Predicted TTFT: the prompt tokens queued on the prefill replica it was routed to and in the
     window it runs, its own included, prefilled as one batch of prompts of its length
     (``prefill_time[i](n, m)``: seconds of a step prefilling m prompts of n tokens on
-    prefill-pool replica i). Predicted TPOT: the step time of the least loaded decode replica with it added (``decode_step_time[j]``: seconds of a decode step of n
-    sequences over kv tokens on decode replica j; its unfinished requests are its batch, its
-    KV in use plus this prompt the KV read). Both leave out what the cost model cannot know
+    prefill-pool replica i). Predicted TPOT: the step time of the least loaded decode replica
+    with it added (``decode_step_time[j]``: seconds of a decode step of n sequences over kv
+    tokens on decode replica j; its unfinished requests are its batch, its KV in use plus this
+    prompt the KV read). Both leave out what the cost model cannot know
     yet (prefix hits, the decode batch a window will really hold)."""
 
     prefill_time: Sequence[Callable[[int, int], float]]
