@@ -85,7 +85,7 @@ def test_a_real_cache_larger_than_the_host_is_refused(tmp_path) -> None:
     with pytest.raises(ValueError) as err:
         run_with(tmp_path, "backend=real", "model=tiny", "backend.device=cpu",
                  "workload.num_prompts=2", "backend.num_blocks=2000000000")
-    assert str(err.value).startswith("backend.num_blocks 2000000000 needs 16384.0 GB of KV cache "
+    assert str(err.value).startswith("backend.num_blocks 2000000000 needs 32768.0 GB of KV cache "
                                      "but the host has"), err.value
 
 

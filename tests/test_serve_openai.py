@@ -171,7 +171,7 @@ def test_echo_with_max_tokens_0_scores_the_prompt_alone(client, model):
 
 
 def test_penalties_change_greedy_output_as_the_reference_computes_it(client, model):
-    prompt = [7, 300, 41, 7, 7, 260, 99, 41]
+    prompt = [432, 300, 41, 7, 7, 260, 99, 41]  # its greedy output repeats the first token
     for params in (SamplingParams(repetition_penalty=1.8),
                    SamplingParams(frequency_penalty=0.5, presence_penalty=-2.0),
                    SamplingParams()):
