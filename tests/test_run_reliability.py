@@ -12,7 +12,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -37,23 +39,28 @@ LONG = ["workload=synthetic", "workload.num_prompts=40000", "hardware=h200", "pr
 RESULTS = ("result.json", "requests.csv", "steps.csv")
 
 
-def _default_ctrl_c() -> None:
-    """In the child before it starts: Ctrl-C's default disposition, so that Python makes it a
-    KeyboardInterrupt there even when this process (a test worker) ignores it; Python keeps
-    an ignored SIGINT ignored in the processes it starts."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+def _default_ctrl_c(then: Callable[[], Any] | None = None) -> Callable[[], None]:
+    """What the child runs before it starts: Ctrl-C's default disposition, so that Python makes
+    it a KeyboardInterrupt there even when this process (a test worker) ignores it (Python
+    keeps an ignored SIGINT ignored in the processes it starts); then ``then``, a caller's."""
+    def before() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if then is not None:
+            then()
+    return before
 
 
 def cli(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout, preexec_fn=_default_ctrl_c)
+                          text=True, timeout=timeout, preexec_fn=_default_ctrl_c())
 
 
 def popen(*args: str, cwd: Path = ROOT, **kw) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    kw["preexec_fn"] = _default_ctrl_c(kw.get("preexec_fn"))
     return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_ctrl_c, **kw)
+                            stderr=subprocess.PIPE, text=True, **kw)
 
 
 def one_line_error(p: subprocess.CompletedProcess, code: int = 2) -> str:
