@@ -25,8 +25,8 @@ CHECK_ERRORS = (ValueError, TypeError, OSError, HydraException, OmegaConfBaseExc
 
 @dataclass(frozen=True)
 class RunSettings:
-    """What a run's settings make before it reads any input (experiments/run.py run's first
-    steps, which may take them from here)."""
+    """What a run's settings make before it reads any input: run()'s first step
+    (experiments/run.py RunPlan.of) and a sweep's check of each job take them from here."""
 
     backend_cls: Any
     results: Any

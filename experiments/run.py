@@ -20,8 +20,8 @@ from omegaconf import DictConfig
 
 from common.parallel import ParallelConfig
 from common.paths import conf_dir
-from experiments.choices import ClusterChoice, PolicyChoice, known_settings, plain
-from experiments.cli_checks import suggest_keys
+from experiments.choices import ClusterChoice, PolicyChoice, plain
+from experiments.cli_checks import check_run_settings, suggest_keys
 from experiments.files import interrupts_held
 from experiments.run_dir import (
     MANIFEST,
@@ -37,7 +37,7 @@ from experiments.run_dir import (
 from experiments.run_log import RunLogHandler
 from experiments.sweep_workers import job_label, stop_with_sweep
 from policies import ModelSpec
-from policies.base import MOVED_SETTINGS, check_settings
+from policies.base import MOVED_SETTINGS
 from policies.request import Request
 
 if TYPE_CHECKING:
@@ -236,22 +236,12 @@ class RunPlan:
 
     @classmethod
     def of(cls, cfg: Mapping[str, Any]) -> RunPlan:
-        from experiments.backends import backend_class
-        from experiments.metrics import result_settings
-
-        top_keys, _ = known_settings()
-        check_settings("the config's top level", cfg, top_keys)  # +gpu_memory_utilisation=0.5
-        backend_cls = backend_class(cfg)
-        backend_cls.check(cfg)  # its settings; what needs the run's choices, when it is built
-        results = result_settings(plain(cfg.get("metrics") or {}), plain(cfg.get("goodput") or {}))
-        model = ModelSpec.from_dict(plain(cfg["model"]))
-        parallel = ParallelConfig.from_mapping(plain(cfg.get("parallel") or {}))
-        parallel.check_model(model)
-        choice = PolicyChoice(cfg, model)
-        # cluster.*, router.*; the simulator's replica groups, a group's settings checked
-        cluster = ClusterChoice(cfg, plain(cfg["backend"]), parallel)
-        plan = cls(cfg, backend_cls, results, model, parallel, choice, cluster,
-                   plain(cfg["workload"]), model.max_model_len)
+        # the top level's names, the backend's settings, metrics, model, parallel, policy and
+        # cluster (a sweep checks each job by the same function before its first runs)
+        s = check_run_settings(cfg)
+        plan = cls(cfg, s.backend_cls, s.results, s.model, s.parallel, s.choice, s.cluster,
+                   plain(cfg["workload"]), s.model.max_model_len)
+        cluster = s.cluster
         if cluster.groups:  # the simulator: a request may go to any replica
             plan.max_len, plan.max_len_set_by = cluster.request_limit()
             if cluster.size == 1:  # the run is its one replica
