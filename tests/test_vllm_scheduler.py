@@ -34,26 +34,7 @@ SCHED = {"max_num_seqs": 5, "max_num_batched_tokens": 96, "block_size": 32, "wat
          "enable_prefix_caching": True}
 MAX_MODEL_LEN = 2048
 PREFIX_LEN = 64  # a trace row's prefix_group: its first tokens are the group's
-SHORT_PROMPT_FIRST = '''
-from dataclasses import dataclass
-from policies import Policy, register
-
-@register
-@dataclass(frozen=True)
-class ShortPromptFirst(Policy):
-    name = "short_prompt_first"
-    orders_queue = True
-    long_tokens: int = 128
-    max_long: int = 1
-
-    def queue_key(self, req, sched):
-        return (req.prompt_len, req.arrival_time)
-
-    def admit(self, req, sched):
-        if req.prompt_len < self.long_tokens:
-            return True
-        return sum(r.prompt_len >= self.long_tokens for r in sched.running) < self.max_long
-'''
+SHORT_PROMPT_FIRST = Path(__file__).parent / "data" / "short_prompt_first.py"  # a user's policy
 
 
 def tiny() -> ModelSpec:
@@ -91,12 +72,10 @@ def step_time():
     return profile_step_time(**spec["kwargs"]), spec
 
 
-def policies(tmp: Path) -> dict[str, dict]:
+def policies() -> dict[str, dict]:
     """Every mapped policy with settings that make its decisions bite on these traces."""
     fn, _ = step_time()
     target_ms = fn(2, 400, 200, [(40, 0, True)]) * 1e3  # cuts chunks near 40 tokens
-    user = tmp / "short_prompt_first.py"
-    user.write_text(SHORT_PROMPT_FIRST)
     return {
         "chunked_prefill": {},
         "priority": {},
@@ -106,7 +85,7 @@ def policies(tmp: Path) -> dict[str, dict]:
         "sarathi": {"tpot_slo_ms": target_ms},
         "lpm": {"num_steps": 1},
         "slo_adaptive": {"num_steps": 1, "tpot_slo_ms": target_ms},
-        "short_prompt_first": {"module": str(user)},
+        "short_prompt_first": {"module": str(SHORT_PROMPT_FIRST)},
     }
 
 
@@ -206,10 +185,10 @@ def first_difference(a: list[dict], b: list[dict]) -> str:
 
 
 @pytest.mark.parametrize("trace_name", ["all_at_t0.csv", "by_step.csv"])
-def test_every_mapped_policy_schedules_as_schedlab_step_for_step(engine, trace_name, tmp_path):
+def test_every_mapped_policy_schedules_as_schedlab_step_for_step(engine, trace_name):
     rows = trace(trace_name)
     num_blocks = engine.llm_engine.vllm_config.cache_config.num_gpu_blocks
-    for name, settings in policies(tmp_path).items():
+    for name, settings in policies().items():
         ours, _ = schedlab_steps(name, settings, rows, num_blocks)
         theirs, _ = vllm_steps(engine, name, settings, rows)
         assert theirs == ours, f"{name}: {first_difference(theirs, ours)}"
@@ -225,13 +204,13 @@ def test_a_refused_policy_is_one_line_from_vllms_scheduler(engine):
 SMALL_CACHE = 18  # KV blocks of 32 tokens: 5 requests' prompts and outputs do not fit at once
 
 
-def test_with_preemption_the_steps_that_differ_are_counted(engine, tmp_path):
+def test_with_preemption_the_steps_that_differ_are_counted(engine):
     """A cache too small for the running requests: vLLM preempts by its own block accounting
     and skips admission in a step that preempted (docs/vllm.md); the steps where the two
     schedulers differ are as measured, and both preempted."""
     rows = trace("all_at_t0.csv")
     counts = {}
-    for name, settings in policies(tmp_path).items():
+    for name, settings in policies().items():
         ours, ours_pre = schedlab_steps(name, settings, rows, SMALL_CACHE)
         theirs, theirs_pre = vllm_steps(engine, name, settings, rows, SMALL_CACHE)
         differ = sum(a != b for a, b in zip(theirs, ours)) + abs(len(theirs) - len(ours))

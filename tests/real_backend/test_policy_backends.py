@@ -25,30 +25,7 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 HW = HardwareSpec.from_dict(yaml.safe_load((CONF / "hardware" / "h100_sxm.yaml").read_text()))
 WINDOW_COLUMNS = ("window", "k", "num_seqs", "num_prefill_seqs", "num_tokens", "kv_tokens",
                   "num_preempted", "num_wasted_steps")
-USER_POLICY = '''
-    """short_prompt_first: shortest prompt first; at most max_long long prompts run at once."""
-
-    from dataclasses import dataclass
-
-    from policies import Policy, register
-
-
-    @register
-    @dataclass(frozen=True)
-    class ShortPromptFirst(Policy):
-        name = "short_prompt_first"
-        orders_queue = True
-        long_tokens: int = 20
-        max_long: int = 2
-
-        def queue_key(self, req, sched):
-            return (req.prompt_len, req.arrival_time)
-
-        def admit(self, req, sched):
-            if req.prompt_len < self.long_tokens:
-                return True
-            return sum(r.prompt_len >= self.long_tokens for r in sched.running) < self.max_long
-'''
+USER_POLICY = Path(__file__).resolve().parents[1] / "data" / "short_prompt_first.py"
 
 
 # A policy written outside schedlab whose hook ``hook`` answers ``value`` (a function of the
@@ -156,9 +133,7 @@ def test_policies_of_the_literature_make_the_same_windows_on_both_backends(polic
 
 
 def test_a_policy_from_outside_schedlab_runs_on_both_backends(tmp_path):
-    path = tmp_path / "my_policy.py"
-    path.write_text(textwrap.dedent(USER_POLICY))
-    params = {"module": str(path), "max_long": 1}
+    params = {"module": str(USER_POLICY), "long_tokens": 20, "max_long": 1}
     real = windows("short_prompt_first", params, None, real=True)
     assert real == windows("short_prompt_first", params, None, real=False)
     first = [w for w in real if w[3]][0]  # the first prefill window: short prompts, one long
