@@ -2,7 +2,7 @@
 
 vLLM's model runner cannot be handed a window, so each microbenchmark is a small run that
 makes the step shapes of the grid: n prompts of q tokens at t=0 (prefill steps), b prompts
-decoding for a few steps (decode steps at b sequences), decodes joined by late prompts (mixed
+decoding side by side (decode steps of all b sequences), decodes joined by late prompts (mixed
 steps). Served synthetic runs (lognormal lengths, never the validation's ShareGPT) add the
 steps a policy forms and the CPU costs only serving shows. Every engine step is timed in
 parts, in the engine core (which runs in this process): the scheduler's ``schedule()`` and
@@ -34,10 +34,10 @@ GRID = {"prefill": [(1, 16), (1, 64), (1, 128), (1, 256), (1, 512), (1, 1024), (
         "decode": [(b, c) for b in (1, 8, 32, 64, 128, 256) for c in (64, 300, 1000)],
         "mixed": [(8, 200, 300), (32, 300, 600), (64, 150, 1000), (128, 100, 200),
                   (200, 60, 800)],
-        "served": [(float("inf"), 200), (12.0, 100)]}
+        "served": [(float("inf"), 100), (12.0, 60)]}
 QUICK = {"prefill": [(1, 64), (2, 100), (1, 500)], "decode": [(1, 64), (16, 200)],
          "mixed": [(8, 100, 200)], "served": [(float("inf"), 16)]}
-DECODE_STEPS = 8  # tokens each decode microbenchmark's requests generate
+DECODE_STEPS = 8  # the steps of each decode microbenchmark at its whole batch
 # a mixed microbenchmark's late prompts arrive at these times, while the first ones decode
 MIXED_DELAYS_S = (0.1, 0.3, 0.6)
 
@@ -114,6 +114,8 @@ class VllmProfiler:
                               ClusterChoice(cfg, plain(cfg["backend"]), parallel))
         self.schedlab = backend.schedlab_section()
         self.llm = build_engine(self.spec, backend.settings, self.schedlab)
+        # the token budget of a step (chunked_prefill's, the grid's policy: the scheduler's)
+        self.budget = int(self.schedlab["scheduler"].get("max_num_batched_tokens") or 2048)
         self.timer = StepTimer(self.llm)
         self.reps = reps
         self.rng = np.random.default_rng(seed)
@@ -146,14 +148,26 @@ class VllmProfiler:
                                    - s["update_s"], 0.0)
         return steps
 
-    def micro(self, kind: str, lengths: list[tuple[int, int]], arrivals: list[float]) -> None:
+    def micro(self, kind: str, lengths: list[tuple[int, int]], arrivals: list[float],
+              batch: int | None = None) -> None:
         """One microbenchmark, ``reps`` times: its steps of ``kind`` (the steps that lead up to
-        them, e.g. a decode benchmark's prefills, are not its measurement)."""
+        them, e.g. a decode benchmark's prefills, are not its measurement), of ``batch``
+        sequences where it is given."""
         for _ in range(self.reps):
             for s in self.serve(self.requests(lengths, arrivals)):
                 self.window += 1
-                if kind_of(s) == kind:
+                if kind_of(s) == kind and batch in (None, s["num_seqs"]):
                     self.rows.append(self._row(kind, s))
+
+    def decode(self, batch: int, prompt: int) -> None:
+        """``batch`` prompts at t=0 decoding together for DECODE_STEPS steps: each generates
+        as many tokens as the steps that prefill them all (chunks of the token budget, the
+        first prompts decoding meanwhile) and DECODE_STEPS more, so that the whole batch
+        decodes side by side; the steps of fewer sequences (before the last prompt's first
+        token, after the first request's last) are not recorded."""
+        prefill_steps = -(-batch * prompt // self.budget)
+        self.micro("decode", [(prompt, prefill_steps + DECODE_STEPS)] * batch,
+                   [0.0] * batch, batch=batch)
 
     def served(self, rate: float, num_prompts: int, quick: bool) -> None:
         """A synthetic workload (lognormal lengths, as experiments.measure's served runs) at
@@ -201,7 +215,7 @@ def profile(cfg: dict[str, Any], quick: bool, reps: int, progress: bool = True) 
             p.micro("prefill", [(q, 1)] * n, [0.0] * n)
             bar.update()
         for b, c in g["decode"]:
-            p.micro("decode", [(c, DECODE_STEPS)] * b, [0.0] * b)
+            p.decode(b, c)
             bar.update()
         for b, c, q in g["mixed"]:
             late = len(MIXED_DELAYS_S)

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from experiments import calibrate
+from experiments.measure_vllm import DECODE_STEPS
 from vllm_backend import vllm_installed
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -39,12 +40,12 @@ def test_backend_vllm_names_its_profiles_for_vllm_on_the_cpu():
 @pytest.mark.slow
 def test_refitting_the_committed_vllm_data_gives_the_committed_profiles(tmp_path):
     """`python -m experiments.calibrate --backend vllm --data conf/calibration/vllm_cpu.csv.gz
-    --fit-tolerance 1e-6` writes the committed vllm_cpu profiles (vLLM's CPU engine: synchronous
+    --fit-tolerance 1e-4` writes the committed vllm_cpu profiles (vLLM's CPU engine: synchronous
     output processing)."""
     from tests.test_fit_reproduces import assert_same_profile
 
     calibrate.main(["--backend", "vllm", "--data", str(CONF / "calibration" / "vllm_cpu.csv.gz"),
-                    "--fit-tolerance", "1e-6", "--conf-dir", str(tmp_path), "--bootstrap", "0"])
+                    "--fit-tolerance", "1e-4", "--conf-dir", str(tmp_path), "--bootstrap", "0"])
     for group in ("hardware", "overhead"):
         committed = yaml.safe_load((CONF / group / "vllm_cpu.yaml").read_text())
         got = yaml.safe_load((tmp_path / group / "vllm_cpu.yaml").read_text())
@@ -58,7 +59,7 @@ def test_refitting_the_committed_vllm_data_gives_the_committed_profiles(tmp_path
 def test_calibrating_vllm_measures_its_steps_shapes_and_writes_both_profiles(tmp_path):
     conf = tmp_path / "conf"
     calibrate.main(["--backend", "vllm", "--quick", "--reps", "1", "--conf-dir", str(conf),
-                    "--fit-tolerance", "1e-6", "--bootstrap", "0"])
+                    "--fit-tolerance", "1e-4", "--bootstrap", "0"])
     hw = yaml.safe_load((conf / "hardware" / "vllm_cpu.yaml").read_text())
     oh = yaml.safe_load((conf / "overhead" / "vllm_cpu.yaml").read_text())
     assert hw["name"] == "vllm_cpu" and oh["async_output_processing"] is False
@@ -70,10 +71,12 @@ def test_calibrating_vllm_measures_its_steps_shapes_and_writes_both_profiles(tmp
     assert len(one) == 1
     assert one.iloc[0][["num_prefill_tokens", "num_sampled", "attn_pairs", "kv_tokens"]].tolist() \
         == [64, 1, 64 * 65 / 2, 64]
-    # 16 prompts of 200 tokens decoding: steps of 16 one-token rows over 16 x (201..208) tokens
-    dec = data[(data["kind"] == "decode") & (data["num_seqs"] == 16)]
-    assert len(dec) > 0 and (dec["num_tokens"] == 16).all() and (dec["num_sampled"] == 16).all()
-    assert dec["kv_tokens"].between(16 * 201, 16 * 208).all()
+    # 16 prompts of 200 tokens: DECODE_STEPS steps of all 16 decoding side by side (not only
+    # the few that finished their prefill first), each a token more for every sequence
+    dec = data[(data["kind"] == "decode") & (data["num_tokens"] > 1)]
+    assert len(dec) == DECODE_STEPS
+    assert (dec["num_seqs"] == 16).all() and (dec["num_sampled"] == 16).all()
+    assert (dec["kv_tokens"].diff().dropna() == 16).all() and dec["kv_tokens"].min() > 16 * 200
     served = data[data["kind"] == "served"]
     assert (served["cpu_s"] > 0).all() and (served["pythonize_s"] >= 0).all()
 
