@@ -121,7 +121,8 @@ def thinned(grid: Grid) -> Grid:
 
 # ---------------------------------------------------------------------------- model shapes
 def load_models(names: str, smoke: bool) -> list[ModelSpec]:
-    """``all``: every conf/model entry but the CPU test model (``tiny``, which --smoke uses)."""
+    """``all``: every conf/model entry the engine runs (Llama's gated MLP: OPT's plain one is
+    simulated only) but the CPU test model (``tiny``, which --smoke uses)."""
     every = sorted(p.stem for p in MODEL_DIR.glob("*.yaml"))
     if names == "all":
         chosen = ["tiny"] if smoke else [n for n in every if n != "tiny"]
@@ -139,6 +140,8 @@ def load_models(names: str, smoke: bool) -> list[ModelSpec]:
             specs.append(ModelSpec.from_dict(yaml.safe_load(path.read_text())))
         except (ValueError, TypeError, yaml.YAMLError) as err:
             raise InputError(f"--models: {path}: {err}") from None
+    if names == "all":
+        specs = [s for s in specs if s.mlp == "gated"]
     return specs
 
 

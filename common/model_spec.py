@@ -15,10 +15,15 @@ HF_CONFIG_FIELDS = {
     "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
 }
 
+# model.mlp: the MLP's form (ModelSpec.mlp)
+MLP_KINDS = ("gated", "plain")
+
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """A Llama-architecture decoder (RMSNorm, RoPE, GQA attention, SwiGLU MLP)."""
+    """A Llama-architecture decoder (RMSNorm, RoPE, GQA attention, SwiGLU MLP), or with
+    ``mlp: plain`` an OPT-style one whose MLP is two matrices (fc1, ReLU, fc2): the simulator
+    prices either; the engines run the gated MLP only (``require_gated_mlp``)."""
 
     name: str
     num_layers: int
@@ -35,6 +40,10 @@ class ModelSpec:
     tie_word_embeddings: bool = False
     tokenizer: str | None = None  # name quicktok knows; None: the workload must give lengths
     dtype_bytes: int = 2  # bf16 weights and KV cache on the GPU
+    # gated: Llama's gate_proj, up_proj, down_proj (SwiGLU: 3 matrices); plain: OPT's fc1, fc2
+    # (ReLU: 2 matrices). The rest of OPT (LayerNorm, biases, learned positions) is left out:
+    # under 0.2% of its weights and FLOPs.
+    mlp: str = "gated"
     # Derived, not a setting: the parameters of one decoder layer (attention, MLP, two RMSNorm
     # weights), computed once (the cost model reads it for every step it prices)
     params_per_layer: int = field(init=False, repr=False, compare=False, default=0)
@@ -53,6 +62,8 @@ class ModelSpec:
             raise ValueError(f"model.rope_scaling must be a mapping or null, got {self.rope_scaling!r}")
         if self.tokenizer is not None and not isinstance(self.tokenizer, str):
             raise ValueError(f"model.tokenizer must be a name or null, got {self.tokenizer!r}")
+        if self.mlp not in MLP_KINDS:
+            raise ValueError(f"model.mlp must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}")
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.num_heads % self.num_kv_heads:
@@ -62,7 +73,7 @@ class ModelSpec:
         h = self.hidden_size
         attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
         object.__setattr__(self, "params_per_layer",
-                           attn + 3 * h * self.intermediate_size + 2 * h)
+                           attn + self.mlp_matrices * h * self.intermediate_size + 2 * h)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
@@ -73,12 +84,26 @@ class ModelSpec:
 
     def hf_config(self, torch_dtype: str) -> dict[str, Any]:
         """This shape as a Hugging Face Llama config.json (``torch_dtype``: its weights')."""
+        self.require_gated_mlp("a Hugging Face Llama config.json")
         cfg: dict[str, Any] = {hf: getattr(self, ours) for hf, ours in HF_CONFIG_FIELDS.items()}
         cfg.update(architectures=["LlamaForCausalLM"], model_type="llama", head_dim=self.head_dim,
                    max_position_embeddings=self.max_model_len, rope_theta=self.rope_theta,
                    rope_scaling=self.rope_scaling, rms_norm_eps=self.rms_norm_eps,
                    tie_word_embeddings=self.tie_word_embeddings, torch_dtype=torch_dtype)
         return cfg
+
+    def require_gated_mlp(self, engine: str) -> None:
+        """Refuse, in one line, a shape ``engine`` cannot run: the engines build Llama's gated
+        MLP only (a plain-MLP model such as OPT is priced by the simulator alone)."""
+        if self.mlp != "gated":
+            raise ValueError(f"model {self.name}: model.mlp={self.mlp} (a 2-matrix ReLU MLP, as "
+                             f"OPT's) is simulated only: {engine} builds Llama's gated MLP "
+                             "only (model.mlp=gated)")
+
+    @property
+    def mlp_matrices(self) -> int:
+        """The MLP's weight matrices of size hidden x intermediate: 3 gated, 2 plain."""
+        return 3 if self.mlp == "gated" else 2
 
     @property
     def q_size(self) -> int:

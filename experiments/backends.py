@@ -190,6 +190,7 @@ class RealBackend(Backend):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
+        self.model.require_gated_mlp("the real engine")
         from real_backend.config import BackendConfig
         from real_backend.engine import check_overlap_backend
 
@@ -213,6 +214,7 @@ class VllmBackend(Backend):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
+        self.model.require_gated_mlp("vLLM's backend (a Llama config.json)")
         from vllm_backend import require_vllm
         from vllm_backend.engine import check_vllm_settings
         from vllm_backend.mapping import vllm_policy

@@ -53,6 +53,7 @@ def build_rank_runner(spec: ModelSpec, cfg: BackendConfig, shape: RunnerShape,
                       clock: Callable[[], float] = perf_counter) -> ModelRunner:
     """``build_runner`` for the scheduler limits ``shape``; with ``tp``, this rank's share
     (every rank builds at once: the ranks agree on setup errors and on the KV blocks)."""
+    spec.require_gated_mlp("the real engine")
     device, dtype = cfg.torch_device, cfg.torch_dtype
     if device.type == "cuda":
         torch.cuda.set_device(device)

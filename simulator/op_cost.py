@@ -9,7 +9,8 @@ the tables measured in isolation on the GPU, never fitted to the model it prices
               + add_rms_norm(T) + lm_head(N_s) + logits_fp32(N_s) + greedy(N_s)
               (+ advance_step(N) on steps 2..k of a window)
 
-with T the step's tokens padded as cost_model.py pads them (a whole-step CUDA graph's or the
+(a plain MLP, ``model.mlp: plain``: fc1(T) + ReLU(T) + fc2(T), fc1 half gate_up's rows), with
+T the step's tokens padded as cost_model.py pads them (a whole-step CUDA graph's or the
 piecewise graphs' size), attention the paged prefill kernel over the prefill chunks' causal
 pairs plus the decode kernel over the decoding sequences (its batch and mean context, between
 the table's uniform and ragged contexts by the batch's longest one), N_s the sampled rows.
@@ -97,15 +98,16 @@ def kernel_times(t: OpTables, model: ModelSpec, shape: StepShape, tokens: int, t
     L, h, d = model.num_layers, model.hidden_size, model.head_dim
     nh, kvh = model.num_heads // tp, kv_heads_per_rank(model, tp)
     inter = model.intermediate_size // tp
+    up = (model.mlp_matrices - 1) * inter  # gate_up's rows, or a plain MLP's fc1's
     q_size, kv_size = nh * d, kvh * d
     # the same few sizes step after step (at full clock: a slowed clock varies by the step)
-    memo = ("layer_gemms", tokens, h, q_size, kv_size, inter) if slow == 1.0 else None
+    memo = ("layer_gemms", tokens, h, q_size, kv_size, up, inter) if slow == 1.0 else None
     gemms = t.memo.get(memo) if memo else None
     if gemms is None:
         per_layer = 0.0
         compute = 0.0
         for op, n, k in (("layer", q_size + 2 * kv_size, h), ("layer", h, q_size),
-                         ("layer", 2 * inter, h), ("layer", h, inter)):
+                         ("layer", up, h), ("layer", h, inter)):
             g = gemm_us(t, op, tokens, n, k)
             c = min(2.0 * tokens * n * k / (g * 1e-6 * 989e12), 1.0) * g  # compute-bound share
             per_layer += g + c * (slow - 1.0)
@@ -129,6 +131,8 @@ def kernel_times(t: OpTables, model: ModelSpec, shape: StepShape, tokens: int, t
     per_layer += 2 * small_us(t, "add_rms_norm", tokens, (h, 0, 0, 0, 0, 0))
     per_layer += small_us(t, "rotary_embedding", tokens, (0, 0, *heads, 0))
     per_layer += small_us(t, "reshape_and_cache", shape.num_tokens, (0, 0, *heads, 0))
+    # a plain MLP's ReLU: priced as silu_and_mul over the same outputs (the tables have no
+    # ReLU; both are one elementwise kernel writing tokens x inter)
     per_layer += small_us(t, "silu_and_mul", tokens, (0, inter, 0, 0, 0, 0))
     if piecewise:
         per_layer += small_us(t, "attn_copy", tokens, (0, 0, *heads, 0))
