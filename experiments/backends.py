@@ -161,6 +161,8 @@ class SimBackend(Backend):
             return {}, {}, None
         outcome = self.cluster_outcome
         fields = {"router": cluster.router_name, "num_replicas": cluster.size}
+        if cluster.own_parallel:  # GPUs differ from replicas x the run's parallel
+            fields["num_gpus"] = cluster.num_gpus
         entries = {"replicas": replica_summaries(outcome, times.ttft, times.output_len,
                                                  times.completed, cluster.labels)}
         if cluster.disaggregated:

@@ -150,6 +150,12 @@ class ReplicaGroup:
     gpu_memory_utilization: float
     num_blocks: int  # per virtual engine
     role: str = "mixed"  # prefill, decode or mixed: disaggregation (docs/cluster.md)
+    parallel: ParallelConfig = ParallelConfig()  # the run's, or the group's own over it
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs its replicas take: replicas x tensor x pipeline parallel size."""
+        return self.replicas * self.parallel.num_gpus
 
     def request_limit(self) -> tuple[int, str]:
         """The longest request one of its replicas admits, and what sets it."""
@@ -166,6 +172,8 @@ class ClusterChoice:
 
     def __init__(self, cfg: Mapping[str, Any], backend: Mapping[str, Any],
                  parallel: ParallelConfig) -> None:
+        from dataclasses import asdict
+
         from experiments.workload.footprint import check_replicas_fit
         from policies.routers import make_router
         from simulator.cluster import GROUP_KEYS, replica_groups
@@ -175,6 +183,7 @@ class ClusterChoice:
         self.router = make_router(self.router_name, **router)
         run_sections = {key: plain(cfg[key]) for key in ("model", "hardware", "overhead",
                                                          "policy", "scheduler") if key in cfg}
+        run_sections["parallel"] = asdict(parallel)  # checked: a group's own goes over it
         run_sections.update(gpu_memory_utilization=cfg.get("gpu_memory_utilization", 0.9),
                             num_blocks=backend.get("num_blocks"))
         cluster = plain(cfg.get("cluster") or {})
@@ -183,13 +192,18 @@ class ClusterChoice:
         self.size = sum(n for n, _ in groups)
         self.sections = groups[0][1] if self.size == 1 else run_sections
         self.groups: list[ReplicaGroup] = []
-        self.parallel = parallel
+        self.parallel = parallel  # the parallelism result.json names (as ``sections``)
+        self.run_parallel = parallel
         self.labels: list[dict[str, Any]] = []
         # disaggregation: the decode pool's router, the link its KV crosses, early rejection
         self.decode_router: Any = None
         self.link: Any = None
         self.early_rejection = False
         self.disaggregated = any(settings.get("role", "mixed") != "mixed" for _, settings in groups)
+        # a group with parallel settings of its own: result.json names each replica's and the
+        # cluster's GPUs (a cluster without keeps its result.json as before)
+        self.own_parallel = grouped and any(g.get("parallel") is not None
+                                            for g in cluster["groups"])
         if backend.get("name") != "sim":
             if grouped:
                 raise ValueError("cluster.groups is simulated only (backend=sim)")
@@ -197,12 +211,20 @@ class ClusterChoice:
                 raise ValueError("cluster.num_replicas > 1 is simulated only (backend=sim)")
             return
         # before any replica's state is made (a group's engine is made once for its replicas)
-        check_replicas_fit(self.size, parallel.pipeline_parallel_size,
+        splits = []
+        for i, (_, sections) in enumerate(groups):
+            with settings_at(f"cluster.groups[{i}]", GROUP_KEYS) if grouped else \
+                    contextlib.nullcontext():
+                splits.append(ParallelConfig.from_mapping(sections["parallel"]))
+        check_replicas_fit([(n, split.pipeline_parallel_size)
+                            for (n, _), split in zip(groups, splits, strict=True)],
                            "cluster.groups' replicas" if grouped else "cluster.num_replicas")
-        for i, (n, sections) in enumerate(groups):
+        for i, ((n, sections), split) in enumerate(zip(groups, splits, strict=True)):
             where = f"cluster.groups[{i}]" if grouped else ""
             with settings_at(where, GROUP_KEYS) if grouped else contextlib.nullcontext():
-                self.groups.append(self._group(n, where, sections))
+                self.groups.append(self._group(n, where, sections, split))
+        if self.size == 1:  # result.json names the one replica's, as its sections
+            self.parallel = splits[0]
         if self.disaggregated:
             self._disaggregation(cluster)
         elif cluster.get("early_rejection"):  # (decode_router and link: unused, as a sweep
@@ -211,12 +233,27 @@ class ClusterChoice:
                              "cluster.groups entry with role: prefill or decode)")
 
     @property
+    def num_gpus(self) -> int:
+        """GPUs the cluster takes: each group's replicas x its tensor x pipeline parallel size."""
+        return sum(g.num_gpus for g in self.groups)
+
+    @property
     def layout(self) -> str:
-        """The replicas per role, "1 prefill + 1 decode" (result.json's schedlab.layout)."""
-        count: dict[str, int] = {}
+        """The replicas per role, "1 prefill + 1 decode" (result.json's schedlab.layout); a
+        group whose own parallel differs from the run's is counted apart and named with it,
+        "1 prefill (tp=2) + 1 decode"."""
+        count: dict[tuple[str, str], int] = {}
         for g in self.groups:
-            count[g.role] = count.get(g.role, 0) + g.replicas
-        return " + ".join(f"{count[r]} {r}" for r in ("prefill", "decode", "mixed") if r in count)
+            split = ""
+            if g.parallel != self.run_parallel:
+                split = ", ".join(f"{name}={size}" for name, size in (
+                    ("tp", g.parallel.tensor_parallel_size),
+                    ("pp", g.parallel.pipeline_parallel_size)) if size != 1) or "tp=1"
+            key = (g.role, f" ({split})" if split else "")
+            count[key] = count.get(key, 0) + g.replicas
+        return " + ".join(f"{count[key]} {key[0]}{key[1]}"
+                          for r in ("prefill", "decode", "mixed")
+                          for key in sorted(count) if key[0] == r)
 
     def _disaggregation(self, cluster: Mapping[str, Any]) -> None:
         """The decode router (``cluster.decode_router``: a router's name or its settings;
@@ -256,15 +293,16 @@ class ClusterChoice:
                 raise ValueError(f"{g.where}.scheduler.overlap: a prefill group's requests "
                                  "leave once prefilled; overlap is not modelled there")
 
-    def _group(self, replicas: int, where: str, sections: dict[str, Any]) -> ReplicaGroup:
+    def _group(self, replicas: int, where: str, sections: dict[str, Any],
+               parallel: ParallelConfig) -> ReplicaGroup:
         from simulator.hardware import HardwareSpec
         from simulator.memory import blocks_per_engine
         from simulator.overhead import OverheadSpec
 
         model = ModelSpec.from_dict(sections["model"])
-        self.parallel.check_model(model)
+        parallel.check_model(model)
         choice = PolicyChoice(sections, model)
-        hardware = HardwareSpec.from_dict(sections["hardware"], self.parallel)
+        hardware = HardwareSpec.from_dict(sections["hardware"], parallel)
         overhead = OverheadSpec.from_dict(sections["overhead"])
         util = check_number("gpu_memory_utilization", sections["gpu_memory_utilization"])
         num_blocks = sections["num_blocks"]
@@ -275,7 +313,7 @@ class ClusterChoice:
         else:
             check_int("num_blocks", num_blocks, 1)
         return ReplicaGroup(replicas, where, sections, model, choice, hardware, overhead,
-                            float(util), num_blocks, sections.get("role", "mixed"))
+                            float(util), num_blocks, sections.get("role", "mixed"), parallel)
 
     def request_limit(self) -> tuple[int, str]:
         """The longest request every replica admits, and what sets it: a request may be sent to
@@ -295,6 +333,9 @@ class ClusterChoice:
                      "policy": choice.name, "k": getattr(choice.policy, "num_steps", 1)}
             if self.disaggregated:
                 label["role"] = group.role
+            if self.own_parallel:
+                label["tensor_parallel_size"] = group.parallel.tensor_parallel_size
+                label["pipeline_parallel_size"] = group.parallel.pipeline_parallel_size
             for _ in range(group.replicas):
                 specs.append(ReplicaSpec(
                     choice.new_scheduler, group.model, group.hardware, group.overhead,

@@ -394,8 +394,9 @@ def schedlab_section(plan: RunPlan, work: RunRequests, backend: Backend, outcome
         "enable_prefix_caching": choice.scheduler.enable_prefix_caching,
         "prefix_cache_hit_rate": prefix_cache_hit_rate(work.requests),
         "model": plan.model.name,
-        "tensor_parallel_size": plan.parallel.tensor_parallel_size,
-        "pipeline_parallel_size": plan.parallel.pipeline_parallel_size,
+        # the run's, or its one replica's (a replica group's own parallel)
+        "tensor_parallel_size": plan.cluster.parallel.tensor_parallel_size,
+        "pipeline_parallel_size": plan.cluster.parallel.pipeline_parallel_size,
         **backend.labels(outcome),  # hardware, overhead, host
         "workload": plan.workload,
         "wall_seconds": wall,

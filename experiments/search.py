@@ -6,10 +6,12 @@ replicas, and the policy each runs) gives the most goodput per GPU.
     python -m experiments.search --max-gpus 8 --gpus-per-replica 4 \\
         --policies multi_step:8 chunked_prefill --rates-per-gpu 2 4 6 8 \\
         -- model=llama3_70b parallel.tensor_parallel_size=4
+    python -m experiments.search --prefill-tp 1 2      # prefill replicas of 1 or 2 GPUs
     python -m experiments.search -- hydra/launcher=slurm hydra.launcher.partition=<p>
 
 Every layout of up to ``--max-gpus`` GPUs (n colocated replicas; p prefill + d decode
-replicas) under each policy is run at each rate of ``--rates-per-gpu`` times its GPU count,
+replicas, each role at each tensor-parallel size of ``--prefill-tp`` and ``--decode-tp``, its
+replicas taking that many GPUs each) under each policy is run at each rate of ``--rates-per-gpu`` times its GPU count,
 on ``--prompts-per-gpu`` times its GPU count requests, the layouts of one GPU count as one
 Hydra sweep of experiments.run (so on joblib, SLURM or Ray as every sweep, through the
 arguments after ``--``). A layout's goodput per GPU is DistServe's:
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +47,8 @@ SCENARIO = ("model=llama3_8b", "hardware=h100_sxm", "workload=sharegpt",
 @dataclass(frozen=True)
 class Layout:
     """A candidate: ``colocated`` replicas serving whole requests, or ``prefill`` and
-    ``decode`` replicas; every replica runs ``policy`` (a name, with ``k`` steps where it
+    ``decode`` replicas (of ``prefill_tp`` and ``decode_tp`` GPUs each where not 1: the
+    group's own parallel); every replica runs ``policy`` (a name, with ``k`` steps where it
     takes them)."""
 
     colocated: int = 0
@@ -52,10 +56,18 @@ class Layout:
     decode: int = 0
     policy: str = "multi_step"
     k: int | None = 8
+    prefill_tp: int = 1
+    decode_tp: int = 1
 
     @property
     def replicas(self) -> int:
         return self.colocated + self.prefill + self.decode
+
+    def gpus(self, gpus_per_replica: int = 1) -> int:
+        """Its GPUs: each group's replicas x their GPUs (``gpus_per_replica``, the run's
+        parallel, times a role's own tensor-parallel size)."""
+        return gpus_per_replica * (self.colocated + self.prefill * self.prefill_tp
+                                   + self.decode * self.decode_tp)
 
     def policy_setting(self) -> str:
         if self.k is None:
@@ -67,26 +79,36 @@ class Layout:
         pol = self.policy_setting()
         if self.colocated:
             return f"[{{replicas:{self.colocated},{pol}}}]"
-        return (f"[{{replicas:{self.prefill},role:prefill,{pol}}},"
-                f"{{replicas:{self.decode},role:decode,{pol}}}]")
+        own = [f",parallel:{{tensor_parallel_size:{tp}}}" if tp != 1 else ""
+               for tp in (self.prefill_tp, self.decode_tp)]
+        return (f"[{{replicas:{self.prefill},role:prefill,{pol}{own[0]}}},"
+                f"{{replicas:{self.decode},role:decode,{pol}{own[1]}}}]")
 
     def name(self) -> str:
+        tp = [f"(tp{t})" if t != 1 else "" for t in (self.prefill_tp, self.decode_tp)]
         shape = (f"{self.colocated} colocated" if self.colocated
-                 else f"{self.prefill}P+{self.decode}D")
+                 else f"{self.prefill}P{tp[0]}+{self.decode}D{tp[1]}")
         return f"{shape} {self.policy}" + (f" k={self.k}" if self.k is not None else "")
 
 
-def layouts(max_gpus: int, gpus_per_replica: int, policies: list[tuple[str, int | None]]
+def layouts(max_gpus: int, gpus_per_replica: int, policies: list[tuple[str, int | None]],
+            prefill_tp: Sequence[int] = (1,), decode_tp: Sequence[int] = (1,)
             ) -> dict[int, list[Layout]]:
-    """Every candidate of at most ``max_gpus`` GPUs, by GPU count."""
+    """Every candidate of at most ``max_gpus`` GPUs, by GPU count (each group's replicas x
+    their GPUs)."""
     out: dict[int, list[Layout]] = {}
     for n in range(1, max_gpus // gpus_per_replica + 1):
-        mine = []
         for policy, k in policies:
-            mine.append(Layout(colocated=n, policy=policy, k=k))
-            mine += [Layout(prefill=p, decode=n - p, policy=policy, k=k) for p in range(1, n)]
-        out[n * gpus_per_replica] = mine
-    return out
+            out.setdefault(n * gpus_per_replica, []).append(
+                Layout(colocated=n, policy=policy, k=k))
+            for p in range(1, n):
+                for ptp in prefill_tp:
+                    for dtp in decode_tp:
+                        cand = Layout(prefill=p, decode=n - p, policy=policy, k=k,
+                                      prefill_tp=ptp, decode_tp=dtp)
+                        if cand.gpus(gpus_per_replica) <= max_gpus:
+                            out.setdefault(cand.gpus(gpus_per_replica), []).append(cand)
+    return dict(sorted(out.items()))
 
 
 def goodput_per_gpu(rows: pd.DataFrame, gpus: int, attainment: float) -> float:
@@ -133,10 +155,12 @@ def run_sweep(out: Path, gpus: int, cands: list[Layout], rates: list[float],
 
 def search(out: Path, max_gpus: int, policies: list[tuple[str, int | None]],
            rates_per_gpu: list[float], attainment: float, gpus_per_replica: int = 1,
-           extra: list[str] | None = None, prompts_per_gpu: int = 1000) -> pd.DataFrame:
+           extra: list[str] | None = None, prompts_per_gpu: int = 1000,
+           prefill_tp: Sequence[int] = (1,), decode_tp: Sequence[int] = (1,)) -> pd.DataFrame:
     """Run every candidate and return one row per layout: its GPUs and goodput per GPU."""
     rows = []
-    for gpus, cands in layouts(max_gpus, gpus_per_replica, policies).items():
+    for gpus, cands in layouts(max_gpus, gpus_per_replica, policies, prefill_tp,
+                               decode_tp).items():
         table = pd.read_csv(run_sweep(out, gpus, cands, [r * gpus for r in rates_per_gpu],
                                       list(extra or []), prompts_per_gpu * gpus))
         # (a colocated run records no layout)
@@ -156,7 +180,8 @@ def _layout_label(cand: Layout) -> str:
     names it)."""
     if cand.colocated:
         return f"{cand.colocated} colocated"
-    return f"{cand.prefill} prefill + {cand.decode} decode"
+    tp = [f" (tp={t})" if t != 1 else "" for t in (cand.prefill_tp, cand.decode_tp)]
+    return f"{cand.prefill} prefill{tp[0]} + {cand.decode} decode{tp[1]}"
 
 
 def pareto_figure(table: pd.DataFrame, front: pd.DataFrame) -> plt.Figure:
@@ -199,6 +224,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="NAME or NAME:K (num_steps) each")
     ap.add_argument("--rates-per-gpu", nargs="+", type=float,
                     default=[10, 20, 30, 40, 50, 60, 70, 80, 90, 100])
+    ap.add_argument("--prefill-tp", nargs="+", type=int, default=[1],
+                    help="tensor-parallel sizes of a prefill replica (its GPUs), each tried")
+    ap.add_argument("--decode-tp", nargs="+", type=int, default=[1],
+                    help="tensor-parallel sizes of a decode replica (its GPUs), each tried")
     ap.add_argument("--attainment", type=float, default=0.9)
     ap.add_argument("--prompts-per-gpu", type=int, default=1000,
                     help="requests a run, per GPU of its layout")
@@ -210,13 +239,20 @@ def main(argv: list[str] | None = None) -> None:
                              ("--prompts-per-gpu", args.prompts_per_gpu, 1)):
         if value < low:
             ap.error(f"{name} must be >= {low}, got {value}")
+    for name, sizes in (("--prefill-tp", args.prefill_tp), ("--decode-tp", args.decode_tp)):
+        if any(t < 1 for t in sizes):
+            ap.error(f"{name} must be >= 1 each, got {sizes}")
+    if args.gpus_per_replica != 1 and (args.prefill_tp != [1] or args.decode_tp != [1]):
+        ap.error("--prefill-tp and --decode-tp set a replica's GPUs themselves: leave "
+                 f"--gpus-per-replica at 1, got {args.gpus_per_replica}")
     if not 0 < args.attainment <= 1:
         ap.error(f"--attainment must be in (0, 1], got {args.attainment}")
     if any(r <= 0 for r in args.rates_per_gpu):
         ap.error("--rates-per-gpu must be > 0")
     try:
         table = search(args.out, args.max_gpus, args.policies, args.rates_per_gpu,
-                       args.attainment, args.gpus_per_replica, args.extra, args.prompts_per_gpu)
+                       args.attainment, args.gpus_per_replica, args.extra, args.prompts_per_gpu,
+                       args.prefill_tp, args.decode_tp)
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

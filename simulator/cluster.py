@@ -1,5 +1,6 @@
 """A cluster's shape and results: the replica groups a ``cluster`` section describes (each group
-its own model, hardware, overhead, policy and scheduler settings), and one summary per replica.
+its own model, hardware, parallelism, overhead, policy and scheduler settings), and one summary
+per replica.
 
 The engine that runs the replicas is simulator/engine.py (``simulate_cluster``); the router that
 spreads requests over them is policies/routers.py.
@@ -15,7 +16,7 @@ import numpy as np
 from policies.base import check_int, check_settings
 
 # The sections a replica group may set; the rest of a run's config is the cluster's.
-GROUP_SECTIONS = ("model", "hardware", "overhead", "policy", "scheduler")
+GROUP_SECTIONS = ("model", "hardware", "parallel", "overhead", "policy", "scheduler")
 GROUP_KEYS = ("replicas", *GROUP_SECTIONS, "gpu_memory_utilization", "num_blocks", "role")
 # decode_router, link and early_rejection apply to a disaggregated cluster (docs/cluster.md)
 CLUSTER_KEYS = ("num_replicas", "groups", "decode_router", "link", "early_rejection")
@@ -28,10 +29,10 @@ LoadSection = Callable[[str, str], dict[str, Any]]
 def replica_groups(cluster: Mapping[str, Any] | None, run: Mapping[str, Any],
                    load_section: LoadSection) -> list[tuple[int, dict[str, Any]]]:
     """``(replicas, settings)`` per group: ``settings`` are the run's sections (``run``: model,
-    hardware, overhead, policy, scheduler, gpu_memory_utilization, num_blocks) with the group's
-    own on top. A group's section is a config name (``hardware: h200``) or settings over the
-    run's (``policy: {num_steps: 4}``; a policy naming another policy starts from that one's
-    config). Without groups the cluster is ``num_replicas`` replicas of the run's settings."""
+    hardware, parallel, overhead, policy, scheduler, gpu_memory_utilization, num_blocks) with the
+    group's own on top. A group's section is a config name (``hardware: h200``) or settings over
+    the run's (``policy: {num_steps: 4}``, ``parallel: {tensor_parallel_size: 2}``, which has no
+    config names; a policy naming another policy starts from that one's config). Without groups the cluster is ``num_replicas`` replicas of the run's settings."""
     cluster = dict(cluster or {})
     check_settings("cluster", cluster, CLUSTER_KEYS)
     num = check_int("cluster.num_replicas", cluster.get("num_replicas", 1), 1)
@@ -55,14 +56,17 @@ def replica_groups(cluster: Mapping[str, Any] | None, run: Mapping[str, Any],
             value = group.get(key)
             if value is None:
                 continue
-            if isinstance(value, str) and key != "scheduler":
+            if isinstance(value, str) and key not in ("scheduler", "parallel"):
                 settings[key] = load_section(key, value)
             elif isinstance(value, Mapping):
-                base = run[key]
+                base = run.get(key) or {}
                 name = value.get("name")
                 if key == "policy" and name is not None and name != base.get("name"):
                     base = load_section(key, name)
                 settings[key] = {**base, **value}
+            elif key == "parallel":
+                raise ValueError(f"{where}.parallel must be a mapping of settings over the run's "
+                                 f"parallel, such as {{tensor_parallel_size: 2}}, got {value!r}")
             else:
                 raise ValueError(f"{where}.{key} must be a config name or a mapping of settings, "
                                  f"got {value!r}")

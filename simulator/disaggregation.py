@@ -114,7 +114,11 @@ class Disaggregation:
                 d = self.decode_router.route(req, loads, now)
                 dsim = self.decode[d]
                 tokens = req.prompt_len + req.num_output_tokens - 1
-                nbytes = kv_transfer_bytes(tokens, block_size, per_token)
+                # a decode replica of another split takes its own shard over each GPU's link:
+                # the larger of the shards sent and received sets the link's bytes
+                shard = per_token if dsim.hw == sim.hw else \
+                    max(per_token, kv_bytes_per_token_per_gpu(sim.model, dsim.hw))
+                nbytes = kv_transfer_bytes(tokens, block_size, shard)
                 start, end = transfer_span(self.link, nbytes, num_layers, now, prefill_start,
                                            free)
                 free = end

@@ -449,6 +449,46 @@ def test_groups_are_simulated_only(tmp_path):
     assert str(err.value) == "cluster.groups is simulated only (backend=sim)"
 
 
+def test_a_group_s_own_tensor_parallel_size_changes_its_replicas_only(tmp_path):
+    """cluster.groups[i].parallel is that group's split (its step times, KV blocks and
+    GPUs); the other group's replica runs as before, and one group of tp=2 is the run's
+    parallel.tensor_parallel_size=2 (the groups shared the run's parallel)."""
+    both = "cluster.groups=[{replicas:1%s},{replicas:1}]"
+    same = _run(tmp_path / "same", both % "")
+    own = _run(tmp_path / "own", both % ",parallel:{tensor_parallel_size:2}")
+    mine, other = own["replicas"]
+    assert (mine["tensor_parallel_size"], other["tensor_parallel_size"]) == (2, 1)
+    assert own["schedlab"]["num_gpus"] == 3 and "num_gpus" not in same["schedlab"]
+    assert mine["num_blocks"] > same["replicas"][0]["num_blocks"]
+    assert mine["gpu_busy_s"] < same["replicas"][0]["gpu_busy_s"]
+    for key in ("num_blocks", "gpu_busy_s", "requests", "median_ttft_ms"):  # round_robin
+        assert other[key] == same["replicas"][1][key], key
+    one = _run(tmp_path / "one", "cluster.groups=[{replicas:1,parallel:{tensor_parallel_size:2}}]")
+    _run(tmp_path / "top", "parallel.tensor_parallel_size=2")
+    assert one["schedlab"]["tensor_parallel_size"] == 2
+    assert _same_run(tmp_path / "one", tmp_path / "top")
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("parallel:{tensor_parallel_size:0}",
+     "cluster.groups[1].parallel.tensor_parallel_size must be an integer >= 1, got 0"),
+    ("parallel:{tensor_parallel_size:3}",
+     "cluster.groups[1].parallel.tensor_parallel_size=3 must divide model.num_heads=32 of "
+     "llama3_8b"),
+    ("parallel:{pipeline_parallel_size:64}",
+     "cluster.groups[1].parallel.pipeline_parallel_size=64 exceeds model.num_layers=32 of "
+     "llama3_8b"),
+    ("parallel:{tp:2}", "cluster.groups[1].parallel has no setting 'tp'; its settings: "
+     "pipeline_parallel_size, tensor_parallel_size"),
+    ("parallel:tp2", "cluster.groups[1].parallel must be a mapping of settings over the run's "
+     "parallel, such as {tensor_parallel_size: 2}, got 'tp2'"),
+])
+def test_a_group_s_bad_parallel_is_refused_naming_the_group(tmp_path, setting, message):
+    with pytest.raises(ValueError) as err:
+        _run(tmp_path, f"cluster.groups=[{{replicas:1}},{{replicas:1,{setting}}}]")
+    assert str(err.value) == message
+
+
 @pytest.mark.parametrize("cluster,available,message", [
     ("cluster.num_replicas=4096", 16 << 20,
      "cluster.num_replicas: 4096 replicas would take about 32 MiB, more than the 16 MiB of "
@@ -459,6 +499,11 @@ def test_groups_are_simulated_only(tmp_path):
     ("cluster.groups=[{replicas:600000},{replicas:400000}]", 4 << 30,
      "cluster.groups' replicas: 1000000 replicas would take about 7.6 GiB, more than the 4.0 GiB "
      "of memory available; lower cluster.groups' replicas"),
+    ("cluster.groups=[{replicas:300000,parallel:{pipeline_parallel_size:2}},"
+     "{replicas:400000}]", 4 << 30,
+     "cluster.groups' replicas: 700000 replicas (1000000 pipeline stages in all) would take "
+     "about 7.6 GiB, more than the 4.0 GiB of memory available; lower cluster.groups' "
+     "replicas"),
 ])
 def test_more_replicas_than_memory_holds_are_refused_at_once(tmp_path, monkeypatch, cluster,
                                                              available, message):

@@ -276,3 +276,19 @@ def test_the_layout_figure_draws_a_line_per_layout():
     fig = layout_figure(pd.DataFrame(rows))
     labels = [line.get_label() for line in fig.axes[0].get_lines()]
     assert labels[:2] == ["2 colocated", "1 prefill + 1 decode"]
+
+
+def test_a_decode_replica_of_another_split_takes_its_own_shard_over_the_link(tmp_path):
+    """A 2-GPU prefill replica sends half a token's KV from each GPU, but the 1-GPU decode
+    replica takes the whole of it over its one link: the transfer is the 1-GPU one's."""
+    from test_cluster import _run
+
+    def transfer(prefill: str, decode: str) -> float:
+        groups = (f"cluster.groups=[{{replicas:1,role:prefill{prefill}}},"
+                  f"{{replicas:1,role:decode{decode}}}]")
+        out = _run(tmp_path / f"{len(prefill)}-{len(decode)}", groups, "cluster.link=pcie")
+        return out["disaggregation"]["transfer_s"]["mean"]
+
+    tp2 = ",parallel:{tensor_parallel_size:2}"
+    assert transfer(tp2, "") == pytest.approx(transfer("", ""), rel=1e-9)
+    assert transfer(tp2, tp2) < transfer("", "")

@@ -29,6 +29,39 @@ def test_a_candidate_s_groups_are_cluster_groups():
         (1, "prefill", 8), (2, "decode", 8)]
 
 
+def test_a_layout_s_gpus_count_each_group_s_replicas_times_their_split():
+    """DistServe's placement, 1 prefill replica at tp=2 + 1 decode replica, takes 3 GPUs; its
+    groups give the prefill group its own parallel, and result.json's layout names it."""
+    import yaml
+
+    cand = Layout(prefill=1, decode=1, prefill_tp=2)
+    assert cand.gpus() == 3 and Layout(prefill=2, decode=1).gpus() == 3
+    assert Layout(prefill=1, decode=2, decode_tp=2).gpus(2) == 10
+    groups = yaml.safe_load(cand.groups().replace(":", ": ").replace(",", ", "))
+    out = replica_groups({"groups": groups}, {"parallel": {"tensor_parallel_size": 1}},
+                         lambda g, n: {"name": n})
+    assert [s["parallel"]["tensor_parallel_size"] for _, s in out] == [2, 1]
+    got = layouts(3, 1, [("multi_step", 8)], prefill_tp=[1, 2])
+    assert [c.name() for c in got[3]] == ["1P(tp2)+1D multi_step k=8",
+                                          "3 colocated multi_step k=8",
+                                          "1P+2D multi_step k=8", "2P+1D multi_step k=8"]
+    assert all(c.prefill_tp == 1 for c in got[2])  # 1P(tp2)+2D would take 4
+
+
+def test_the_search_counts_a_role_s_own_parallelism(tmp_path, capsys):
+    """--prefill-tp 2: the 3-GPU sweep runs 1P(tp2)+1D, its goodput per GPU over 3 GPUs."""
+    main(["--out", str(tmp_path), "--max-gpus", "3", "--prefill-tp", "2",
+          "--rates-per-gpu", "5", "--", "workload=synthetic", "workload.num_prompts=30"])
+    table = pd.read_csv(tmp_path / "search.csv").set_index("layout")
+    row = table.loc["1P(tp2)+1D multi_step k=8"]
+    assert (row["gpus"], row["runs"], row["goodput_per_gpu"]) == (3, 1, 5.0)
+    runs = pd.read_csv(tmp_path / "3gpu" / "aggregate.csv")
+    assert "1 prefill (tp=2) + 1 decode" in set(runs["layout"])
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--gpus-per-replica", "2", "--prefill-tp", "2"])
+    assert "leave --gpus-per-replica at 1" in capsys.readouterr().err
+
+
 def test_goodput_per_gpu_is_the_highest_rate_meeting_the_attainment():
     rows = pd.DataFrame({"request_rate": [10, 20, 40], "num_prompts": [100] * 3,
                          "duration": [10.0, 5.0, 5.0], "request_goodput": [10.0, 19.0, 12.0]})

@@ -4,6 +4,7 @@ that would not fit."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 # Bytes a request costs over a whole run, measured and rounded up. A simulator run of synthetic
 # requests (peak RSS of experiments.run at 20k and 80k requests, outputs of 4 and 256 tokens)
@@ -99,14 +100,18 @@ def trace_row_bytes(prompt_len: int, output_len: int, hash_ids: int, *,
                                            with_token_ids=with_token_ids, hash_ids=hash_ids)
 
 
-def check_replicas_fit(num_replicas: int, stages: int, setting: str) -> None:
+def check_replicas_fit(groups: Sequence[tuple[int, int]], setting: str) -> None:
     """Refuse, naming ``setting`` (what sets the number of replicas) and the memory available,
-    a cluster whose replicas (of ``stages`` pipeline stages, a virtual engine each) would not
-    fit in memory; made before any replica's state is."""
+    a cluster whose replicas would not fit in memory; made before any replica's state is.
+    ``groups``: per replica group, its replicas and their pipeline stages (a virtual engine
+    each; a group may have its own ``parallel``)."""
     available = available_memory()
-    need = num_replicas * stages * BYTES_PER_ENGINE
+    num_replicas = sum(n for n, _ in groups)
+    engines = sum(n * stages for n, stages in groups)
+    need = engines * BYTES_PER_ENGINE
     if available is not None and need > available:
-        each = f" of {stages} pipeline stages" if stages > 1 else ""
+        each = (f" of {groups[0][1]} pipeline stages" if len({s for _, s in groups}) == 1
+                else f" ({engines} pipeline stages in all)") if engines > num_replicas else ""
         raise ValueError(
             f"{setting}: {num_replicas} replicas{each} would take about {_size(need)}, more "
             f"than the {_size(available)} of memory available; lower {setting}")
