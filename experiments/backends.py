@@ -140,7 +140,7 @@ class SimBackend(Backend):
                                                 progress=progress, on_finish=self.finishes,
                                                 steps=None if steps is None else [steps],
                                                 processes=self.processes, **pd)
-        if self.streamed is not None:  # its workers' memory back before the metrics' peak
+        if self.streamed is not None:  # no more rows as the run goes: the rest at the end
             self.streamed.finish()
         return self.cluster_outcome.total
 
