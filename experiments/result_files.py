@@ -28,6 +28,7 @@ from experiments.result_text import csv_text, json_is_plain, json_number_lists, 
 from experiments.streamed_files import StreamedRows
 from policies.request import Request
 
+
 def _jsonable(x: Any) -> Any:
     """A JSON-safe copy: numpy scalars to Python, paths to str, inf/nan to "inf"/"nan"
     (benchmark_serving writes request_rate inf as "inf"; bare Infinity is not JSON)."""

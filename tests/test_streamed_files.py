@@ -8,12 +8,13 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-from experiments import request_rows, request_times, result_files, result_text, streamed_files
+from experiments import request_times, result_files, result_text, streamed_files
 from experiments.run import CONF_DIR, run
 from simulator.outcome import StepRows
 
@@ -168,3 +169,32 @@ def test_steps_other_than_those_streamed_are_refused_and_leave_no_copy(tmp_path)
     with pytest.raises(ValueError, match="steps are not the rows streamed into steps.csv"):
         result_files.write_results(tmp_path, {}, [], {}, steps=StepRows(False), streamed=streamed)
     assert not os.listdir(tmp_path)
+
+
+def test_a_run_killed_while_its_rows_are_written_leaves_no_requests_csv(tmp_path):
+    """SIGKILL once rows were written as the run went: no requests.csv (whole or half), only
+    its temporary copy, which the next run into the directory removes."""
+    import subprocess
+    import sys
+
+    from experiments.files import stale_copies
+
+    out = tmp_path / "killed"
+    code = ("import os, signal\nfrom experiments import request_times, streamed_files as s\n"
+            "request_times.CHUNK_REQUESTS = 7\nrequest_times.TimesRecorder.PENDING = 5\n"
+            "s.StreamedRows.BATCH_ROWS = 7\nadd = s.StreamedRows.add\n"
+            "def killing(self, a, b):\n    add(self, a, b)\n"
+            "    if self.rows_given:\n        self.requests.wait()\n"
+            "        os.kill(os.getpid(), signal.SIGKILL)\n"
+            "s.StreamedRows.add = killing\nimport sys\nimport experiments.run as r\n"
+            f"sys.argv = ['schedlab-run', *{RUN!r}, 'cluster.num_replicas=1', "
+            f"'hydra.run.dir={out}']\nr.main()")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, timeout=120)
+    assert p.returncode == -9, p.stderr
+    assert not (out / "requests.csv").exists() and not (out / "result.json").exists()
+    copies = stale_copies(out / "requests.csv")
+    assert len(copies) == 1 and copies[0].read_text().startswith("request_id,arrival_time")
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        run(compose("config", overrides=[*RUN, "cluster.num_replicas=1"]), out)
+    assert (out / "requests.csv").exists() and not stale_copies(out / "requests.csv")
