@@ -5,9 +5,9 @@ per-request lists of numbers.
 The text is the csv module's and json's: each number's own ``str()`` (an int 0 reads "0", a
 float its shortest repr, "0.0"), empty for a null. pyarrow formats a float as Python's repr
 does except where repr uses its own notation: a float with no fraction (pyarrow writes 0.0 as
-"0", 3.0 as "3"), below 1e-4 and from 1e10 on (exponents: "1e-07" against "1e-7"). Those
-values, few in a run's times, are formatted by Python; pyarrow formats the rest with the GIL
-released, so a file's thread overlaps the simulation.
+"0", 3.0 as "3": such a float below 1e10 is written as its int and ".0"), below 1e-4 and from
+1e10 on (exponents: "1e-07" against "1e-7"; these, rare in a run's times, Python formats).
+pyarrow does its work with the GIL released, so a file's thread overlaps the simulation.
 """
 
 from __future__ import annotations
@@ -71,17 +71,26 @@ def _strings(texts: Sequence[str], null: np.ndarray | None = None) -> pa.Array:
 def number_text(x: np.ndarray, null: np.ndarray | None = None,
                 given: Sequence[Any] | None = None) -> pa.Array:
     """Each number of ``x`` (ints or floats) as its ``str()``, a string array; ``null``: those
-    written empty; ``given``: the values as the caller holds them (an int among floats keeps
-    its own text)."""
+    written empty; ``given``: the values as the caller holds them, where ints and floats mix
+    (an int among floats keeps its own text)."""
     text = pc.cast(_arrow(x, null), pa.string(), memory_pool=_POOL)
     if x.dtype.kind != "f":
         return text
     size = np.abs(x)
     with np.errstate(invalid="ignore"):
-        python = np.isfinite(x) & ((x == np.floor(x)) | (size < _PYARROW_LOW)
-                                   | (size >= _PYARROW_HIGH))
-    if null is not None:
-        python &= ~null
+        finite = np.isfinite(x) if null is None else np.isfinite(x) & ~null
+        integral = finite & (x == np.floor(x))
+        # no fraction, below 1e10 (not -0.0): its int's text, and ".0" for a float
+        whole = integral & (size < _PYARROW_HIGH) & ~((x == 0) & np.signbit(x))
+        python = finite & ~whole & (integral | (size < _PYARROW_LOW) | (size >= _PYARROW_HIGH))
+    if whole.any():
+        at = np.flatnonzero(whole)
+        point = np.ones(len(at), bool) if given is None else \
+            np.fromiter((type(given[i]) is not int for i in at.tolist()), bool, len(at))
+        digits = pc.cast(_arrow(x[at].astype(np.int64)), pa.string(), memory_pool=_POOL)
+        own = pc.binary_join_element_wise(digits, _marks(point, ".0"),
+                                          _marks(np.zeros(len(at), bool), ""), memory_pool=_POOL)
+        text = pc.replace_with_mask(text, _arrow(whole), own, memory_pool=_POOL)
     where = np.flatnonzero(python)
     if not len(where):
         return text
@@ -101,8 +110,9 @@ def cells(column: Column, name: str = "") -> pa.Array:
         return number_text(np.fromiter(column, np.int64, len(column)))
     none = np.fromiter(map(operator.is_, column, itertools.repeat(None)), bool, len(column)) \
         if type(None) in types else None
-    if types <= {int, float, type(None)}:
-        return number_text(np.array(column, float), none, column)
+    if types <= {int, float, type(None)}:  # (floats alone: each one's str() is its repr)
+        return number_text(np.array(column, float), none,
+                           column if int in types and float in types else None)
     if types <= {str, type(None)}:
         return _strings(["" if t is None else t for t in column], none)
     raise ValueError(f"result column {name or '?'} holds values of types "
