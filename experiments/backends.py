@@ -103,6 +103,7 @@ class SimBackend(Backend):
         user_processes(backend.get("processes"))  # imported and checked (once) before the run
 
     def __init__(self, *args: Any) -> None:
+        import experiments.finished_requests  # noqa: F401  (pyarrow loaded before a run is timed)
         from simulator.processes import user_processes
 
         super().__init__(*args)
