@@ -12,10 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from experiments.request_times import TimesTable, times_for
-from experiments.result_text import Column, number_text
+from experiments.result_text import Column, Numbers
 from policies.request import Request
 
 REQUEST_CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len",
@@ -52,11 +51,11 @@ class RequestRows:
         def as_given(attr: str) -> list[Any]:  # each value's own str(): 0 stays 0, None ""
             return list(map(operator.attrgetter(attr), reqs))
 
-        def finished(values: np.ndarray) -> pa.Array:  # an unfinished request's: empty
-            return number_text(values[start:end], unfinished)
+        def finished(values: np.ndarray) -> Column:  # an unfinished request's: empty
+            return Numbers(values[start:end], unfinished)
 
-        def or_empty(values: np.ndarray) -> pa.Array:  # NaN: empty
-            return number_text(values, np.isnan(values))
+        def or_empty(values: np.ndarray) -> Column:  # NaN: empty
+            return values if values.dtype == bool else Numbers(values, np.isnan(values))
 
         replica = (np.asarray(self._replicas[start:end], np.int64)
                    if self._replicas is not None else np.zeros(n, np.int64))

@@ -20,7 +20,7 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -29,9 +29,18 @@ import pyarrow.csv as pacsv
 
 from experiments.files import atomic_path
 
-# A column: numbers (a numpy array) or the values themselves (a sequence of ints, floats, None
-# or strings, each written as str() does, None empty); a pyarrow array is taken as it is
-Column = np.ndarray | pa.Array | Sequence[Any]
+
+# A column: numbers or bools (a numpy array; ``Numbers``: with those written empty) or the
+# values themselves (a sequence of ints, floats, None or strings, each written
+# as str() does, None empty); a pyarrow array is taken as it is
+class Numbers(NamedTuple):
+    """A column of numbers, ``empty`` (a mask) those written empty."""
+
+    values: np.ndarray
+    empty: np.ndarray
+
+
+Column = np.ndarray | Numbers | pa.Array | Sequence[Any]
 
 # where pyarrow's text of a float with a fraction is Python's repr (beyond: Python formats it)
 _PYARROW_LOW, _PYARROW_HIGH = 1e-4, 1e10
@@ -103,7 +112,12 @@ def cells(column: Column, name: str = "") -> pa.Array:
     """A column's CSV cells (strings; null: empty), each value as the csv module writes it."""
     if isinstance(column, pa.Array):
         return column
+    if isinstance(column, Numbers):
+        return number_text(column.values, column.empty)
     if isinstance(column, np.ndarray):
+        if column.dtype == bool:  # str(): "True", "False"
+            return pc.take(_strings(["False", "True"]), _arrow(column.astype(np.int64)),
+                           memory_pool=_POOL)
         return number_text(column)
     types = set(map(type, column))
     if types <= {int}:

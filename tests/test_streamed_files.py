@@ -161,6 +161,8 @@ def test_cells_are_the_csv_modules_whatever_the_values():
     tpot = np.array([float("nan"), 0.125])
     assert result_text.number_text(tpot, np.isnan(tpot)).to_pylist() == [None, "0.125"]
     assert text.splitlines()[1].split(",")[3] == ""  # None
+    # a disaggregated run's bools (HandoffLog.rejected) as str() writes them
+    assert result_text.cells(np.array([True, False])).to_pylist() == ["True", "False"]
 
 
 def test_steps_other_than_those_streamed_are_refused_and_leave_no_copy(tmp_path):
