@@ -1,16 +1,17 @@
-"""Benchmark: writing a long run's requests.csv, by the result writer and by pandas' and pyarrow's
-CSV writers, on one simulation's requests (the synthetic-1M case of benchmarks/sim_speed.py:
-N synthetic requests at t=0 on one replica, llama3_8b, h100_sxm, vllm_v0_5, multi_step k=8).
+"""Benchmark: writing a long run's requests.csv, by the result writer (pyarrow from columns,
+experiments/result_text.py), by the csv module and by pandas' CSV writer, on one simulation's
+requests (the synthetic-1M case of benchmarks/sim_speed.py: N synthetic requests at t=0 on one
+replica, llama3_8b, h100_sxm, vllm_v0_5, multi_step k=8).
 
 Usage: python benchmarks/results_write.py [--n N] [--repeats R]
-The simulation runs once (its files are not streamed); then each writer renders requests.csv
-R times and the best is kept: CPU seconds of this process for the one-process writers, wall
-seconds for the writer with its worker processes (experiments/parallel_text.py). Each library's
-text is compared with the writer's, byte for byte; figures go in BENCHMARKS.md."""
+The simulation runs once; then each writer makes requests.csv's text R times from the same
+columns and the best CPU seconds of this process are kept (the writer's thread included). Each
+text is compared with the csv module's, byte for byte; figures go in BENCHMARKS.md."""
 
 from __future__ import annotations
 
 import argparse
+import csv
 import io
 import os
 import sys
@@ -23,12 +24,9 @@ sys.path.insert(0, str(ROOT))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from experiments import parallel_text  # noqa: E402
-from experiments.request_rows import (  # noqa: E402
-    REQUEST_CSV_COLUMNS,
-    REQUEST_CSV_HEADER,
-    RequestRows,
-)
+from experiments.request_rows import REQUEST_CSV_COLUMNS, RequestRows  # noqa: E402
+from experiments.request_times import chunk_bounds  # noqa: E402
+from experiments.result_text import csv_text  # noqa: E402
 
 OVERRIDES = ["workload=synthetic", "metrics.save_per_request=false", "progress=false",
              "model=llama3_8b", "hardware=h100_sxm", "overhead=vllm_v0_5",
@@ -39,7 +37,6 @@ def simulated(n: int) -> tuple[list, object]:
     """The requests of one simulated run and their TimesTable."""
     from experiments.run import CONF_DIR, RunPlan, RunRequests
 
-    parallel_text.PARALLEL_MIN_ROWS = 10 ** 12  # nothing streamed: the files are timed here
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("config", overrides=[*OVERRIDES, f"workload.num_prompts={n}"])
     plan = RunPlan.of(cfg)
@@ -50,29 +47,23 @@ def simulated(n: int) -> tuple[list, object]:
     return work.requests, backend.times(work.requests)
 
 
-def writer_text(requests, times, workers: int) -> str:
-    from experiments.request_times import chunk_bounds
-
+def writer_text(requests, times) -> str:
+    """The result writer's text: pyarrow's, a chunk of requests at a time."""
     rows = RequestRows(requests, None, times)
-    texts = parallel_text.Texts(workers)
-    try:
-        return REQUEST_CSV_HEADER + "".join(texts.rest(rows.job(a, b)
-                                                       for a, b in chunk_bounds(len(rows))))
-    finally:
-        texts.close()
+    names = rows.names
+    return ",".join(names) + "\n" + "".join(
+        csv_text(names, rows.columns(a, b)).split("\n", 1)[1] for a, b in chunk_bounds(len(rows)))
 
 
 def columns(requests, times) -> dict:
-    """requests.csv's columns as the library writers take them (None where a cell is empty)."""
-    import numpy as np
+    """requests.csv's columns as Python lists (None where a cell is empty)."""
+    done = times.completed.tolist()
 
     def attr(name):
         return [getattr(r, name) for r in requests]
 
-    done = times.completed
-
     def finished(values):
-        return [v if d else None for v, d in zip(values.tolist(), done.tolist())]
+        return [v if d else None for v, d in zip(values.tolist(), done)]
 
     return {"request_id": attr("request_id"), "arrival_time": attr("arrival_time"),
             "prompt_len": attr("prompt_len"), "output_len": attr("num_output_tokens"),
@@ -80,8 +71,16 @@ def columns(requests, times) -> dict:
             "ttft": finished(times.ttft), "e2el": finished(times.e2el),
             "tpot": [None if v != v else v for v in times.tpot.tolist()],
             "num_chunks": times.num_chunks.tolist(), "num_preemptions": attr("num_preemptions"),
-            "finish_time": attr("finish_time"), "replica": np.zeros(len(requests), np.int64),
+            "finish_time": attr("finish_time"), "replica": [0] * len(requests),
             "num_cached_tokens": attr("num_cached_prompt_tokens")}
+
+
+def csv_module_text(cols: dict) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(REQUEST_CSV_COLUMNS)
+    writer.writerows(zip(*(cols[c] for c in REQUEST_CSV_COLUMNS)))
+    return buf.getvalue()
 
 
 def pandas_text(cols: dict) -> str:
@@ -89,16 +88,6 @@ def pandas_text(cols: dict) -> str:
 
     return pd.DataFrame(cols, columns=list(REQUEST_CSV_COLUMNS)).to_csv(
         index=False, lineterminator="\n")
-
-
-def pyarrow_text(cols: dict) -> str:
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
-    buf = io.BytesIO()
-    pacsv.write_csv(pa.table(cols), buf,
-                    pacsv.WriteOptions(include_header=False, quoting_style="none"))
-    return REQUEST_CSV_HEADER + buf.getvalue().decode()
 
 
 def best(fn, repeats: int, clock) -> tuple[float, object]:
@@ -119,21 +108,18 @@ def main() -> None:
     requests, times = simulated(args.n)
     print(f"simulated {args.n} requests in {time.perf_counter() - t0:.1f} s", flush=True)
     cpu = time.process_time
-    s, ref = best(lambda: writer_text(requests, times, 0), args.repeats, cpu)
-    print(f"writer, one process: {s:.2f} s CPU, {len(ref) / 1e6:.1f} MB", flush=True)
-    workers = parallel_text.num_workers()
-    if workers:
-        s, text = best(lambda: writer_text(requests, times, workers), args.repeats,
-                       time.perf_counter)
-        print(f"writer, {workers} worker(s) beside it: {s:.2f} s wall"
-              f"{'' if text == ref else ' (DIFFERS)'}", flush=True)
     s, cols = best(lambda: columns(requests, times), 1, cpu)
-    print(f"columns for the libraries: {s:.2f} s CPU", flush=True)
-    for name, fn in (("pandas to_csv", pandas_text), ("pyarrow write_csv", pyarrow_text)):
-        s, text = best(lambda fn=fn: fn(cols), args.repeats, cpu)
-        same = "byte-identical" if text == ref else \
-            f"DIFFERS (first at line {_first_diff(text, ref)})"
-        print(f"{name}: {s:.2f} s CPU (+ the columns), {same}", flush=True)
+    print(f"columns as Python lists (for the csv module and pandas): {s:.2f} s CPU", flush=True)
+    s, ref = best(lambda: csv_module_text(cols), args.repeats, cpu)
+    print(f"csv module: {s:.2f} s CPU (+ the lists), {len(ref) / 1e6:.1f} MB", flush=True)
+    s, text = best(lambda: writer_text(requests, times), args.repeats, cpu)
+    print(f"result writer (pyarrow from columns): {s:.2f} s CPU, "
+          f"{'byte-identical' if text == ref else 'DIFFERS: ' + _first_diff(text, ref)}",
+          flush=True)
+    s, text = best(lambda: pandas_text(cols), args.repeats, cpu)
+    print(f"pandas to_csv: {s:.2f} s CPU (+ the lists), "
+          f"{'byte-identical' if text == ref else 'DIFFERS: ' + _first_diff(text, ref)}",
+          flush=True)
     print(f"cpus {os.cpu_count()}, load {os.getloadavg()[0]:.1f}")
 
 

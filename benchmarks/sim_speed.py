@@ -3,7 +3,7 @@
 Usage: python benchmarks/sim_speed.py [--big N] [--cases NAME ...]
 Each case is one ``python -m experiments.run`` process under ``/usr/bin/time -v`` (wall time
 from start to exit, Hydra and the imports included, and the peak RSS), then a second one whose
-process tree's summed PSS is sampled beside it (the run and its result-file workers together),
+process tree's summed PSS is sampled beside it (the run and any child process together),
 with the main configuration (llama3_8b, h100_sxm, vllm_v0_5, multi_step k=8); the ShareGPT token-count cache
 is built first so it is not timed. The targets, on a 2-core machine:
 
@@ -44,9 +44,8 @@ def measure(overrides: list[str], *, sample_tree: bool = False
     """(wall seconds end to end, CPU seconds (user + system), peak RSS in GB, the simulation's
     own wall seconds, with ``sample_tree`` the peak of the process tree's summed PSS in GB).
     On a shared machine the CPU seconds are the ones to compare. The peak RSS is time -v's: the
-    largest process's, not the sum of the run's and its result-file workers'
-    (experiments/parallel_text.py); the summed PSS, sampled every 50 ms, counts them together
-    (None where /proc cannot say, or not sampled). Sampling slows the run it samples (each
+    largest process's; the summed PSS of the process tree, sampled every 50 ms, counts any
+    child too (None where /proc cannot say, or not sampled). Sampling slows the run it samples (each
     sample reads every process's memory map: 0.7 s of a 14 s run on two cores), so the times
     come from a run that is not sampled."""
     with tempfile.TemporaryDirectory() as d:

@@ -103,6 +103,7 @@ class SimBackend(Backend):
         user_processes(backend.get("processes"))  # imported and checked (once) before the run
 
     def __init__(self, *args: Any) -> None:
+        import experiments.finished_requests  # noqa: F401  (pyarrow loaded before a run is timed)
         from simulator.processes import user_processes
 
         super().__init__(*args)
@@ -140,7 +141,7 @@ class SimBackend(Backend):
                                                 progress=progress, on_finish=self.finishes,
                                                 steps=None if steps is None else [steps],
                                                 processes=self.processes, **pd)
-        if self.streamed is not None:  # its workers' memory back before the metrics' peak
+        if self.streamed is not None:  # no more rows as the run goes: the rest at the end
             self.streamed.finish()
         return self.cluster_outcome.total
 

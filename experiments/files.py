@@ -3,7 +3,6 @@ and Ctrl-C held off a short section that makes several files one unit (``interru
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
 import signal
@@ -79,49 +78,6 @@ def atomic_text_file(path: str | os.PathLike[str]) -> Iterator[IO[str]]:
         yield f
         f.flush()
         os.fsync(f.fileno())
-
-
-class AtomicText:
-    """``atomic_text_file`` as an object, for a text written a piece at a time across a run:
-    its temporary copy open and ``header`` written; ``write`` a piece (an OS error naming
-    ``path``); leaving it (``__exit__``, once) puts the copy in place, or on an error removes
-    it."""
-
-    def __init__(self, path: str | os.PathLike[str], header: str = "") -> None:
-        self.path = Path(path)
-        self._stack = contextlib.ExitStack()
-        try:
-            self.file = self._stack.enter_context(atomic_text_file(self.path))
-            self._copy = self.file.name
-            self.write(header)
-        except BaseException:
-            self.discard()
-            raise
-
-    def write(self, text: str) -> None:
-        try:
-            self.file.write(text)
-        except OSError as err:
-            named = _naming(self.path, err, self._copy)
-            if named is None:
-                raise
-            raise named from err
-
-    def __enter__(self) -> AtomicText:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        stack, self._stack = self._stack, contextlib.ExitStack()
-        stack.__exit__(*exc)
-
-    def discard(self) -> None:
-        """Remove the copy, leaving ``path`` as it was (leaving it on an error); once."""
-        gone = _Discarded()
-        self.__exit__(_Discarded, gone, None)
-
-
-class _Discarded(Exception):
-    """What AtomicText.discard leaves its copy with: the error that removes it."""
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:

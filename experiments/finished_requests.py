@@ -1,7 +1,6 @@
 """What a simulated run keeps of each request as it finishes (the simulator's finish hook): its
-times (a TimesRecorder), the replica it went to, and in a long run its requests.csv row, given
-to worker processes while the run goes on with steps.csv's rows so far (StreamedRows); the
-request then lets go of its lists, so that a 1M-request run keeps a few numbers a request, not
+times (a TimesRecorder), the replica it went to, and its requests.csv row, written while the
+run goes on with steps.csv's rows so far (StreamedRows); the request then lets go of its lists, so that a 1M-request run keeps a few numbers a request, not
 every token's time."""
 
 from __future__ import annotations
@@ -27,8 +26,8 @@ _REQUEST_ID = operator.attrgetter("request_id")
 class FinishedRequests:
     """The finish hook of a simulation of ``requests`` (numbered by position) writing into
     ``run_dir``: called with the requests that finished, the replica they ran on and their
-    decode group's runs (simulator.replica_state.FinishHook). ``streamed``: requests.csv so
-    far (None in a short run); ``table()``: every request's times once the run is over."""
+    decode group's runs (simulator.replica_state.FinishHook). ``streamed``: requests.csv
+    (and steps.csv) so far; ``table()``: every request's times once the run is over."""
 
     def __init__(self, requests: Sequence[Request], run_dir: str | os.PathLike[str], *,
                  cluster: bool, steps: StepRows | None = None,
@@ -39,11 +38,10 @@ class FinishedRequests:
         # requests.csv's rows written as the run goes: each chunk of requests once they have
         # all finished (the rows' times are the recorder's, final once placed), and with them
         # ``steps``' rows so far (the simulation's StepRows as it appends them)
-        self.streamed = StreamedRows.start(run_dir, RequestRows(requests, self._routed_to,
-                                                                self._recorder.columns(),
-                                                                extra_columns), steps)
-        if self.streamed is not None:
-            self._recorder.on_placed = self.streamed.add
+        self.streamed = StreamedRows(run_dir, RequestRows(requests, self._routed_to,
+                                                          self._recorder.columns(),
+                                                          extra_columns), steps)
+        self._recorder.on_placed = self.streamed.add
 
     def __call__(self, finished: list[Request], replica: int,
                  runs: tuple[Any, list[tuple[int, int]]] | None) -> None:

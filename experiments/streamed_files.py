@@ -1,119 +1,106 @@
-"""Result files written while a long run goes on (a simulation's requests.csv and steps.csv):
-their rows given to worker processes (experiments.parallel_text) as they become final, their
-text written into the files' temporary copies, which ``write_results`` completes and puts in
-place with the other result files."""
+"""requests.csv and a simulation's steps.csv written while a long run goes on: their rows given
+to the files' writers (experiments.result_text.CsvFile, a thread each) as they become final,
+into the files' temporary copies, which ``write_results`` completes and puts in place with the
+other result files."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from experiments.files import AtomicText
-from experiments.parallel_text import Job, Texts, workers_for
 from experiments.request_rows import RequestRows
+from experiments.request_times import chunk_bounds
+from experiments.result_text import CsvFile
 
 if TYPE_CHECKING:
     from simulator.outcome import StepRows
 
 
-class StreamedFile(AtomicText):
-    """One result file written while a run goes on (its temporary copy, ``AtomicText``), and
-    how many of its rows are given to the workers."""
-
-    def __init__(self, path: Path, header: str) -> None:
-        super().__init__(path, header)
-        self.rows_given = 0  # rows 0..rows_given-1 are given to the workers
-
-
 class StreamedRows:
-    """requests.csv, and a simulation's steps.csv, written while a long run goes on: a chunk of
-    requests.csv's rows is given to worker processes (experiments.parallel_text) as soon as its
-    requests have all finished, with steps.csv's rows closed by then, and their text goes into
-    the files' temporary copies, in order, once rendered. ``finish`` ends it as the simulation
-    ends (the workers stopped: their memory is back before the metrics, the run's peak);
-    ``write_results`` writes the rest and puts the files in place with the others. ``start``
-    gives None where there would be no workers (too few rows, one CPU): the files are then
-    written whole at the end. ``discard``, after an error, removes the copies and stops the
-    workers."""
+    """requests.csv, and a simulation's steps.csv, written as a run goes on: a chunk of
+    requests.csv's rows is given to its writer as soon as its requests have all finished
+    (``add``), with steps.csv's rows closed by then; ``finish`` ends it as the simulation ends
+    (what was given written); ``complete`` writes the rest and puts the files in place.
+    ``discard``, after an error, removes the copies."""
 
     BATCH_ROWS = 20_000  # requests.csv's rows given at a time, at least (steps.csv's: a fifth)
 
-    def __init__(self, run_dir: Path, rows: RequestRows, texts: Texts,
+    def __init__(self, run_dir: str | os.PathLike[str], rows: RequestRows,
                  steps: StepRows | None = None) -> None:
-        self._rows, self.texts, self.step_rows = rows, texts, steps
-        self.parallel = False  # whether its workers rendered rows (known once finished)
-        self.requests = self.steps = None
-        self._to: deque[StreamedFile] = deque()  # the file of each text given, in order
+        self._rows, self.step_rows = rows, steps
+        self.requests: CsvFile | None = None
+        self.steps: CsvFile | None = None
+        self.rows_given = self.steps_given = 0  # rows 0..*_given-1 are given to the writers
         try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            self.requests = StreamedFile(run_dir / "requests.csv", rows.header)
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            self.requests = CsvFile(Path(run_dir) / "requests.csv", rows.names)
             if steps is not None:
-                self.steps = StreamedFile(run_dir / "steps.csv", ",".join(steps.columns) + "\n")
+                self.steps = CsvFile(Path(run_dir) / "steps.csv", steps.columns)
         except BaseException:
             self.discard()
             raise
         self.rows_final = 0  # requests.csv's rows 0..rows_final-1 are final
         self.finished = False
 
-    @classmethod
-    def start(cls, run_dir: str | os.PathLike[str], rows: RequestRows,
-              steps: StepRows | None = None) -> StreamedRows | None:
-        """The stream of these rows into run_dir/requests.csv (and ``steps``, a simulation's
-        StepRows as it appends them, into run_dir/steps.csv), its workers starting (without
-        waiting for them), or None where there would be none."""
-        workers = workers_for(len(rows))
-        return cls(Path(run_dir), rows, Texts(workers), steps) if workers else None
-
-    @property
-    def rows_given(self) -> int:
-        """requests.csv's rows 0..rows_given-1 are given to the workers."""
-        return self.requests.rows_given
-
     def add(self, start: int, end: int) -> None:
         """requests.csv's rows start..end-1 are final (the next ones after those given before):
-        given to the workers with those before them not given yet, BATCH_ROWS or more at a time
-        (a job costs this process a few thread wakeups), and steps.csv's rows closed so far
-        likewise; the texts rendered by now are written."""
-        if self.finished:  # the rest is write_results'
+        given to its writer with those before them not given yet, BATCH_ROWS or more at a
+        time, and steps.csv's rows closed so far likewise."""
+        if self.finished:  # the rest is complete()'s
             return
         if start != self.rows_final:
             raise ValueError(f"requests.csv's rows {start}..{end - 1} came after rows up to "
                              f"{self.rows_final - 1}")
         self.rows_final = end
-        if end - self.requests.rows_given >= self.BATCH_ROWS and self.texts.parallel:
-            # (where the workers could not start, the rows are left to be written at the end)
-            self._give(self.requests, self._rows.job, end)
+        if end - self.rows_given >= self.BATCH_ROWS:
+            self._give_rows(end)
             if self.steps is not None \
-                    and len(self.step_rows) - self.steps.rows_given >= self.BATCH_ROWS // 5:
-                self._give(self.steps, self.step_rows.csv_job, len(self.step_rows))
-        for text in self.texts.ready():
-            self._to.popleft().write(text)
+                    and len(self.step_rows) - self.steps_given >= self.BATCH_ROWS // 5:
+                self._give_steps()
 
-    def _give(self, to: StreamedFile, job: Callable[[int, int], Job], end: int) -> None:
-        self.texts.put(job(to.rows_given, end))
-        self._to.append(to)
-        to.rows_given = end
+    def _give_rows(self, end: int) -> None:
+        for a, b in chunk_bounds(end - self.rows_given):
+            self.requests.write(self._rows.columns(self.rows_given + a, self.rows_given + b))
+        self.rows_given = end
+
+    def _give_steps(self) -> None:
+        end = len(self.step_rows)
+        self.steps.write(self.step_rows.columns_of(self.steps_given, end))
+        self.steps_given = end
 
     def finish(self) -> None:
-        """No more rows are given: the texts of those given are written (waited for) and the
-        workers stopped; each file's rows from its rows_given on are write_results'. Once."""
-        if self.finished:
-            return
+        """No more rows are given as the run goes (the rest: ``complete``'s). Once."""
         self.finished = True
-        self.parallel = self.texts.parallel
-        for text in self.texts.rest(()):
-            self._to.popleft().write(text)
-        self.texts.close()
+
+    def complete(self, steps: StepRows | None) -> None:
+        """Every row written (those not given yet now) and the files put in place; ``steps``:
+        the run's steps (simulator.outcome.StepRows; None: no steps.csv), refused where they
+        are not the rows streamed into steps.csv."""
+        try:
+            if self.steps is None and steps is not None:  # steps.csv written whole here
+                self.step_rows = steps
+                self.steps = CsvFile(self.requests.path.with_name("steps.csv"), steps.columns)
+            elif steps is not self.step_rows:
+                raise ValueError("write_results: steps are not the rows streamed into steps.csv")
+            self.finished = True
+            if len(self._rows) > self.rows_given:
+                self._give_rows(len(self._rows))
+            if self.steps is not None and len(self.step_rows) > self.steps_given:
+                self._give_steps()
+            files = [f for f in (self.requests, self.steps) if f is not None]
+            for file in files:  # both written before either is put in place
+                file.wait()
+            for file in files:
+                file.close()
+        except BaseException:
+            self.discard()
+            raise
 
     def discard(self) -> None:
-        """After an error: the files' copies removed and the workers stopped (each, whichever
-        fails); once."""
+        """After an error: the files' copies removed (each, whichever fails); once."""
         with contextlib.ExitStack() as stack:
-            stack.callback(self.texts.close)
-            for streamed in (self.steps, self.requests):
-                if streamed is not None:
-                    stack.callback(streamed.discard)
+            for file in (self.steps, self.requests):
+                if file is not None:
+                    stack.callback(file.discard)

@@ -4,8 +4,6 @@ steps.csv's rows (``StepRows``)."""
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -37,7 +35,7 @@ def step_row(virtual_engine: int, record: tuple, schedule_prepare_s: float,
 
 class StepRows(Sequence[dict[str, Any]]):
     """steps.csv's rows, one per window, kept as tuples (a 1M-request run has hundreds of
-    thousands): each read as a dict of its columns, or as CSV lines (``csv_job``)."""
+    thousands): each read as a dict of its columns, or rows as columns (``columns_of``)."""
 
     def __init__(self, cluster: bool, rows: list[tuple] | None = None) -> None:
         self.cluster = cluster
@@ -68,17 +66,10 @@ class StepRows(Sequence[dict[str, Any]]):
         # stored: the stage times per step, made STAGE_COLUMNS' cells when read
         return (*row[:_CPU], *stage_cells(row[_CPU], row[_CPU + 1]), *row[_CPU + 2:])
 
-    def csv_job(self, start: int, end: int) -> tuple[Callable[..., str], tuple]:
-        """Rows start..end-1 as CSV lines, without the header (``columns``), as a function and
-        its arguments: the result files render a long run's rows a chunk at a time, in
-        worker processes too (experiments.result_files)."""
-        return _csv_lines, (self.rows[start:end],)
-
-
-def _csv_lines(rows: list[tuple]) -> str:
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerows(map(StepRows._cells, rows))
-    return buf.getvalue()
+    def columns_of(self, start: int, end: int) -> list[Sequence[Any]]:
+        """Rows start..end-1's cells as columns, in ``columns``' order: steps.csv's rows as
+        the result files write them, a batch at a time (experiments.streamed_files)."""
+        return list(zip(*map(self._cells, self.rows[start:end]))) or [()] * len(self.columns)
 
 
 @dataclass(slots=True)
