@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/prefix_hash.py [--case NAME ...] [--block-size 16] [--requests 2000]
        [--repeats 7]
-(with ``PYTHONPATH`` at the checkout to time; the code before issue 48 answers too). Cases:
+(with ``PYTHONPATH`` at the checkout to time; the code before the keys became content digests answers too). Cases:
 
 - ``server``: a served prompt's token ids to its block keys (the HTTP server's path:
   ``token_segments``, then ``block_hashes``), 1024-token prompts;
@@ -45,7 +45,7 @@ def _served(ids: list[int], block_size: int) -> tuple:
     """A served prompt's segments, as the server's inbox makes them."""
     try:
         return token_segments(ids)
-    except TypeError:  # the code before issue 48 cut the ids into blocks itself
+    except TypeError:  # the code before content-digest keys cut the ids into blocks itself
         return token_segments(ids, block_size)  # type: ignore[call-arg]
 
 

@@ -225,7 +225,7 @@ def test_sarathi_prices_a_first_chunk_with_its_cached_context():
         <= 20e-3 + 1e-12
 
 
-# --- keys are digests of the content, not Python's hash() (issue 48) ------------------------
+# --- keys are digests of the content, not Python's hash() -----------------------------------
 # CPython's tuple hash (Objects/tupleobject.c, xxHash-based since 3.8): per item
 # acc = rotl31(acc + hash(item) * P2) * P1 from acc = P5, then the length is mixed in. Each
 # round can be inverted, so the last item of a tuple of any hash is solved for in a few steps.

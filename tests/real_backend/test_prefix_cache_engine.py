@@ -146,7 +146,7 @@ def test_a_served_prompt_is_cached_by_its_token_ids():
 
 
 def test_a_served_prompt_is_not_served_from_another_s_blocks():
-    """Two prompts whose first blocks differ but have equal tuple hashes (issue 48): the
+    """Two prompts whose first blocks differ but have equal tuple hashes (the collision content digests fixed): the
     second computes its own block rather than reading the first's KV."""
     sched = _scheduler("single_step", True, 32)
     inbox = Inbox.__new__(Inbox)
