@@ -382,7 +382,9 @@ class Scheduler:
             q = chunk_size(req, num_new, budget, self)
             if q <= 0:
                 break
-            reserve = seq_len + (steps - 1 if q == num_new else 0)
+            seq = ScheduledSeq(req, q, cached, steps if q == num_new else 1, True)
+            # the whole sequence, and the window's later steps' slots if this chunk ends it
+            reserve = max(seq_len, cached + seq.num_slots)
             if not bm.can_allocate(reserve, hits):
                 break
             if hits:
@@ -407,8 +409,8 @@ class Scheduler:
             if req.num_preemptions == 0:
                 req.num_cached_prompt_tokens = cached
             running.append(req)
-            out.append(ScheduledSeq(req, q, cached, steps if q == num_new else 1, True))
-            forming.append(out[-1])
+            out.append(seq)
+            forming.append(seq)
             if hits is not None:  # its blocks computed by this window are found from now on
                 bm.cache_blocks(req, cached + q)
             budget -= q
@@ -416,8 +418,8 @@ class Scheduler:
 
     def _reserve_decodes(self, k: int, budget: int, preempted: list[Request]
                          ) -> tuple[list[ScheduledSeq], list[Request]]:
-        """Reserve k slots (k-1 lookahead) per decoding request, preempting from the tail; (the
-        decodes, the running requests still prefilling, in running order).
+        """Reserve each decoding request's slots for k steps (its ``num_slots``), preempting
+        from the tail; (the decodes, the running requests still prefilling, in running order).
 
         The one pass a window makes over the running requests, so it is where they are told
         apart (``Request.in_prefill``), under mixed batches only: a separate-batch window
@@ -438,10 +440,12 @@ class Scheduler:
                     prefilling.append(req)
                     continue
                 cached = req.num_computed_tokens
+                seq = ScheduledSeq(req, 1, cached, k, False)
+                end = cached + seq.num_slots
                 # the block table holds the window's slots already (the common case)
-                if not (cached + k <= len(req.block_table) * bs or ensure(req, cached + k)):
+                if not (end <= len(req.block_table) * bs or ensure(req, end)):
                     break
-                append(ScheduledSeq(req, 1, cached, k, False))
+                append(seq)
             else:
                 self.forming = out
                 return out, prefilling
@@ -454,9 +458,9 @@ class Scheduler:
 
     def _reserve_preempting(self, out: list[ScheduledSeq], decoders: list[Request], k: int,
                             budget: int, preempted: list[Request]) -> list[ScheduledSeq]:
-        """``out`` (the decodes reserved so far) and k slots for each of ``decoders`` (running
-        requests that decode, in running order) while the window has room for sequences,
-        preempting the policy's victims where blocks run short."""
+        """``out`` (the decodes reserved so far) and k steps' slots for each of ``decoders``
+        (running requests that decode, in running order) while the window has room for
+        sequences, preempting the policy's victims where blocks run short."""
         ensure, bs = self.block_manager.ensure_slots, self.block_manager.block_size
         running = self.running
         for req in decoders:
@@ -465,10 +469,12 @@ class Scheduler:
             if req.state is not _RUNNING:
                 continue  # preempted for one before it
             cached = req.num_computed_tokens
-            if cached + k <= len(req.block_table) * bs:
-                out.append(ScheduledSeq(req, 1, cached, k, False))
+            seq = ScheduledSeq(req, 1, cached, k, False)
+            end = cached + seq.num_slots
+            if end <= len(req.block_table) * bs:
+                out.append(seq)
                 continue
-            while not ensure(req, cached + k):
+            while not ensure(req, end):
                 victim = self.hooks.preemption_victim(self, req)
                 before = running.index(victim) < running.index(req)
                 self._preempt(victim)
@@ -478,7 +484,7 @@ class Scheduler:
                 if before:  # reserved earlier in this window: its slots are gone
                     out = [s for s in out if s.request is not victim]
             else:
-                out.append(ScheduledSeq(req, 1, cached, k, False))
+                out.append(seq)
         return out
 
     # --------------------------------------------- a window that has run
@@ -497,13 +503,16 @@ class Scheduler:
         for i, s in enumerate(batch.seqs):
             req = s.request
             n = s.num_steps
-            computed = s.num_cached_tokens + s.num_query_tokens + n - 1
+            # its computed tokens catch up by every token the window computed for it
+            computed = s.num_cached_tokens + s.num_slots
             req.num_computed_tokens = computed
             generated = req.num_output_tokens
             owed = req.max_tokens - generated
             if computed < req.prompt_len + generated:
                 continue  # a prefill chunk that samples nothing
-            if sampled is None:  # no token ids (the simulator): _credit's work, inline
+            emits = s.num_emitted_tokens
+            if sampled is None and emits == n:  # one token a step, no ids (the simulator)
+                # _credit's work, inline
                 if n < owed:
                     req.token_times.extend(step_times if n == k else step_times[:n])
                     req.num_output_tokens = generated + n
@@ -511,12 +520,16 @@ class Scheduler:
                 useful, done = owed, True
                 req.token_times.extend(step_times if owed == k else step_times[:owed])
                 req.num_output_tokens = generated + owed
+                steps = owed
             else:
-                useful = n if n < owed else owed
-                useful, done = _credit(req, n, useful, useful == owed, sampled[i], step_times)
-            wasted += n - useful
+                useful = emits if emits < owed else owed
+                useful, done = _credit(req, emits, useful, useful == owed,
+                                       None if sampled is None else sampled[i],
+                                       s.emit_times(step_times))
+                steps = s.steps_for(useful)
+            wasted += n - steps
             if done:
-                req.finish_time = step_times[useful - 1]
+                req.finish_time = step_times[steps - 1]
                 self._free(req, RequestState.FINISHED)
                 finished.append(req)
         if finished:
@@ -541,10 +554,10 @@ class Scheduler:
         for s in batch.seqs:
             req = s.request
             end = s.num_cached_tokens + s.num_query_tokens
-            req.num_computed_tokens = end + s.num_steps - 1
+            req.num_computed_tokens = s.num_cached_tokens + s.num_slots
             if end >= req.seq_len + req.num_output_placeholders:  # it samples
                 owed = req.max_tokens - req.num_output_tokens - req.num_output_placeholders
-                s.num_placeholders = min(s.num_steps, owed)
+                s.num_placeholders = min(s.num_emitted_tokens, owed)
                 req.num_output_placeholders += s.num_placeholders
                 done = done or s.num_placeholders == owed
         if done:
@@ -573,10 +586,12 @@ class Scheduler:
             req.num_output_placeholders -= useful
             done = req.num_output_tokens + useful == req.max_tokens
             tokens = None if sampled is None else sampled[i]
-            useful, done = _credit(req, n, useful, done, tokens, step_times)
-            wasted += n - useful
+            useful, done = _credit(req, s.num_emitted_tokens, useful, done, tokens,
+                                   s.emit_times(step_times))
+            steps = s.steps_for(useful)
+            wasted += n - steps
             if done:
-                req.finish_time = step_times[useful - 1]
+                req.finish_time = step_times[steps - 1]
                 req.num_output_placeholders = 0  # a window formed since counted it on: wasted
                 self._free(req, RequestState.FINISHED)  # none left if preempted in flight
                 finished.append(req)
@@ -736,18 +751,19 @@ def known_done(req: Request) -> bool:
     return req.num_output_tokens + req.num_output_placeholders >= req.max_tokens
 
 
-def _credit(req: Request, n: int, useful: int, done: bool, tokens: Sequence[int] | None,
-            step_times: Sequence[float]) -> tuple[int, bool]:
-    """Give ``req`` the first ``useful`` of its ``n`` steps' tokens (``tokens``: the sampled ids,
-    None where the backend samples none), stopping after an EOS; (tokens kept, finished)."""
+def _credit(req: Request, emits: int, useful: int, done: bool, tokens: Sequence[int] | None,
+            times: Sequence[float]) -> tuple[int, bool]:
+    """Give ``req`` the first ``useful`` of the ``emits`` tokens its window may emit
+    (``tokens``: the sampled ids, None where the backend samples none; ``times``: each one's
+    step time), stopping after an EOS; (tokens kept, finished)."""
     if tokens is not None:
-        if len(tokens) < n:
+        if len(tokens) < emits:
             raise ValueError(f"update: request {req.request_id} got {len(tokens)} "
-                             f"tokens for {n} steps")
+                             f"tokens for {emits} it may emit")
         if req.eos_token_id is not None and req.eos_token_id in tokens[:useful]:
             useful = list(tokens[:useful]).index(req.eos_token_id) + 1
             done = True
         req.output_token_ids.extend(tokens[:useful])
-    req.token_times.extend(islice(step_times, useful))
+    req.token_times.extend(islice(times, useful))
     req.num_output_tokens += useful
     return useful, done
