@@ -379,8 +379,8 @@ def _open_window(sim: ReplicaSim, batch: Batch, v: int, now: float,
         if ending is None:  # the outputs of the window in flight are still placeholders
             ending = [0] * (k + 1)
             for s in batch.seqs:
-                if s.num_placeholders:
-                    ending[min(s.num_steps, s.num_placeholders, k)] += 1
+                if s.num_placeholders:  # the steps its expected tokens take
+                    ending[min(s.steps_for(s.num_placeholders), k)] += 1
         delivered = [0] * k
         alive = sum(ending) - ending[0]
         for j in range(k):
