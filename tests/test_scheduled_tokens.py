@@ -1,0 +1,96 @@
+"""The contract of a scheduled sequence: the tokens it computes and may emit at each step of a
+window (policies/batch.py ScheduledSeq), and the slots, tokens and times the scheduler and the
+step shapes count from them. A decode computes one token a step and may emit one today; a
+sequence that computes several a step (a verified draft) is counted from the same numbers."""
+
+from __future__ import annotations
+
+from policies import Request, SchedulerConfig, make_scheduler
+from policies.batch import Batch, ScheduledSeq
+from simulator.step_shape import window_shapes
+
+
+def sched(name, params=None, *, budget=None, bs=4):
+    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=budget, block_size=bs,
+                          watermark=0.0)
+    return make_scheduler(name, params or {}, cfg, 100, 1024)
+
+
+def decoding(s, prompt=6, max_tokens=20):
+    """A request of ``s`` past its prefill, decoding (no decode group: per-sequence windows)."""
+    req = Request(0, 0.0, prompt, max_tokens)
+    s.add_request(req)
+    b = s.schedule(0.0)
+    s.update(b, [1.0])
+    return req
+
+
+def test_a_scheduled_decode_computes_one_token_a_step_and_may_emit_one():
+    s = sched("multi_step", {"num_steps": 4})
+    req = decoding(s)
+    b = s.schedule(1.0)
+    (seq,) = b.seqs
+    assert (seq.num_query_tokens, seq.num_decode_tokens, seq.num_sampled_tokens) == (1, 1, 1)
+    assert seq.num_slots == 4 and seq.num_emitted_tokens == 4
+    # block slots cover every token the window computes
+    assert len(req.block_table) * 4 >= seq.num_cached_tokens + seq.num_slots
+    s.update(b, [2.0, 3.0, 4.0, 5.0])
+    assert req.num_computed_tokens == 6 + 4 and req.num_output_tokens == 5
+
+
+def test_a_chunk_that_leaves_the_prompt_uncomputed_emits_nothing():
+    s = sched("chunked_prefill", budget=8)
+    req = Request(0, 0.0, 20, 4)
+    s.add_request(req)
+    b = s.schedule(0.0)
+    (seq,) = b.seqs
+    assert seq.num_query_tokens == 8 and seq.num_sampled_tokens == 0
+    assert seq.num_emitted_tokens == 0 and not seq.samples
+    s.update(b, [1.0])
+    assert req.num_computed_tokens == 8 and req.num_output_tokens == 0 and not req.token_times
+
+
+def test_a_final_chunk_emits_one_token_though_update_grows_the_sequence():
+    """What a window emits is fixed when it is formed: update() lengthens the request, and the
+    chunk that completed it still counts as having sampled."""
+    s = sched("single_step")
+    req = Request(0, 0.0, 5, 3)
+    s.add_request(req)
+    b = s.schedule(0.0)
+    (seq,) = b.seqs
+    assert seq.num_sampled_tokens == 1
+    s.update(b, [1.0])
+    assert req.num_output_tokens == 1 and seq.samples and seq.num_emitted_tokens == 1
+
+
+def test_a_decode_step_of_three_tokens_takes_three_slots_and_gives_three_tokens():
+    """A window whose decode computes 3 tokens a step (the newest one and a draft of 2, all
+    accepted): 3 KV slots a step, 3 tokens a step, each at its step's time; the request's
+    computed tokens catch up by all 6."""
+    s = sched("single_step")
+    req = decoding(s)  # 6 prompt tokens computed, 1 sampled
+    seq = ScheduledSeq(req, 3, req.num_computed_tokens, 2, False, num_decode_tokens=3)
+    assert (seq.num_sampled_tokens, seq.num_slots, seq.num_emitted_tokens) == (3, 6, 6)
+    assert s.block_manager.ensure_slots(req, seq.num_cached_tokens + seq.num_slots)
+    assert len(req.block_table) == 3  # 12 slots for positions 0..11, block size 4
+    shapes = window_shapes(Batch([seq], 2))
+    assert [(x.num_tokens, x.num_sampled, x.kv_tokens) for x in shapes] == [(3, 3, 9), (3, 3, 12)]
+    finished = s.update(Batch([seq], 2), [2.0, 3.0])
+    assert not finished
+    assert req.num_computed_tokens == 12 and req.num_output_tokens == 7
+    assert req.token_times == [1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0]
+    assert not req.in_prefill  # all but the newest token computed
+
+
+def test_a_wide_decode_ends_at_the_step_of_its_last_owed_token():
+    """max_tokens caps a several-token step: a request owing 2 of a window's 6 tokens finishes
+    at step 1 and the window's step 2 is wasted for it."""
+    s = sched("single_step")
+    req = decoding(s, max_tokens=3)
+    seq = ScheduledSeq(req, 3, req.num_computed_tokens, 2, False, num_decode_tokens=3)
+    s.block_manager.ensure_slots(req, seq.num_cached_tokens + seq.num_slots)
+    b = Batch([seq], 2)
+    assert s.update(b, [2.0, 3.0]) == [req]
+    assert req.num_output_tokens == 3 and req.token_times == [1.0, 2.0, 2.0]
+    assert req.finish_time == 2.0 and b.num_wasted_steps == 1
+    assert seq.steps_for(2) == 1 and seq.steps_for(4) == 2
