@@ -9,7 +9,7 @@ from policies.decode_group import DecodeWindow
 from policies.request import Request
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class ScheduledSeq:
     """One request's part in a window: the tokens it computes and may emit at each step.
 
@@ -30,21 +30,34 @@ class ScheduledSeq:
     # Overlap scheduling: the tokens this window is expected to sample for the request (its
     # emitted tokens, capped by max_tokens), counted as placeholders until update(); 0 without
     # overlap.
-    num_placeholders: int = 0
+    num_placeholders: int
     # Tokens each decode step computes and may emit (a decode's step 1 is one: its
     # num_query_tokens is this number).
-    num_decode_tokens: int = 1
+    num_decode_tokens: int
     # Tokens step 1 may emit: 0 for a chunk that leaves part of the sequence uncomputed, 1 for
-    # a prefill chunk that completes it, num_decode_tokens for a decode. Set when the window
-    # is formed (update() changes the request's length, not what the window computed).
-    num_sampled_tokens: int = field(init=False)
+    # a prefill chunk that completes it, num_decode_tokens for a decode (a decoding request's
+    # tokens are all computed but its newest). Set when the window is formed (update() changes
+    # the request's length, not what the window computed).
+    num_sampled_tokens: int
 
-    def __post_init__(self) -> None:
-        req = self.request
-        if self.num_cached_tokens + self.num_query_tokens < req.prompt_len + req.num_output_tokens:
+    # Written out rather than generated with a __post_init__: one is formed per request per
+    # window, and the extra call would cost the scheduler's hot path (the speed rule).
+    def __init__(self, request: Request, num_query_tokens: int, num_cached_tokens: int,
+                 num_steps: int, is_prefill: bool, num_placeholders: int = 0,
+                 num_decode_tokens: int = 1) -> None:
+        self.request = request
+        self.num_query_tokens = num_query_tokens
+        self.num_cached_tokens = num_cached_tokens
+        self.num_steps = num_steps
+        self.is_prefill = is_prefill
+        self.num_placeholders = num_placeholders
+        self.num_decode_tokens = num_decode_tokens
+        if not is_prefill:
+            self.num_sampled_tokens = num_decode_tokens
+        elif num_cached_tokens + num_query_tokens < request.prompt_len + request.num_output_tokens:
             self.num_sampled_tokens = 0  # part of the sequence stays uncomputed
         else:
-            self.num_sampled_tokens = 1 if self.is_prefill else self.num_decode_tokens
+            self.num_sampled_tokens = 1
 
     @property
     def samples(self) -> bool:

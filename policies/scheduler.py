@@ -382,9 +382,9 @@ class Scheduler:
             q = chunk_size(req, num_new, budget, self)
             if q <= 0:
                 break
-            seq = ScheduledSeq(req, q, cached, steps if q == num_new else 1, True)
-            # the whole sequence, and the window's later steps' slots if this chunk ends it
-            reserve = max(seq_len, cached + seq.num_slots)
+            # the whole sequence, and the window's later steps' slots (one token a step) if
+            # this chunk ends it: its num_slots past the cached tokens, at least seq_len
+            reserve = seq_len + (steps - 1 if q == num_new else 0)
             if not bm.can_allocate(reserve, hits):
                 break
             if hits:
@@ -409,6 +409,7 @@ class Scheduler:
             if req.num_preemptions == 0:
                 req.num_cached_prompt_tokens = cached
             running.append(req)
+            seq = ScheduledSeq(req, q, cached, steps if q == num_new else 1, True)
             out.append(seq)
             forming.append(seq)
             if hits is not None:  # its blocks computed by this window are found from now on
@@ -440,12 +441,11 @@ class Scheduler:
                     prefilling.append(req)
                     continue
                 cached = req.num_computed_tokens
-                seq = ScheduledSeq(req, 1, cached, k, False)
-                end = cached + seq.num_slots
+                end = cached + k  # its num_slots: one token a step
                 # the block table holds the window's slots already (the common case)
                 if not (end <= len(req.block_table) * bs or ensure(req, end)):
                     break
-                append(seq)
+                append(ScheduledSeq(req, 1, cached, k, False))
             else:
                 self.forming = out
                 return out, prefilling
@@ -470,7 +470,7 @@ class Scheduler:
                 continue  # preempted for one before it
             cached = req.num_computed_tokens
             seq = ScheduledSeq(req, 1, cached, k, False)
-            end = cached + seq.num_slots
+            end = cached + k  # its num_slots: one token a step
             if end <= len(req.block_table) * bs:
                 out.append(seq)
                 continue
@@ -503,15 +503,15 @@ class Scheduler:
         for i, s in enumerate(batch.seqs):
             req = s.request
             n = s.num_steps
-            # its computed tokens catch up by every token the window computed for it
-            computed = s.num_cached_tokens + s.num_slots
+            w = s.num_decode_tokens
+            # its computed tokens catch up by every token the window computed (its num_slots)
+            computed = s.num_cached_tokens + s.num_query_tokens + (n - 1) * w
             req.num_computed_tokens = computed
             generated = req.num_output_tokens
             owed = req.max_tokens - generated
             if computed < req.prompt_len + generated:
                 continue  # a prefill chunk that samples nothing
-            emits = s.num_emitted_tokens
-            if sampled is None and emits == n:  # one token a step, no ids (the simulator)
+            if sampled is None and w == 1:  # one token a step, no ids (the simulator)
                 # _credit's work, inline
                 if n < owed:
                     req.token_times.extend(step_times if n == k else step_times[:n])
@@ -522,6 +522,7 @@ class Scheduler:
                 req.num_output_tokens = generated + owed
                 steps = owed
             else:
+                emits = s.num_emitted_tokens
                 useful = emits if emits < owed else owed
                 useful, done = _credit(req, emits, useful, useful == owed,
                                        None if sampled is None else sampled[i],
