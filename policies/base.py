@@ -7,7 +7,7 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import ModuleType
@@ -38,9 +38,10 @@ def register(cls: type[Policy]) -> type[Policy]:
 
 # GPU seconds of one forward step from the window being formed, for policies that size their
 # windows by time (sarathi, slo_adaptive): (decoding sequences, their KV tokens, the longest
-# one's, prefill chunks as (query tokens, cached tokens, samples)). The run builds it from its
-# hardware profile's cost model, the same for both backends.
-StepTimeFn = Callable[[int, int, int, Sequence[tuple[int, int, bool]]], float]
+# one's, prefill chunks as (query tokens, cached tokens, samples), and optionally the tokens
+# the decodes compute, where a decode computes several: one each if left out). The run builds
+# it from its hardware profile's cost model, the same for both backends.
+StepTimeFn = Callable[..., float]
 
 
 @dataclass(frozen=True)

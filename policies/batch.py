@@ -84,6 +84,14 @@ class ScheduledSeq:
         w = self.num_decode_tokens
         return 1 + (tokens - first + w - 1) // w
 
+    def step_tokens(self, tokens: int) -> list[int]:
+        """The tokens it emits at each of its steps to emit its first ``tokens`` (>= 1)."""
+        first, w = self.num_sampled_tokens, self.num_decode_tokens
+        if tokens <= first:
+            return [tokens]
+        steps = self.steps_for(tokens)
+        return [first] + [w] * (steps - 2) + [tokens - first - (steps - 2) * w]
+
     def emit_times(self, step_times: Sequence[float]) -> Sequence[float]:
         """The time of each token the window may emit for the request: its step's time."""
         first, w = self.num_sampled_tokens, self.num_decode_tokens

@@ -372,9 +372,10 @@ def _open_window(sim: ReplicaSim, batch: Batch, v: int, now: float,
     overlap = gpu_free is not None
     # the scheduler discards samples past max_tokens: how many sequences end at each step
     ending = [0] * (k + 1) if k > 1 and not overlap else None
-    shapes = window_shapes(batch, ending)
+    surplus = [0] * (k + 1)  # tokens beyond one a sequence a step (several-token decodes)
+    shapes = window_shapes(batch, ending, surplus)
     if k == 1:  # every sampling sequence still owes at least one token
-        delivered = [shapes[0].num_sampled]
+        delivered = [shapes[0].num_sampled - surplus[1]]
     else:
         if ending is None:  # the outputs of the window in flight are still placeholders
             ending = [0] * (k + 1)
@@ -386,6 +387,11 @@ def _open_window(sim: ReplicaSim, batch: Batch, v: int, now: float,
         for j in range(k):
             delivered[j] = alive
             alive -= ending[j + 1]
+    # ``delivered`` counts the sequences streaming at each step (one SSE chunk each), the
+    # tokens they deliver are more where a sequence emits several a step
+    streaming = delivered
+    if any(surplus):
+        delivered = [n + x for n, x in zip(streaming, surplus, strict=False)]
     if sim.shared.cluster:  # fresh requests admitted now leave the router's queued tokens
         load = sim.load
         for s in batch.seqs:
@@ -393,7 +399,7 @@ def _open_window(sim: ReplicaSim, batch: Batch, v: int, now: float,
             if s.is_prefill and s.num_cached_tokens == req.num_cached_prompt_tokens \
                     and not req.num_preemptions:
                 load.queued_prompt_tokens -= req.prompt_len
-    chunks = sse_chunks(spec, delivered, sim.stream_per_step)
+    chunks = sse_chunks(spec, streaming, sim.stream_per_step)
     out_cost = window_output_times(spec, [s.num_seqs for s in shapes], delivered, chunks)
     cost = schedule_time(spec, batch.num_seqs, shapes[0].num_tokens, shapes[0].kv_tokens,
                          batch.num_steps, overlap, shapes[0].num_prefill_seqs,

@@ -37,12 +37,17 @@ class StepShape:
         return 0 < self.num_prefill_tokens < self.num_tokens
 
 
-def window_shapes(batch: Batch, ending: list[int] | None = None) -> list[StepShape]:
+def window_shapes(batch: Batch, ending: list[int] | None = None,
+                  surplus: list[int] | None = None) -> list[StepShape]:
     """The shape of every step of ``batch``: one pass over the sequences, then O(k).
     ``ending`` (k + 1 zeros, for a window of k > 1 steps), in the same pass: how many sampling
     sequences take their last token at each step, ``ending[m]`` those that take m (their steps
     capped by the steps their owed tokens take; the simulator's deliveries per step). Each
-    sequence computes ``num_query_tokens`` in step 1 and ``num_decode_tokens`` a step after."""
+    sequence computes ``num_query_tokens`` in step 1 and ``num_decode_tokens`` a step after.
+    ``surplus`` (k + 1 zeros), for the sequences that emit several tokens a step: the tokens
+    beyond one each emits at step j (``surplus[j]``, j < k; capped by the tokens it owes, or its
+    placeholders under overlap), and step 1's sampled rows beyond one a sampling sequence
+    (``surplus[k]``): the simulator's deliveries count tokens, its SSE chunks sequences."""
     k = batch.num_steps
     if batch.decodes is not None:
         return _group_shapes(batch.decodes, k, ending)
@@ -74,6 +79,12 @@ def window_shapes(batch: Batch, ending: list[int] | None = None) -> list[StepSha
         w = s.num_decode_tokens
         if w != 1:
             wide = True
+            if surplus is not None and s.num_sampled_tokens:
+                req = s.request
+                owed = s.num_placeholders or req.max_tokens - req.num_output_tokens
+                for j, n in enumerate(s.step_tokens(owed)[:k]):
+                    surplus[j] += n - 1
+                surplus[k] += s.num_sampled_tokens - 1
         if s.num_sampled_tokens:  # the chunk completes the sequence, or a decode
             sampled += s.num_sampled_tokens
             if ending is not None:

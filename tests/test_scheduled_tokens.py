@@ -94,3 +94,41 @@ def test_a_wide_decode_ends_at_the_step_of_its_last_owed_token():
     assert req.num_output_tokens == 3 and req.token_times == [1.0, 2.0, 2.0]
     assert req.finish_time == 2.0 and b.num_wasted_steps == 1
     assert seq.steps_for(2) == 1 and seq.steps_for(4) == 2
+
+
+def test_a_wide_decode_delivers_its_tokens_a_step_in_one_chunk():
+    """The simulator's deliveries count tokens and its SSE chunks sequences: a 3-token decode
+    owing 4 tokens over a 2-step window delivers 3 then 1 (2 and 0 beyond one a step), and
+    step 1 samples 3 rows (2 beyond the one a sequence)."""
+    s = sched("single_step")
+    req = decoding(s, max_tokens=5)  # owes 4
+    seq = ScheduledSeq(req, 3, req.num_computed_tokens, 2, False, num_decode_tokens=3)
+    assert seq.step_tokens(4) == [3, 1] and seq.step_tokens(2) == [2]
+    assert seq.step_tokens(9) == [3, 3, 3]
+    ending, surplus = [0, 0, 0], [0, 0, 0]
+    window_shapes(Batch([seq], 2), ending, surplus)
+    assert ending == [0, 0, 1] and surplus == [2, 0, 2]
+    one = ScheduledSeq(req, 1, req.num_computed_tokens, 2, False)  # one token a step: none
+    surplus = [0, 0, 0]
+    window_shapes(Batch([one], 2), [0, 0, 0], surplus)
+    assert surplus == [0, 0, 0]
+
+
+def test_a_policys_step_time_prices_a_wide_decode_as_its_window_shape():
+    """step_budget's estimate of the window being formed (Sarathi's budget, slo_adaptive) counts
+    a decode's tokens, so it prices the step the cost model prices when it runs."""
+    from common.model_spec import ModelSpec
+    from policies.step_budget import step_seconds
+    from simulator.cost_model import step_time, step_time_fn
+    from simulator.hardware import HardwareSpec
+    from tests.test_policy_semantics import _conf
+
+    model = ModelSpec.from_dict(_conf("model", "llama3_8b"))
+    hw = HardwareSpec.from_dict(_conf("hardware", "h200_calibrated"))
+    s = sched("single_step")
+    s.step_time_fn = step_time_fn(model, hw)
+    req = decoding(s)
+    for w in (1, 4):
+        s.forming = [ScheduledSeq(req, w, req.num_computed_tokens, 1, False, num_decode_tokens=w)]
+        want = step_time(window_shapes(Batch(s.forming, 1))[0], model, hw)
+        assert step_seconds(s) == want
