@@ -74,6 +74,9 @@ class Scheduler:
         if policy.needs_step_time and step_time_fn is None:
             raise ValueError(f"policy {policy.name} sizes windows by time and needs a hardware "
                              "profile's cost model")
+        # the policy's decode_tokens hook where it has its own (the base's: one token a step)
+        self._decode_tokens = (None if type(policy).decode_tokens is Policy.decode_tokens
+                               else self.hooks.decode_tokens)
         self._group: DecodeGroup | None = None  # group_decodes(): the running decoders' group
         # Between windows, every running request is in the group; its blocks past its block
         # table (all, for one admitted meanwhile) are taken by count.
@@ -320,7 +323,8 @@ class Scheduler:
         policy, hooks = self.policy, self.hooks
         budget, max_seqs = hooks.window_budget(self)
         seqs, prefilling = self._reserve_decodes(policy.max_steps, budget, preempted)
-        budget -= len(seqs)
+        budget -= len(seqs) if self._decode_tokens is None else sum(s.num_query_tokens
+                                                                    for s in seqs)
         prefills: list[ScheduledSeq] = []
         self.forming = seqs + prefills
         for req in prefilling:  # prefills started in an earlier window continue first
@@ -434,7 +438,8 @@ class Scheduler:
         running = self.running
         mixed = self.policy.mixed_batches
         i = 0
-        if budget >= len(running):  # the common case, in one pass until a block runs short
+        if budget >= len(running) and self._decode_tokens is None:
+            # the common case, one token a step, in one pass until a block runs short
             append = out.append
             for i, req in enumerate(running):  # noqa: B007 (i: where a shortage stopped it)
                 if mixed and req.in_prefill:
@@ -460,17 +465,26 @@ class Scheduler:
                             budget: int, preempted: list[Request]) -> list[ScheduledSeq]:
         """``out`` (the decodes reserved so far) and k steps' slots for each of ``decoders``
         (running requests that decode, in running order) while the window has room for
-        sequences, preempting the policy's victims where blocks run short."""
+        sequences (their tokens, where the policy's ``decode_tokens`` gives several),
+        preempting the policy's victims where blocks run short."""
         ensure, bs = self.block_manager.ensure_slots, self.block_manager.block_size
         running = self.running
+        tokens = self._decode_tokens
         for req in decoders:
             if len(out) >= budget:
                 break
             if req.state is not _RUNNING:
                 continue  # preempted for one before it
             cached = req.num_computed_tokens
-            seq = ScheduledSeq(req, 1, cached, k, False)
-            end = cached + k  # its num_slots: one token a step
+            if tokens is None:
+                seq = ScheduledSeq(req, 1, cached, k, False)
+                end = cached + k  # its num_slots: one token a step
+            else:  # the policy's tokens a step, within the window's token budget
+                w = tokens(req, self)
+                if sum(s.num_query_tokens for s in out) + w > budget:
+                    break
+                seq = ScheduledSeq(req, w, cached, k, False, 0, w)
+                end = cached + seq.num_slots
             if end <= len(req.block_table) * bs:
                 out.append(seq)
                 continue
@@ -611,11 +625,13 @@ class Scheduler:
         """Keep the running decoders as one group (policies/decode_group.py): for a backend
         that needs a decode window's totals, not its sequences (the simulator). The windows are
         the same; it applies under separate batches without overlap, where no policy hook reads
-        a running request (``Policy.reads_running``) and no block is shared (prefix caching);
+        a running request (``Policy.reads_running``), every decode computes one token a step
+        (no ``decode_tokens`` of the policy's own) and no block is shared (prefix caching);
         elsewhere this does nothing."""
         policy = self.policy
         if (self.overlap or policy.mixed_batches or policy.chunk_prefills or policy.preemptive
-                or vars(type(policy)).get("reads_running", True) or self.running or self.waiting):
+                or vars(type(policy)).get("reads_running", True) or self.running or self.waiting
+                or self._decode_tokens is not None):  # the group's members decode one a step
             return
         self._group = DecodeGroup(self.config.block_size)
         self._grouped = True

@@ -5,8 +5,15 @@ sequence that computes several a step (a verified draft) is counted from the sam
 
 from __future__ import annotations
 
-from policies import Request, SchedulerConfig, make_scheduler
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pytest
+
+from policies import Policy, Request, SchedulerConfig, make_scheduler
 from policies.batch import Batch, ScheduledSeq
+from policies.scheduler import Scheduler
+from policies.user_code import HookError
 from simulator.step_shape import window_shapes
 
 
@@ -132,3 +139,88 @@ def test_a_policys_step_time_prices_a_wide_decode_as_its_window_shape():
         s.forming = [ScheduledSeq(req, w, req.num_computed_tokens, 1, False, num_decode_tokens=w)]
         want = step_time(window_shapes(Batch(s.forming, 1))[0], model, hw)
         assert step_seconds(s) == want
+
+
+@dataclass(frozen=True)
+class ThreeTokens(Policy):
+    """A user's policy (defined outside schedlab, so its answers are checked) whose decodes
+    compute and emit 3 tokens a step."""
+
+    name: ClassVar[str] = "three_tokens"
+    tokens: Any = 3
+
+    def decode_tokens(self, req, sched):
+        return self.tokens
+
+
+def simulated(policy, n=4, prompt=64, max_tokens=31):
+    """``n`` requests at t=0 simulated under ``policy`` (Llama-3-8B, the H200 profile): the
+    requests, and each window's decodes as (cached tokens, slots, blocks held) per request."""
+    from simulator.engine import simulate
+    from tests.test_policy_semantics import HW, MODEL, OVERHEAD
+
+    reqs = [Request(i, 0.0, prompt, max_tokens) for i in range(n)]
+    windows = []
+
+    def new(blocks):
+        s = Scheduler(policy, SchedulerConfig(max_num_seqs=16), blocks, MODEL.max_model_len)
+        schedule = s.schedule
+
+        def recorded(now):
+            batch = schedule(now)
+            if batch is not None and not batch.has_prefill:
+                windows.append([(d.num_cached_tokens, d.num_slots, len(d.request.block_table))
+                                for d in batch.seqs])
+            return batch
+
+        s.schedule = recorded
+        return s
+
+    simulate(reqs, new, MODEL, HW, OVERHEAD, num_blocks=400, progress=False)
+    return reqs, windows
+
+
+def test_a_policy_that_decodes_three_tokens_a_step_finishes_in_a_third_of_the_steps():
+    """A whole simulation under a user's policy whose decode_tokens is 3: each request's 30
+    tokens after its first come 3 a step in 10 decode windows (30 at one a step), every one
+    counted with its step's time, each window's slots held in exactly the blocks they need,
+    and TPOT a third of a step's time."""
+    one, one_windows = simulated(Policy())
+    three, three_windows = simulated(ThreeTokens())
+    assert len(one_windows) == 30 and len(three_windows) == 10
+    for req in one + three:
+        assert req.num_output_tokens == 31 and len(req.token_times) == 31
+        assert req.finish_time == req.token_times[-1]
+    for req in three:  # 3 tokens at each decode step's time
+        decode = req.token_times[1:]
+        assert all(decode[i] == decode[i + 1] == decode[i + 2] < decode[i + 3]
+                   for i in range(0, 27, 3))
+    for j, window in enumerate(three_windows):  # 3 slots a step from the newest token on
+        for cached, slots, blocks in window:
+            assert (cached, slots) == (64 + 3 * j, 3)
+            assert blocks == -(-(cached + slots) // 16)  # 16-token blocks: just enough
+
+    def tpot(req):
+        return (req.token_times[-1] - req.token_times[0]) / (req.num_output_tokens - 1)
+
+    for req in three:  # a third of its steps' mean time
+        steps = sorted(set(req.token_times))
+        gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
+        assert tpot(req) == pytest.approx(sum(gaps) / len(gaps) / 3, rel=1e-12)
+    # a 3-token step of 4 decodes costs less than 1.8 one-token steps (memory bound, though
+    # it runs outside the decode CUDA graphs)
+    assert max(tpot(r) for r in three) < 0.6 * min(tpot(r) for r in one)
+
+
+@pytest.mark.parametrize("answer", [0, -1, True, 2.0, None])
+def test_a_policys_bad_decode_tokens_is_one_line_naming_the_hook(answer):
+    s = Scheduler(ThreeTokens(tokens=answer), SchedulerConfig(max_num_seqs=16, block_size=4,
+                                                               watermark=0.0), 100, 1024)
+    req = Request(0, 0.0, 6, 20)
+    s.add_request(req)
+    s.update(s.schedule(0.0), [1.0])
+    with pytest.raises(HookError) as err:
+        s.schedule(1.0)
+    assert str(err.value) == (f"policy ThreeTokens.decode_tokens returned {answer!r} for request "
+                              "0; it must return an int >= 1 (the tokens a decode step computes "
+                              "and may emit)")
