@@ -515,18 +515,20 @@ class Scheduler:
         wasted = 0
         k = len(step_times)
         for i, s in enumerate(batch.seqs):
+            if s.num_decode_tokens != 1:  # several tokens a step
+                wasted += self._credit_wide(s, None if sampled is None else sampled[i],
+                                            step_times, finished)
+                continue
             req = s.request
             n = s.num_steps
-            w = s.num_decode_tokens
-            # its computed tokens catch up by every token the window computed (its num_slots)
-            computed = s.num_cached_tokens + s.num_query_tokens + (n - 1) * w
+            # one token a step: its computed tokens catch up by the window's (its num_slots)
+            computed = s.num_cached_tokens + s.num_query_tokens + n - 1
             req.num_computed_tokens = computed
             generated = req.num_output_tokens
             owed = req.max_tokens - generated
             if computed < req.prompt_len + generated:
                 continue  # a prefill chunk that samples nothing
-            if sampled is None and w == 1:  # one token a step, no ids (the simulator)
-                # _credit's work, inline
+            if sampled is None:  # no token ids (the simulator): _credit's work, inline
                 if n < owed:
                     req.token_times.extend(step_times if n == k else step_times[:n])
                     req.num_output_tokens = generated + n
@@ -534,17 +536,12 @@ class Scheduler:
                 useful, done = owed, True
                 req.token_times.extend(step_times if owed == k else step_times[:owed])
                 req.num_output_tokens = generated + owed
-                steps = owed
             else:
-                emits = s.num_emitted_tokens
-                useful = emits if emits < owed else owed
-                useful, done = _credit(req, emits, useful, useful == owed,
-                                       None if sampled is None else sampled[i],
-                                       s.emit_times(step_times))
-                steps = s.steps_for(useful)
-            wasted += n - steps
+                useful = n if n < owed else owed
+                useful, done = _credit(req, n, useful, useful == owed, sampled[i], step_times)
+            wasted += n - useful
             if done:
-                req.finish_time = step_times[steps - 1]
+                req.finish_time = step_times[useful - 1]
                 self._free(req, RequestState.FINISHED)
                 finished.append(req)
         if finished:
@@ -560,6 +557,29 @@ class Scheduler:
         self.stats.num_wasted_steps += wasted
         return finished
 
+    def _credit_wide(self, s: ScheduledSeq, tokens: Sequence[int] | None,
+                     step_times: Sequence[float], finished: list[Request]) -> int:
+        """update()'s work for a sequence that computes several tokens a step (its
+        ``num_decode_tokens``), apart from the one-token loop it would slow: its computed
+        tokens, its tokens up to its owed ones (each at its step's time), its finish; the steps
+        it ran past its end."""
+        req = s.request
+        computed = s.num_cached_tokens + s.num_slots
+        req.num_computed_tokens = computed
+        owed = req.max_tokens - req.num_output_tokens
+        if computed < req.prompt_len + req.num_output_tokens:
+            return 0  # (a prefill chunk that samples nothing)
+        emits = s.num_emitted_tokens
+        useful = emits if emits < owed else owed
+        useful, done = _credit(req, emits, useful, useful == owed, tokens,
+                               s.emit_times(step_times))
+        steps = s.steps_for(useful)
+        if done:
+            req.finish_time = step_times[steps - 1]
+            self._free(req, RequestState.FINISHED)
+            finished.append(req)
+        return s.num_steps - steps
+
     # --------------------------------------- overlap's windows in flight
     def _hold_placeholders(self, batch: Batch) -> None:
         """Overlap: move each request past ``batch`` as if it ran to its end without stopping:
@@ -569,10 +589,12 @@ class Scheduler:
         for s in batch.seqs:
             req = s.request
             end = s.num_cached_tokens + s.num_query_tokens
-            req.num_computed_tokens = s.num_cached_tokens + s.num_slots
+            w = s.num_decode_tokens
+            # every token the window computes for it (its num_slots)
+            req.num_computed_tokens = end + (s.num_steps - 1) * w
             if end >= req.seq_len + req.num_output_placeholders:  # it samples
                 owed = req.max_tokens - req.num_output_tokens - req.num_output_placeholders
-                s.num_placeholders = min(s.num_emitted_tokens, owed)
+                s.num_placeholders = min(s.num_steps if w == 1 else s.num_emitted_tokens, owed)
                 req.num_output_placeholders += s.num_placeholders
                 done = done or s.num_placeholders == owed
         if done:
@@ -601,9 +623,12 @@ class Scheduler:
             req.num_output_placeholders -= useful
             done = req.num_output_tokens + useful == req.max_tokens
             tokens = None if sampled is None else sampled[i]
-            useful, done = _credit(req, s.num_emitted_tokens, useful, done, tokens,
-                                   s.emit_times(step_times))
-            steps = s.steps_for(useful)
+            if s.num_decode_tokens == 1:  # one token a step
+                steps, done = _credit(req, n, useful, done, tokens, step_times)
+            else:
+                useful, done = _credit(req, s.num_emitted_tokens, useful, done, tokens,
+                                       s.emit_times(step_times))
+                steps = s.steps_for(useful)
             wasted += n - steps
             if done:
                 req.finish_time = step_times[steps - 1]
