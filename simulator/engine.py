@@ -372,10 +372,10 @@ def _open_window(sim: ReplicaSim, batch: Batch, v: int, now: float,
     overlap = gpu_free is not None
     # the scheduler discards samples past max_tokens: how many sequences end at each step
     ending = [0] * (k + 1) if k > 1 and not overlap else None
-    surplus = [0] * (k + 1)  # tokens beyond one a sequence a step (several-token decodes)
+    surplus: list[int] = []  # filled where a sequence emits several tokens a step
     shapes = window_shapes(batch, ending, surplus)
     if k == 1:  # every sampling sequence still owes at least one token
-        delivered = [shapes[0].num_sampled - surplus[1]]
+        delivered = [shapes[0].num_sampled - surplus[1] if surplus else shapes[0].num_sampled]
     else:
         if ending is None:  # the outputs of the window in flight are still placeholders
             ending = [0] * (k + 1)
@@ -390,7 +390,7 @@ def _open_window(sim: ReplicaSim, batch: Batch, v: int, now: float,
     # ``delivered`` counts the sequences streaming at each step (one SSE chunk each), the
     # tokens they deliver are more where a sequence emits several a step
     streaming = delivered
-    if any(surplus):
+    if surplus:
         delivered = [n + x for n, x in zip(streaming, surplus, strict=False)]
     if sim.shared.cluster:  # fresh requests admitted now leave the router's queued tokens
         load = sim.load

@@ -44,8 +44,9 @@ def window_shapes(batch: Batch, ending: list[int] | None = None,
     sequences take their last token at each step, ``ending[m]`` those that take m (their steps
     capped by the steps their owed tokens take; the simulator's deliveries per step). Each
     sequence computes ``num_query_tokens`` in step 1 and ``num_decode_tokens`` a step after.
-    ``surplus`` (k + 1 zeros), for the sequences that emit several tokens a step: the tokens
-    beyond one each emits at step j (``surplus[j]``, j < k; capped by the tokens it owes, or its
+    ``surplus`` (an empty list), filled with k + 1 counts where a sequence emits several tokens
+    a step (left empty otherwise, at no cost to the common window): the tokens beyond one such
+    sequences emit at step j (``surplus[j]``, j < k; capped by the tokens each owes, or its
     placeholders under overlap), and step 1's sampled rows beyond one a sampling sequence
     (``surplus[k]``): the simulator's deliveries count tokens, its SSE chunks sequences."""
     k = batch.num_steps
@@ -80,6 +81,8 @@ def window_shapes(batch: Batch, ending: list[int] | None = None,
         if w != 1:
             wide = True
             if surplus is not None and s.num_sampled_tokens:
+                if not surplus:
+                    surplus += [0] * (k + 1)
                 req = s.request
                 owed = s.num_placeholders or req.max_tokens - req.num_output_tokens
                 for j, n in enumerate(s.step_tokens(owed)[:k]):

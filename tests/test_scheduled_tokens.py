@@ -112,13 +112,13 @@ def test_a_wide_decode_delivers_its_tokens_a_step_in_one_chunk():
     seq = ScheduledSeq(req, 3, req.num_computed_tokens, 2, False, num_decode_tokens=3)
     assert seq.step_tokens(4) == [3, 1] and seq.step_tokens(2) == [2]
     assert seq.step_tokens(9) == [3, 3, 3]
-    ending, surplus = [0, 0, 0], [0, 0, 0]
+    ending, surplus = [0, 0, 0], []
     window_shapes(Batch([seq], 2), ending, surplus)
     assert ending == [0, 0, 1] and surplus == [2, 0, 2]
     one = ScheduledSeq(req, 1, req.num_computed_tokens, 2, False)  # one token a step: none
-    surplus = [0, 0, 0]
+    surplus = []
     window_shapes(Batch([one], 2), [0, 0, 0], surplus)
-    assert surplus == [0, 0, 0]
+    assert surplus == []
 
 
 def test_a_policys_step_time_prices_a_wide_decode_as_its_window_shape():
