@@ -7,7 +7,7 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import ModuleType
@@ -38,9 +38,10 @@ def register(cls: type[Policy]) -> type[Policy]:
 
 # GPU seconds of one forward step from the window being formed, for policies that size their
 # windows by time (sarathi, slo_adaptive): (decoding sequences, their KV tokens, the longest
-# one's, prefill chunks as (query tokens, cached tokens, samples)). The run builds it from its
-# hardware profile's cost model, the same for both backends.
-StepTimeFn = Callable[[int, int, int, Sequence[tuple[int, int, bool]]], float]
+# one's, prefill chunks as (query tokens, cached tokens, samples), and optionally the tokens
+# the decodes compute, where a decode computes several: one each if left out). The run builds
+# it from its hardware profile's cost model, the same for both backends.
+StepTimeFn = Callable[..., float]
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,14 @@ class Policy:
     def prefill_steps(self, k: int) -> int:
         """Steps (1 to k) of a k-step window that a request whose prefill completes in it takes
         part in."""
+        return 1
+
+    def decode_tokens(self, req: Request, sched: Scheduler) -> int:
+        """Tokens running ``req`` computes and may emit in each decode step of the window being
+        formed (an int >= 1): 1 is one token a step; more is a step that verifies a draft (all
+        accepted until speculation brings rejection). The simulator only: the real engine's
+        decode rows compute one (refused in one line), and a policy overriding it runs every
+        window one sequence at a time (no decode group)."""
         return 1
 
     # ---------------------------------------------------------------- order and admission

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from policies.decode_group import DecodeWindow
 from policies.request import Request
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class ScheduledSeq:
-    """One request's part in a window.
+    """One request's part in a window: the tokens it computes and may emit at each step.
 
-    In step 1 it computes ``num_query_tokens`` tokens at positions
-    ``num_cached_tokens .. num_cached_tokens + num_query_tokens - 1`` (a prefill chunk, or the
-    single newest token of a decode). In steps 2..num_steps it decodes one token per step.
-    It samples a token at every step it takes part in, except when its prefill chunk leaves
-    part of the sequence uncomputed (then num_steps == 1 and nothing is sampled).
+    In step 1 it computes ``num_query_tokens`` tokens (vLLM's num_scheduled_tokens) at
+    positions ``num_cached_tokens .. num_cached_tokens + num_query_tokens - 1``: a prefill
+    chunk, or a decode's ``num_decode_tokens``. In steps 2..num_steps it decodes
+    ``num_decode_tokens`` tokens a step. A decode step computes its tokens and may emit as many
+    (1 today: the newest token in, the next one out; a draft of k tokens verified by the target
+    makes it k + 1); a prefill chunk may emit one token if it completes the sequence, else
+    none (then num_steps == 1). Every count of a window's slots, tokens and times reads these.
     """
 
     request: Request
@@ -25,17 +28,77 @@ class ScheduledSeq:
     num_steps: int
     is_prefill: bool
     # Overlap scheduling: the tokens this window is expected to sample for the request (its
-    # steps, capped by max_tokens), counted as placeholders until update(); 0 without overlap.
-    num_placeholders: int = 0
+    # emitted tokens, capped by max_tokens), counted as placeholders until update(); 0 without
+    # overlap.
+    num_placeholders: int
+    # Tokens each decode step computes and may emit (a decode's step 1 is one: its
+    # num_query_tokens is this number).
+    num_decode_tokens: int
+    # Tokens step 1 may emit: 0 for a chunk that leaves part of the sequence uncomputed, 1 for
+    # a prefill chunk that completes it, num_decode_tokens for a decode (a decoding request's
+    # tokens are all computed but its newest). Set when the window is formed (update() changes
+    # the request's length, not what the window computed).
+    num_sampled_tokens: int
+
+    # Written out rather than generated with a __post_init__: one is formed per request per
+    # window, and the extra call would cost the scheduler's hot path (the speed rule).
+    def __init__(self, request: Request, num_query_tokens: int, num_cached_tokens: int,
+                 num_steps: int, is_prefill: bool, num_placeholders: int = 0,
+                 num_decode_tokens: int = 1) -> None:
+        self.request = request
+        self.num_query_tokens = num_query_tokens
+        self.num_cached_tokens = num_cached_tokens
+        self.num_steps = num_steps
+        self.is_prefill = is_prefill
+        self.num_placeholders = num_placeholders
+        self.num_decode_tokens = num_decode_tokens
+        if not is_prefill:
+            self.num_sampled_tokens = num_decode_tokens
+        elif num_cached_tokens + num_query_tokens < request.prompt_len + request.num_output_tokens:
+            self.num_sampled_tokens = 0  # part of the sequence stays uncomputed
+        else:
+            self.num_sampled_tokens = 1
 
     @property
     def samples(self) -> bool:
-        return self.num_cached_tokens + self.num_query_tokens >= self.request.seq_len
+        """Step 1 completes the sequence (as the window was formed): it emits tokens."""
+        return self.num_sampled_tokens > 0
 
     @property
     def num_slots(self) -> int:
-        """KV slots the window writes for this request (lookahead included)."""
-        return self.num_query_tokens + self.num_steps - 1
+        """KV slots the window writes for this request: every token it computes in every step
+        (lookahead and draft tokens included)."""
+        return self.num_query_tokens + (self.num_steps - 1) * self.num_decode_tokens
+
+    @property
+    def num_emitted_tokens(self) -> int:
+        """Tokens the window may emit for the request over its steps (before max_tokens)."""
+        first = self.num_sampled_tokens
+        return first + (self.num_steps - 1) * self.num_decode_tokens if first else 0
+
+    def steps_for(self, tokens: int) -> int:
+        """The steps the request takes part in to emit its first ``tokens`` (>= 1) tokens."""
+        first = self.num_sampled_tokens
+        if tokens <= first:
+            return 1
+        w = self.num_decode_tokens
+        return 1 + (tokens - first + w - 1) // w
+
+    def step_tokens(self, tokens: int) -> list[int]:
+        """The tokens it emits at each of its steps to emit its first ``tokens`` (>= 1)."""
+        first, w = self.num_sampled_tokens, self.num_decode_tokens
+        if tokens <= first:
+            return [tokens]
+        steps = self.steps_for(tokens)
+        return [first] + [w] * (steps - 2) + [tokens - first - (steps - 2) * w]
+
+    def emit_times(self, step_times: Sequence[float]) -> Sequence[float]:
+        """The time of each token the window may emit for the request: its step's time."""
+        first, w = self.num_sampled_tokens, self.num_decode_tokens
+        if first == 1 and w == 1:  # one token a step
+            return step_times
+        return [step_times[0]] * first + [t for t in step_times[1:self.num_steps]
+                                          for _ in range(w)]
 
 
 @dataclass(slots=True, eq=False)

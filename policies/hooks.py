@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from policies.scheduler import Scheduler
 
 POLICY_HOOKS = ("queue_key", "window_budget", "admit", "chunk_size", "window_steps",
-                "prefill_steps", "preemption_victim", "preempt_for_waiting")
+                "prefill_steps", "preemption_victim", "preempt_for_waiting", "decode_tokens")
 
 
 def _show(value: Any) -> str:
@@ -128,6 +128,13 @@ class PolicyHooks:
         if not _is_int(steps) or not 1 <= steps <= k:
             self._refuse("prefill_steps", steps, f"an int from 1 to the window's k = {k}")
         return int(steps)
+
+    def _decode_tokens(self, req: Request, sched: Scheduler) -> int:
+        w = self._call("decode_tokens", req, sched)
+        if not _is_int(w) or w < 1:
+            self._refuse("decode_tokens", w, "an int >= 1 (the tokens a decode step computes "
+                         "and may emit)", f" for request {req.request_id}")
+        return int(w)
 
     def _preemption_victim(self, sched: Scheduler, req: Request) -> Request:
         victim = self._call("preemption_victim", sched, req)

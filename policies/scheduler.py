@@ -74,6 +74,9 @@ class Scheduler:
         if policy.needs_step_time and step_time_fn is None:
             raise ValueError(f"policy {policy.name} sizes windows by time and needs a hardware "
                              "profile's cost model")
+        # the policy's decode_tokens hook where it has its own (the base's: one token a step)
+        self._decode_tokens = (None if type(policy).decode_tokens is Policy.decode_tokens
+                               else self.hooks.decode_tokens)
         self._group: DecodeGroup | None = None  # group_decodes(): the running decoders' group
         # Between windows, every running request is in the group; its blocks past its block
         # table (all, for one admitted meanwhile) are taken by count.
@@ -320,7 +323,8 @@ class Scheduler:
         policy, hooks = self.policy, self.hooks
         budget, max_seqs = hooks.window_budget(self)
         seqs, prefilling = self._reserve_decodes(policy.max_steps, budget, preempted)
-        budget -= len(seqs)
+        budget -= len(seqs) if self._decode_tokens is None else sum(s.num_query_tokens
+                                                                    for s in seqs)
         prefills: list[ScheduledSeq] = []
         self.forming = seqs + prefills
         for req in prefilling:  # prefills started in an earlier window continue first
@@ -382,6 +386,8 @@ class Scheduler:
             q = chunk_size(req, num_new, budget, self)
             if q <= 0:
                 break
+            # the whole sequence, and the window's later steps' slots (one token a step) if
+            # this chunk ends it: its num_slots past the cached tokens, at least seq_len
             reserve = seq_len + (steps - 1 if q == num_new else 0)
             if not bm.can_allocate(reserve, hits):
                 break
@@ -407,8 +413,9 @@ class Scheduler:
             if req.num_preemptions == 0:
                 req.num_cached_prompt_tokens = cached
             running.append(req)
-            out.append(ScheduledSeq(req, q, cached, steps if q == num_new else 1, True))
-            forming.append(out[-1])
+            seq = ScheduledSeq(req, q, cached, steps if q == num_new else 1, True)
+            out.append(seq)
+            forming.append(seq)
             if hits is not None:  # its blocks computed by this window are found from now on
                 bm.cache_blocks(req, cached + q)
             budget -= q
@@ -416,8 +423,8 @@ class Scheduler:
 
     def _reserve_decodes(self, k: int, budget: int, preempted: list[Request]
                          ) -> tuple[list[ScheduledSeq], list[Request]]:
-        """Reserve k slots (k-1 lookahead) per decoding request, preempting from the tail; (the
-        decodes, the running requests still prefilling, in running order).
+        """Reserve each decoding request's slots for k steps (its ``num_slots``), preempting
+        from the tail; (the decodes, the running requests still prefilling, in running order).
 
         The one pass a window makes over the running requests, so it is where they are told
         apart (``Request.in_prefill``), under mixed batches only: a separate-batch window
@@ -431,15 +438,17 @@ class Scheduler:
         running = self.running
         mixed = self.policy.mixed_batches
         i = 0
-        if budget >= len(running):  # the common case, in one pass until a block runs short
+        if budget >= len(running) and self._decode_tokens is None:
+            # the common case, one token a step, in one pass until a block runs short
             append = out.append
             for i, req in enumerate(running):  # noqa: B007 (i: where a shortage stopped it)
                 if mixed and req.in_prefill:
                     prefilling.append(req)
                     continue
                 cached = req.num_computed_tokens
+                end = cached + k  # its num_slots: one token a step
                 # the block table holds the window's slots already (the common case)
-                if not (cached + k <= len(req.block_table) * bs or ensure(req, cached + k)):
+                if not (end <= len(req.block_table) * bs or ensure(req, end)):
                     break
                 append(ScheduledSeq(req, 1, cached, k, False))
             else:
@@ -454,21 +463,32 @@ class Scheduler:
 
     def _reserve_preempting(self, out: list[ScheduledSeq], decoders: list[Request], k: int,
                             budget: int, preempted: list[Request]) -> list[ScheduledSeq]:
-        """``out`` (the decodes reserved so far) and k slots for each of ``decoders`` (running
-        requests that decode, in running order) while the window has room for sequences,
+        """``out`` (the decodes reserved so far) and k steps' slots for each of ``decoders``
+        (running requests that decode, in running order) while the window has room for
+        sequences (their tokens, where the policy's ``decode_tokens`` gives several),
         preempting the policy's victims where blocks run short."""
         ensure, bs = self.block_manager.ensure_slots, self.block_manager.block_size
         running = self.running
+        tokens = self._decode_tokens
         for req in decoders:
             if len(out) >= budget:
                 break
             if req.state is not _RUNNING:
                 continue  # preempted for one before it
             cached = req.num_computed_tokens
-            if cached + k <= len(req.block_table) * bs:
-                out.append(ScheduledSeq(req, 1, cached, k, False))
+            if tokens is None:
+                seq = ScheduledSeq(req, 1, cached, k, False)
+                end = cached + k  # its num_slots: one token a step
+            else:  # the policy's tokens a step, within the window's token budget
+                w = tokens(req, self)
+                if sum(s.num_query_tokens for s in out) + w > budget:
+                    break
+                seq = ScheduledSeq(req, w, cached, k, False, 0, w)
+                end = cached + seq.num_slots
+            if end <= len(req.block_table) * bs:
+                out.append(seq)
                 continue
-            while not ensure(req, cached + k):
+            while not ensure(req, end):
                 victim = self.hooks.preemption_victim(self, req)
                 before = running.index(victim) < running.index(req)
                 self._preempt(victim)
@@ -478,7 +498,7 @@ class Scheduler:
                 if before:  # reserved earlier in this window: its slots are gone
                     out = [s for s in out if s.request is not victim]
             else:
-                out.append(ScheduledSeq(req, 1, cached, k, False))
+                out.append(seq)
         return out
 
     # --------------------------------------------- a window that has run
@@ -495,8 +515,13 @@ class Scheduler:
         wasted = 0
         k = len(step_times)
         for i, s in enumerate(batch.seqs):
+            if s.num_decode_tokens != 1:  # several tokens a step
+                wasted += self._credit_wide(s, None if sampled is None else sampled[i],
+                                            step_times, finished)
+                continue
             req = s.request
             n = s.num_steps
+            # one token a step: its computed tokens catch up by the window's (its num_slots)
             computed = s.num_cached_tokens + s.num_query_tokens + n - 1
             req.num_computed_tokens = computed
             generated = req.num_output_tokens
@@ -532,6 +557,29 @@ class Scheduler:
         self.stats.num_wasted_steps += wasted
         return finished
 
+    def _credit_wide(self, s: ScheduledSeq, tokens: Sequence[int] | None,
+                     step_times: Sequence[float], finished: list[Request]) -> int:
+        """update()'s work for a sequence that computes several tokens a step (its
+        ``num_decode_tokens``), apart from the one-token loop it would slow: its computed
+        tokens, its tokens up to its owed ones (each at its step's time), its finish; the steps
+        it ran past its end."""
+        req = s.request
+        computed = s.num_cached_tokens + s.num_slots
+        req.num_computed_tokens = computed
+        owed = req.max_tokens - req.num_output_tokens
+        if computed < req.prompt_len + req.num_output_tokens:
+            return 0  # (a prefill chunk that samples nothing)
+        emits = s.num_emitted_tokens
+        useful = emits if emits < owed else owed
+        useful, done = _credit(req, emits, useful, useful == owed, tokens,
+                               s.emit_times(step_times))
+        steps = s.steps_for(useful)
+        if done:
+            req.finish_time = step_times[steps - 1]
+            self._free(req, RequestState.FINISHED)
+            finished.append(req)
+        return s.num_steps - steps
+
     # --------------------------------------- overlap's windows in flight
     def _hold_placeholders(self, batch: Batch) -> None:
         """Overlap: move each request past ``batch`` as if it ran to its end without stopping:
@@ -541,10 +589,12 @@ class Scheduler:
         for s in batch.seqs:
             req = s.request
             end = s.num_cached_tokens + s.num_query_tokens
-            req.num_computed_tokens = end + s.num_steps - 1
+            w = s.num_decode_tokens
+            # every token the window computes for it (its num_slots)
+            req.num_computed_tokens = end + (s.num_steps - 1) * w
             if end >= req.seq_len + req.num_output_placeholders:  # it samples
                 owed = req.max_tokens - req.num_output_tokens - req.num_output_placeholders
-                s.num_placeholders = min(s.num_steps, owed)
+                s.num_placeholders = min(s.num_steps if w == 1 else s.num_emitted_tokens, owed)
                 req.num_output_placeholders += s.num_placeholders
                 done = done or s.num_placeholders == owed
         if done:
@@ -573,10 +623,15 @@ class Scheduler:
             req.num_output_placeholders -= useful
             done = req.num_output_tokens + useful == req.max_tokens
             tokens = None if sampled is None else sampled[i]
-            useful, done = _credit(req, n, useful, done, tokens, step_times)
-            wasted += n - useful
+            if s.num_decode_tokens == 1:  # one token a step
+                steps, done = _credit(req, n, useful, done, tokens, step_times)
+            else:
+                useful, done = _credit(req, s.num_emitted_tokens, useful, done, tokens,
+                                       s.emit_times(step_times))
+                steps = s.steps_for(useful)
+            wasted += n - steps
             if done:
-                req.finish_time = step_times[useful - 1]
+                req.finish_time = step_times[steps - 1]
                 req.num_output_placeholders = 0  # a window formed since counted it on: wasted
                 self._free(req, RequestState.FINISHED)  # none left if preempted in flight
                 finished.append(req)
@@ -595,11 +650,13 @@ class Scheduler:
         """Keep the running decoders as one group (policies/decode_group.py): for a backend
         that needs a decode window's totals, not its sequences (the simulator). The windows are
         the same; it applies under separate batches without overlap, where no policy hook reads
-        a running request (``Policy.reads_running``) and no block is shared (prefix caching);
+        a running request (``Policy.reads_running``), every decode computes one token a step
+        (no ``decode_tokens`` of the policy's own) and no block is shared (prefix caching);
         elsewhere this does nothing."""
         policy = self.policy
         if (self.overlap or policy.mixed_batches or policy.chunk_prefills or policy.preemptive
-                or vars(type(policy)).get("reads_running", True) or self.running or self.waiting):
+                or vars(type(policy)).get("reads_running", True) or self.running or self.waiting
+                or self._decode_tokens is not None):  # the group's members decode one a step
             return
         self._group = DecodeGroup(self.config.block_size)
         self._grouped = True
@@ -736,18 +793,19 @@ def known_done(req: Request) -> bool:
     return req.num_output_tokens + req.num_output_placeholders >= req.max_tokens
 
 
-def _credit(req: Request, n: int, useful: int, done: bool, tokens: Sequence[int] | None,
-            step_times: Sequence[float]) -> tuple[int, bool]:
-    """Give ``req`` the first ``useful`` of its ``n`` steps' tokens (``tokens``: the sampled ids,
-    None where the backend samples none), stopping after an EOS; (tokens kept, finished)."""
+def _credit(req: Request, emits: int, useful: int, done: bool, tokens: Sequence[int] | None,
+            times: Sequence[float]) -> tuple[int, bool]:
+    """Give ``req`` the first ``useful`` of the ``emits`` tokens its window may emit
+    (``tokens``: the sampled ids, None where the backend samples none; ``times``: each one's
+    step time), stopping after an EOS; (tokens kept, finished)."""
     if tokens is not None:
-        if len(tokens) < n:
+        if len(tokens) < emits:
             raise ValueError(f"update: request {req.request_id} got {len(tokens)} "
-                             f"tokens for {n} steps")
+                             f"tokens for {emits} it may emit")
         if req.eos_token_id is not None and req.eos_token_id in tokens[:useful]:
             useful = list(tokens[:useful]).index(req.eos_token_id) + 1
             done = True
         req.output_token_ids.extend(tokens[:useful])
-    req.token_times.extend(islice(step_times, useful))
+    req.token_times.extend(islice(times, useful))
     req.num_output_tokens += useful
     return useful, done

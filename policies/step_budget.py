@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 def step_seconds(sched: Scheduler, extra: tuple[int, int, bool] | None = None) -> float:
     """GPU seconds of the first step of the window being formed (``sched.forming``), with one
     more prefill chunk ``extra`` = (query tokens, cached tokens, samples) if given."""
-    decodes = decode_kv = longest = 0
+    decodes = decode_tokens = decode_kv = longest = 0
     chunks: list[tuple[int, int, bool]] = []
     for s in sched.forming:
         cq = s.num_cached_tokens + s.num_query_tokens
@@ -21,10 +21,13 @@ def step_seconds(sched: Scheduler, extra: tuple[int, int, bool] | None = None) -
             chunks.append((s.num_query_tokens, s.num_cached_tokens, s.samples))
         else:
             decodes += 1
+            decode_tokens += s.num_query_tokens
             decode_kv += cq
             longest = max(longest, cq)
     if extra is not None:
         chunks.append(extra)
+    if decode_tokens != decodes:  # a decode computes several tokens
+        return sched.step_time_fn(decodes, decode_kv, longest, chunks, decode_tokens)
     return sched.step_time_fn(decodes, decode_kv, longest, chunks)
 
 

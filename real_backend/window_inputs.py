@@ -138,6 +138,11 @@ def plan_window(batch: Batch, sizes: PlanSizes,
     logprobs this window computes runs in the flat step 1 (eager or piecewise, which keep
     every token's hidden state), whatever its length."""
     seqs = batch.seqs
+    for s in seqs:
+        if s.num_decode_tokens != 1:
+            raise ValueError(f"real_backend: request {s.request.request_id} decodes "
+                             f"{s.num_decode_tokens} tokens a step (ScheduledSeq."
+                             "num_decode_tokens), and the engine's decode rows compute one")
     own = any(s.request.sampling is not None for s in seqs)  # never in an offline run
     spans = ({i: span for i, s in enumerate(seqs) if (span := _prompt_span(s)) is not None}
              if own else {})
@@ -212,9 +217,8 @@ def sampling_rows(seqs: list[ScheduledSeq], rows: list[int], step: int,
         np.array([p.top_p for p in params], dtype=np.float32),
         np.array(seeded, dtype=np.int64),
         np.array([seed_key(params[r].seed) for r in seeded], dtype=np.int64),
-        # the token sampled at step j sits at position cached + query + j
-        np.array([seqs[rows[r]].num_cached_tokens + seqs[rows[r]].num_query_tokens + step
-                  for r in seeded], dtype=np.int64))
+        # the token sampled at step j sits past the tokens computed by then
+        np.array([_computed_by(seqs[rows[r]], step) for r in seeded], dtype=np.int64))
     asking = [r for r, p in enumerate(params) if p.logprobs is not None]
     if asking:
         out.logprob_rows = np.array(asking, dtype=np.int64)
@@ -290,7 +294,7 @@ def decode_inputs(seqs: list[ScheduledSeq], rows: list[int], step: int, sizes: P
     rs = [seqs[i] for i in rows]
     width = max((len(s.request.block_table) for s in rs), default=1)
     seq_lens = np.zeros(padded, dtype=np.int32)
-    seq_lens[:n] = [s.num_cached_tokens + s.num_query_tokens + step - 1 for s in rs]
+    seq_lens[:n] = [_computed_by(s, step - 1) for s in rs]
     out = DecodeInputs(step, n, padded, table_rows(rs, width), seq_lens)
     if step == 0:
         seq_lens[:n] += 1
@@ -304,6 +308,11 @@ def decode_inputs(seqs: list[ScheduledSeq], rows: list[int], step: int, sizes: P
         out.slots[:n] = [s.request.block_table[s.num_cached_tokens // bs] * bs
                          + s.num_cached_tokens % bs for s in rs]
     return out
+
+
+def _computed_by(s: ScheduledSeq, step: int) -> int:
+    """``s``'s tokens in the KV cache once step ``step`` (0-based) of its window has run."""
+    return s.num_cached_tokens + s.num_query_tokens + step * s.num_decode_tokens
 
 
 def flat_inputs(seqs: list[ScheduledSeq], multi: list[int], single: list[int], block_size: int,
@@ -334,7 +343,7 @@ def flat_inputs(seqs: list[ScheduledSeq], multi: list[int], single: list[int], b
         tokens, positions, slots, query_start,
         np.array([s.num_cached_tokens + s.num_query_tokens for s in pre], dtype=np.int32),
         table_rows(pre, width),
-        np.array([s.num_cached_tokens + 1 for s in dec], dtype=np.int32),
+        np.array([s.num_cached_tokens + s.num_query_tokens for s in dec], dtype=np.int32),
         table_rows(dec, width), logits_indices, int(ends[len(pre) - 1]),
         int(q_lens[:len(pre)].max()),
         None if fetch is None else (fetch[0] + int(ends[len(pre) - 1]), fetch[1]))

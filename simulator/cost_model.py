@@ -266,14 +266,17 @@ def step_time_fn(model: ModelSpec, hw: HardwareSpec) -> StepTimeFn:
     window from its decodes and prefill chunks, the shape ``window_shapes`` would build."""
 
     def first_step_time(decodes: int, decode_kv: int, longest: int,
-                        chunks: Sequence[tuple[int, int, bool]]) -> float:
+                        chunks: Sequence[tuple[int, int, bool]],
+                        decode_tokens: int | None = None) -> float:
         tokens = pairs = prefill_kv = sampled = 0
         for q, c, samples in chunks:
             tokens += q
             pairs += q * (q + 1) // 2 + q * c
             prefill_kv += c + q
             sampled += samples
-        shape = StepShape(decodes + tokens, decodes + len(chunks), tokens, decodes + sampled,
+        # each decode computes and samples its tokens (one, unless said otherwise)
+        d = decodes if decode_tokens is None else decode_tokens
+        shape = StepShape(d + tokens, decodes + len(chunks), tokens, d + sampled,
                           float(pairs), decode_kv + prefill_kv, True, longest, len(chunks),
                           prefill_kv)
         return step_time(shape, model, hw)

@@ -372,20 +372,26 @@ def _open_window(sim: ReplicaSim, batch: Batch, v: int, now: float,
     overlap = gpu_free is not None
     # the scheduler discards samples past max_tokens: how many sequences end at each step
     ending = [0] * (k + 1) if k > 1 and not overlap else None
-    shapes = window_shapes(batch, ending)
+    surplus: list[int] = []  # filled where a sequence emits several tokens a step
+    shapes = window_shapes(batch, ending, surplus)
     if k == 1:  # every sampling sequence still owes at least one token
-        delivered = [shapes[0].num_sampled]
+        delivered = [shapes[0].num_sampled - surplus[1] if surplus else shapes[0].num_sampled]
     else:
         if ending is None:  # the outputs of the window in flight are still placeholders
             ending = [0] * (k + 1)
             for s in batch.seqs:
-                if s.num_placeholders:
-                    ending[min(s.num_steps, s.num_placeholders, k)] += 1
+                if s.num_placeholders:  # the steps its expected tokens take
+                    ending[min(s.steps_for(s.num_placeholders), k)] += 1
         delivered = [0] * k
         alive = sum(ending) - ending[0]
         for j in range(k):
             delivered[j] = alive
             alive -= ending[j + 1]
+    # ``delivered`` counts the sequences streaming at each step (one SSE chunk each), the
+    # tokens they deliver are more where a sequence emits several a step
+    streaming = delivered
+    if surplus:
+        delivered = [n + x for n, x in zip(streaming, surplus, strict=False)]
     if sim.shared.cluster:  # fresh requests admitted now leave the router's queued tokens
         load = sim.load
         for s in batch.seqs:
@@ -393,7 +399,7 @@ def _open_window(sim: ReplicaSim, batch: Batch, v: int, now: float,
             if s.is_prefill and s.num_cached_tokens == req.num_cached_prompt_tokens \
                     and not req.num_preemptions:
                 load.queued_prompt_tokens -= req.prompt_len
-    chunks = sse_chunks(spec, delivered, sim.stream_per_step)
+    chunks = sse_chunks(spec, streaming, sim.stream_per_step)
     out_cost = window_output_times(spec, [s.num_seqs for s in shapes], delivered, chunks)
     cost = schedule_time(spec, batch.num_seqs, shapes[0].num_tokens, shapes[0].kv_tokens,
                          batch.num_steps, overlap, shapes[0].num_prefill_seqs,

@@ -129,13 +129,14 @@ def output_time(spec: OverheadSpec, num_seqs: int, num_delivered: int) -> float:
     return window_output_times(spec, [num_seqs], [num_delivered], [num_delivered])[0]
 
 
-def sse_chunks(spec: OverheadSpec, delivered: list[int], stream_per_step: bool) -> list[int]:
-    """SSE chunks each step of a window hands the API server, from the tokens it delivers
-    (``delivered`` never grows along a window: a sequence that stops stays stopped)."""
+def sse_chunks(spec: OverheadSpec, streaming: list[int], stream_per_step: bool) -> list[int]:
+    """SSE chunks each step of a window hands the API server, from the sequences that deliver
+    tokens at each step (``streaming`` never grows along a window: a sequence that stops stays
+    stopped; one that emits several tokens a step sends them in one chunk)."""
     if (spec.output_per_window or spec.api_chunk_per_window) and not stream_per_step:
         # one per request, at the window's end
-        return [0] * (len(delivered) - 1) + [delivered[0]]
-    return list(delivered)  # one token per request and step
+        return [0] * (len(streaming) - 1) + [streaming[0]]
+    return list(streaming)  # one chunk per request and step
 
 
 def window_output_times(spec: OverheadSpec, seqs: list[int], delivered: list[int],

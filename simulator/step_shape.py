@@ -20,10 +20,10 @@ from simulator.hardware import HardwareSpec
 class StepShape:
     """What one forward step computes, summed over the batch: the cost model's features."""
 
-    num_tokens: int  # query tokens: prefill chunks plus one per decoding sequence
+    num_tokens: int  # query tokens: prefill chunks plus each decoding sequence's tokens
     num_seqs: int  # sequences taking part
     num_prefill_tokens: int
-    num_sampled: int  # sequences that sample a token (rows of the LM head)
+    num_sampled: int  # tokens sampled (rows of the LM head): a decode's each, a last chunk's one
     attn_pairs: float  # sum over prefill chunks of q (q + 1) / 2 + q c
     kv_tokens: int  # KV-cache tokens the step's attention touches
     is_first: bool  # step 1 of its window (later steps follow an advance_step)
@@ -37,11 +37,18 @@ class StepShape:
         return 0 < self.num_prefill_tokens < self.num_tokens
 
 
-def window_shapes(batch: Batch, ending: list[int] | None = None) -> list[StepShape]:
+def window_shapes(batch: Batch, ending: list[int] | None = None,
+                  surplus: list[int] | None = None) -> list[StepShape]:
     """The shape of every step of ``batch``: one pass over the sequences, then O(k).
     ``ending`` (k + 1 zeros, for a window of k > 1 steps), in the same pass: how many sampling
     sequences take their last token at each step, ``ending[m]`` those that take m (their steps
-    capped by the tokens they still owe; the simulator's tokens delivered per step)."""
+    capped by the steps their owed tokens take; the simulator's deliveries per step). Each
+    sequence computes ``num_query_tokens`` in step 1 and ``num_decode_tokens`` a step after.
+    ``surplus`` (an empty list), filled with k + 1 counts where a sequence emits several tokens
+    a step (left empty otherwise, at no cost to the common window): the tokens beyond one such
+    sequences emit at step j (``surplus[j]``, j < k; capped by the tokens each owes, or its
+    placeholders under overlap), and step 1's sampled rows beyond one a sampling sequence
+    (``surplus[k]``): the simulator's deliveries count tokens, its SSE chunks sequences."""
     k = batch.num_steps
     if batch.decodes is not None:
         return _group_shapes(batch.decodes, k, ending)
@@ -50,6 +57,7 @@ def window_shapes(batch: Batch, ending: list[int] | None = None) -> list[StepSha
     leaving_ctx = [0] * (k + 1)  # their tokens in the cache after step 1 (c + q)
     leaving_max = [0] * (k + 1)  # the longest of them
     tokens = prefill_tokens = sampled = kv = pairs = longest = prefill_seqs = prefill_kv = 0
+    wide = False  # a sequence decodes more than one token a step
     for s in seqs:
         q = s.num_query_tokens
         c = s.num_cached_tokens
@@ -69,16 +77,31 @@ def window_shapes(batch: Batch, ending: list[int] | None = None) -> list[StepSha
             leaving_ctx[m] += cq
             if cq > leaving_max[m]:
                 leaving_max[m] = cq
-        req = s.request
-        if cq >= req.prompt_len + req.num_output_tokens:  # the chunk completes the sequence
-            sampled += 1
+        w = s.num_decode_tokens
+        if w != 1:
+            wide = True
+            if surplus is not None and s.num_sampled_tokens:
+                if not surplus:
+                    surplus += [0] * (k + 1)
+                req = s.request
+                owed = s.num_placeholders or req.max_tokens - req.num_output_tokens
+                for j, n in enumerate(s.step_tokens(owed)[:k]):
+                    surplus[j] += n - 1
+                surplus[k] += s.num_sampled_tokens - 1
+        if s.num_sampled_tokens:  # the chunk completes the sequence, or a decode
+            sampled += s.num_sampled_tokens
             if ending is not None:
-                owed = req.max_tokens - req.num_output_tokens
+                req = s.request
+                owed = req.max_tokens - req.num_output_tokens  # tokens; one a step if w is 1
+                if w != 1:
+                    owed = s.steps_for(owed)
                 ending[m if m <= owed else owed] += 1
     shapes = [StepShape(tokens, len(seqs), prefill_tokens, sampled, float(pairs), kv, True,
                         longest, prefill_seqs, prefill_kv)]
     if k == 1:
         return shapes
+    if wide:
+        return shapes + _later_steps(seqs, k)
     for m in range(k - 1, -1, -1):  # leaving_max[m]: the longest sequence taking >= m steps
         leaving_max[m] = max(leaving_max[m], leaving_max[m + 1])
     # Step j (0-based, j >= 1): the sequences with more than j steps each decode one token
@@ -90,6 +113,26 @@ def window_shapes(batch: Batch, ending: list[int] | None = None) -> list[StepSha
                                 leaving_max[j + 1] + j if alive else 0))
         alive -= leaving[j + 1]
         alive_ctx -= leaving_ctx[j + 1]
+    return shapes
+
+
+def _later_steps(seqs: list, k: int) -> list[StepShape]:
+    """Steps 2..k of a window whose sequences decode ``num_decode_tokens`` tokens a step
+    (several for some): each sequence with more than j steps computes its tokens over a
+    context of c + q + j times its tokens a step."""
+    shapes = []
+    for j in range(1, k):
+        tokens = kv = longest = n = 0
+        for s in seqs:
+            if s.num_steps > j:
+                w = s.num_decode_tokens
+                ctx = s.num_cached_tokens + s.num_query_tokens + j * w
+                n += 1
+                tokens += w
+                kv += ctx
+                if ctx > longest:
+                    longest = ctx
+        shapes.append(StepShape(tokens, n, 0, tokens, 0.0, kv, False, longest))
     return shapes
 
 

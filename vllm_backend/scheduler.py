@@ -310,9 +310,10 @@ class VllmPolicyScheduler(Scheduler):
             chunk = min(self.hooks.chunk_size(mirror, left, self._budget_left, self.view), n)
             if chunk <= 0 and running:  # schedlab's running prefills stop here
                 self._running_prefills_stopped = True
-        if chunk > 0:
+        if chunk > 0:  # a decode's tokens (vLLM's: 1, or 1 + its draft) are its decode step's
+            decoding = _decoding(request)
             self.view.forming.append(ScheduledSeq(mirror, chunk, num_computed_tokens, 1,
-                                                  not _decoding(request)))
+                                                  not decoding, 0, chunk if decoding else 1))
             self._budget_left -= chunk
         return max(chunk, 0)
 

@@ -300,3 +300,15 @@ def test_windows_without_per_request_settings_carry_none() -> None:
     plan = plan_window(Batch(seqs, 1), sizes, sampling=SamplingParams(0.5))
     assert [float(t) for t in plan.sampling[0].temperature] == [0.5, 1.0, 0.5]
     assert np.array_equal(plan.sampling[0].seeded, [1])
+
+
+def test_a_window_of_several_tokens_a_decode_step_is_refused_in_one_line() -> None:
+    """The engine's decode rows compute one token a step: a sequence that asks for more (a
+    draft to verify) is refused naming the request and the setting, not built wrong."""
+    from real_backend.window_inputs import PlanSizes, plan_window
+
+    req = Request(7, 0.0, 6, 4)
+    req.block_table = list(range(4))
+    seq = ScheduledSeq(req, 3, 6, 1, False, num_decode_tokens=3)
+    with pytest.raises(ValueError, match=r"request 7 decodes 3 tokens a step .*num_decode_tokens"):
+        plan_window(Batch([seq], 1), PlanSizes(BLOCK_SIZE, lambda n: n, None, None))
