@@ -30,9 +30,14 @@ def _random_requests(seed: int, num_blocks: int, lengths: tuple[int, ...], block
             for i, p in enumerate(prompts)]
 
 
-def _one_step(runner: ModelRunner, entries, samples=lambda r, q: True) -> None:
+def _in_prefill(r: Request) -> bool:
+    """As the scheduler marks a row: a prefill while part of the prompt is uncomputed."""
+    return r.num_computed_tokens < len(r.prompt_token_ids)
+
+
+def _one_step(runner: ModelRunner, entries) -> None:
     """A one-step window of (request, query tokens) rows; updates requests like update()."""
-    seqs = [ScheduledSeq(r, q, r.num_computed_tokens, 1, samples(r, q)) for r, q in entries]
+    seqs = [ScheduledSeq(r, q, r.num_computed_tokens, 1, _in_prefill(r)) for r, q in entries]
     res = runner.run_window(Batch(seqs, 1))
     for s, ids in zip(seqs, res.sampled, strict=True):
         s.request.num_computed_tokens += s.num_query_tokens
@@ -51,7 +56,8 @@ def test_windows_with_ragged_step_counts() -> None:
 
     def run(entries):
         """entries: (request, query tokens, steps); updates requests like Scheduler.update."""
-        seqs = [ScheduledSeq(r, q, r.num_computed_tokens, n, q > 1) for r, q, n in entries]
+        seqs = [ScheduledSeq(r, q, r.num_computed_tokens, n, _in_prefill(r))
+                for r, q, n in entries]
         res = runner.run_window(Batch(seqs, max(n for _, _, n in entries)))
         assert len(res.step_times) == max(n for _, _, n in entries)
         for s, ids in zip(seqs, res.sampled, strict=True):
@@ -224,9 +230,7 @@ def test_mixed_steps_through_piecewise_pieces_equal_oracle() -> None:
     reqs = _random_requests(2, 96, (9, 30, 17, 70), 22, 6)
     oracle = [greedy_dense(model, r.prompt_token_ids, 4) for r in reqs]
 
-    # a chunk samples when it ends its prompt
-    run = partial(_one_step, runner,
-                  samples=lambda r, q: r.num_computed_tokens + q >= len(r.prompt_token_ids))
+    run = partial(_one_step, runner)  # a chunk samples when it ends its prompt
 
     a, b, c, d = reqs
     run([(a, 9), (b, 20)])  # 29 tokens, 2 prompts, over the prefill graphs' 16: pieces of 32
