@@ -12,6 +12,15 @@ from real_backend.model import Llama, forward_dense
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "model"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# (policy, its settings, token budget, overlap): single steps, multi-step windows, prefills
+# inside windows and overlap, which the per-request sampling tests run each request through
+WINDOW_KINDS = [
+    ("single_step", {}, None, False),
+    ("multi_step", {"num_steps": 4}, None, False),
+    ("cp2", {"num_steps": 4}, 16, True),
+    ("multi_step", {"num_steps": 8}, None, True),
+]
+WINDOW_KIND_IDS = ["single_step", "multi_step4", "cp2_overlap", "multi_step8_overlap"]
 
 
 def load_spec(config: str, **overrides) -> ModelSpec:

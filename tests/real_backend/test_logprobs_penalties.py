@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from rb_util import DEVICE, load_spec
+from rb_util import DEVICE, WINDOW_KIND_IDS, WINDOW_KINDS, load_spec
 from reference_sampling import dense_logits, penalized_greedy, reference_penalties
 
 from policies import Request, SchedulerConfig, make_scheduler
@@ -76,12 +76,8 @@ def penalized_requests() -> list[Request]:
             for i in range(10)]
 
 
-@pytest.mark.parametrize(("policy", "params", "budget", "overlap"), [
-    ("single_step", {}, None, False),
-    ("multi_step", {"num_steps": 4}, None, False),
-    ("cp2", {"num_steps": 4}, 16, True),
-    ("multi_step", {"num_steps": 8}, None, True),
-], ids=["single_step", "multi_step4", "cp2_overlap", "multi_step8_overlap"])
+@pytest.mark.parametrize(("policy", "params", "budget", "overlap"), WINDOW_KINDS,
+                         ids=WINDOW_KIND_IDS)
 def test_penalized_greedy_requests_generate_what_the_reference_does(policy, params, budget,
                                                                     overlap) -> None:
     runner, sched = runner_and_scheduler(policy, params, budget, overlap)

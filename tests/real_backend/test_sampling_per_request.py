@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from rb_util import DEVICE, load_spec
+from rb_util import DEVICE, WINDOW_KIND_IDS, WINDOW_KINDS, load_spec
 
 from policies import Batch, Request, ScheduledSeq, SchedulerConfig, make_scheduler
 from policies.sampling_params import SamplingParams
@@ -234,12 +234,8 @@ def alone() -> dict[int, list[int]]:
     return out
 
 
-@pytest.mark.parametrize(("policy", "params", "budget", "overlap"), [
-    ("single_step", {}, None, False),
-    ("multi_step", {"num_steps": 4}, None, False),
-    ("cp2", {"num_steps": 4}, 16, True),
-    ("multi_step", {"num_steps": 8}, None, True),
-], ids=["single_step", "multi_step4", "cp2_overlap", "multi_step8_overlap"])
+@pytest.mark.parametrize(("policy", "params", "budget", "overlap"), WINDOW_KINDS,
+                         ids=WINDOW_KIND_IDS)
 def test_a_seeded_request_samples_the_same_alone_or_in_company(alone, policy, params, budget,
                                                                overlap) -> None:
     reqs = requests(company=True)
