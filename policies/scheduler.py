@@ -470,6 +470,7 @@ class Scheduler:
         ensure, bs = self.block_manager.ensure_slots, self.block_manager.block_size
         running = self.running
         tokens = self._decode_tokens
+        used = sum(s.num_query_tokens for s in out)  # the window's tokens reserved so far
         for req in decoders:
             if len(out) >= budget:
                 break
@@ -481,12 +482,13 @@ class Scheduler:
                 end = cached + k  # its num_slots: one token a step
             else:  # the policy's tokens a step, within the window's token budget
                 w = tokens(req, self)
-                if sum(s.num_query_tokens for s in out) + w > budget:
+                if used + w > budget:
                     break
                 seq = ScheduledSeq(req, w, cached, k, False, 0, w)
                 end = cached + seq.num_slots
             if end <= len(req.block_table) * bs:
                 out.append(seq)
+                used += seq.num_query_tokens
                 continue
             while not ensure(req, end):
                 victim = self.hooks.preemption_victim(self, req)
@@ -496,9 +498,11 @@ class Scheduler:
                 if victim is req:
                     break
                 if before:  # reserved earlier in this window: its slots are gone
+                    used -= sum(s.num_query_tokens for s in out if s.request is victim)
                     out = [s for s in out if s.request is not victim]
             else:
                 out.append(seq)
+                used += seq.num_query_tokens
         return out
 
     # --------------------------------------------- a window that has run
