@@ -39,6 +39,12 @@ class ScheduledSeq:
     # tokens are all computed but its newest). Set when the window is formed (update() changes
     # the request's length, not what the window computed).
     num_sampled_tokens: int
+    # Speculative decoding: the draft tokens accepted at each of the window's decode steps (a
+    # step emits its accepted tokens plus the target's own), drawn from the workload's
+    # acceptance process when the window is formed, so that every backend and the simulator
+    # apply the same outcome; None without speculation, or where the engine's verification
+    # decides (greedy, real weights).
+    num_accepted: list[int] | None
 
     # Written out rather than generated with a __post_init__: one is formed per request per
     # window, and the extra call would cost the scheduler's hot path (the speed rule).
@@ -52,6 +58,7 @@ class ScheduledSeq:
         self.is_prefill = is_prefill
         self.num_placeholders = num_placeholders
         self.num_decode_tokens = num_decode_tokens
+        self.num_accepted = None
         if not is_prefill:
             self.num_sampled_tokens = num_decode_tokens
         elif num_cached_tokens + num_query_tokens < request.prompt_len + request.num_output_tokens:
