@@ -117,7 +117,10 @@ class DecodeGroup:
         ending[:] = [e for e in ending if e[1] is not req]
         if not ending:
             del self._ends[end]
-        self._drop(lead)
+        self.size -= 1
+        self._by_lead[lead % self.block_size] -= 1
+        self._lead_sum -= lead
+        self._left[lead] = self._left.get(lead, 0) + 1
 
     def clear(self) -> None:
         """Every member has left (each one caught up by the caller)."""
@@ -126,12 +129,6 @@ class DecodeGroup:
         self._longest.clear()
         self._left.clear()
         self._ends.clear()
-
-    def _drop(self, lead: int) -> None:
-        self.size -= 1
-        self._by_lead[lead % self.block_size] -= 1
-        self._lead_sum -= lead
-        self._left[lead] = self._left.get(lead, 0) + 1
 
     def blocks_needed(self, k: int) -> int:
         """New KV blocks the members take to reserve k slots each: a member holding c tokens
@@ -177,10 +174,14 @@ class DecodeGroup:
         self.position = pos + k
         finished: list[Request] = []
         wasted = 0
+        by_lead, left, bs = self._by_lead, self._left, self.block_size
+        leads = 0
         for end, _, req in win.finishing:
             joined = req.group_offset
             lead = req.num_computed_tokens - joined
-            self._drop(lead)
+            by_lead[lead % bs] -= 1
+            leads += lead
+            left[lead] = left.get(lead, 0) + 1
             req.group_offset = None
             owed = end - pos
             req.num_computed_tokens = lead + pos + k
@@ -189,6 +190,8 @@ class DecodeGroup:
             wasted += k - owed
             win.runs.append((joined, end))
             finished.append(req)
+        self.size -= len(finished)
+        self._lead_sum -= leads
         return finished, wasted
 
 

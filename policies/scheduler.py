@@ -689,18 +689,19 @@ class Scheduler:
     def _join(self, batch: Batch) -> None:
         """update() of a window formed one sequence at a time: its running requests decode now
         and join the decode group (those of a prefill window; all, where they had left it)."""
-        if self._grouped:
+        if self._grouped:  # (their blocks taken by count at admission)
             joining = [s.request for s in batch.seqs if s.request.state is _RUNNING]
         else:
             joining = self.running
-        blocks_for = self.block_manager.blocks_for
+            blocks_for = self.block_manager.blocks_for
+            for req in joining:
+                if len(req.block_table) != blocks_for(req.num_computed_tokens):
+                    raise RuntimeError(f"request {req.request_id} joins the decode group with "
+                                       "blocks for other than its computed tokens")
         for req in joining:
             if req.in_prefill:
                 raise RuntimeError(f"request {req.request_id} is still prefilling after "
                                    "a whole-prompt prefill window")
-            if len(req.block_table) > blocks_for(req.num_computed_tokens):
-                raise RuntimeError(f"request {req.request_id} joins the decode group holding "
-                                   "blocks past its computed tokens")
         self._group.join(joining)
         self._grouped = True
 
@@ -710,7 +711,11 @@ class Scheduler:
         if finished:
             for req in finished:
                 self._free(req, RequestState.FINISHED)
-            self.running = [r for r in self.running if r.state is _RUNNING]
+            if len(finished) < 8:  # a few of many: each found from the head (in C)
+                for req in finished:
+                    self.running.remove(req)
+            else:
+                self.running = [r for r in self.running if r.state is _RUNNING]
         batch.num_wasted_steps = wasted
         self.stats.num_wasted_steps += wasted
         return finished
