@@ -711,11 +711,7 @@ class Scheduler:
         if finished:
             for req in finished:
                 self._free(req, RequestState.FINISHED)
-            if len(finished) < 8:  # a few of many: each found from the head (in C)
-                for req in finished:
-                    self.running.remove(req)
-            else:
-                self.running = [r for r in self.running if r.state is _RUNNING]
+            self.running = [r for r in self.running if r.state is _RUNNING]
         batch.num_wasted_steps = wasted
         self.stats.num_wasted_steps += wasted
         return finished
