@@ -50,9 +50,10 @@ class BlockManager:
         self._by_hash: dict[bytes, int] = {}  # block key -> block
         self._hash_of: dict[int, bytes] = {}
         # Blocks taken by count whose ids are not picked yet (a decode group's, which reads no
-        # block table: policies/decode_group.py); ``assign`` picks them. They are not free.
-        # While any are, the free list holds more ids than there are free blocks: only a
-        # caller that checked ``num_free_blocks`` (admission) takes from it.
+        # block table: policies/decode_group.py); ``ensure_slots`` picks them once the count
+        # is taken back. They are not free. While any are, the free list holds more ids than
+        # there are free blocks: only a caller that checked ``num_free_blocks`` (admission)
+        # takes from it.
         self.unassigned = 0
 
     def shuffle_free(self, seed: int) -> None:
@@ -154,16 +155,6 @@ class BlockManager:
             table.append(self._take())
         refs.update(dict.fromkeys(table[-need:], 1))
         return True
-
-    def assign(self, requests: list[Request], num_tokens: list[int]) -> None:
-        """Pick the ids of the blocks taken by count: each request's table grows to hold its
-        ``num_tokens`` slots, which the count covers exactly."""
-        count, self.unassigned = self.unassigned, 0
-        for req, n in zip(requests, num_tokens, strict=True):
-            count -= self.blocks_for(n) - len(req.block_table)
-            self.ensure_slots(req, n)
-        if count:
-            raise RuntimeError(f"{count} blocks taken by count are not in any block table")
 
     def free(self, req: Request) -> None:
         """Give back ``req``'s blocks; an indexed one no table holds stays cached (LRU order:

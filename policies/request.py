@@ -77,6 +77,10 @@ class Request:
     # seed, penalties, and the logprobs it asks for); None: the backend's sampling, as every
     # offline run's request
     sampling: SamplingParams | None = None
+    # The simulator's decode group (policies/decode_group.py): its position when the request
+    # joined, None while it is not a member. A member's computed and output tokens, token times
+    # and block table are as they were then; it has decoded one token a position since.
+    group_offset: int | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_token_ids is not None:

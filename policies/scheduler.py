@@ -17,9 +17,6 @@ from policies.request import Request, RequestState
 from policies.scheduler_config import SchedulerConfig, SchedulerStats
 
 _RUNNING = RequestState.RUNNING
-# Decode windows a scheduler that gave up its decode group waits before it tries to form one
-# again (a shortage of blocks tends to last a while; each try reads every running request).
-_REGROUP_AFTER = 8
 
 
 def token_budget(policy: Policy, config: SchedulerConfig, max_model_len: int) -> int:
@@ -79,9 +76,9 @@ class Scheduler:
                                else self.hooks.decode_tokens)
         self._group: DecodeGroup | None = None  # group_decodes(): the running decoders' group
         # Between windows, every running request is in the group; its blocks past its block
-        # table (all, for one admitted meanwhile) are taken by count.
+        # table (all, for one admitted meanwhile) are taken by count. False while a window formed
+        # one sequence at a time is out (its update() brings them back).
         self._grouped = False
-        self._regroup_wait = 0
         self._ungroup = False  # a request whose blocks may be shared came: no group from now
         # Disaggregation (add_prefilled): requests whose KV was computed on another replica,
         # waiting to be admitted as decoders
@@ -125,10 +122,11 @@ class Scheduler:
         finds the request finished and counts its slots as wasted, as it does for a request
         whose EOS it learns one window late.
         """
-        self.settle()
         for queue in (self.running, self.finishing, self.waiting):
             for req in queue:
                 if req.request_id == request_id:
+                    if req.group_offset is not None:
+                        self._group.leave(req)
                     queue.remove(req)
                     self._free(req, RequestState.FINISHED)  # a preempted one holds no block
                     req.num_output_placeholders = 0
@@ -151,7 +149,8 @@ class Scheduler:
     def _free(self, req: Request, state: RequestState) -> None:
         """``req`` leaves (``state``: finished, aborted or preempted) and gives its KV blocks
         back: the one way out, for every path. Blocks the decode group took by count for it
-        go back too (its reservation covered its computed tokens exactly)."""
+        go back too (its reservation covered its computed tokens exactly; a member's fields
+        caught up first)."""
         req.state = state
         bm = self.block_manager
         if self._grouped:
@@ -214,7 +213,8 @@ class Scheduler:
         self._observe(now)
         self.forming = []
         if self._ungroup:
-            self.settle()
+            if self._grouped:
+                self._leave_group()
             self._group, self._ungroup = None, False
         policy = self.policy
         if policy.orders_queue:
@@ -259,9 +259,10 @@ class Scheduler:
         stands for: for traces and checks."""
         out = [(s.request, s.num_query_tokens, s.num_cached_tokens, s.num_steps, s.is_prefill)
                for s in batch.seqs]
-        if batch.decodes is not None:
-            out += [(req, 1, cached, batch.num_steps, False)
-                    for req, cached in self._group.members_at(batch.decodes)]
+        if batch.decodes is not None:  # every running request, at the window's position
+            start, k = batch.decodes.start, batch.num_steps
+            out += [(req, 1, req.num_computed_tokens + start - req.group_offset, k, False)
+                    for req in self.running]
         return out
 
     def _observe(self, now: float) -> None:
@@ -314,7 +315,7 @@ class Scheduler:
             if prefills:
                 return prefills, 1, True, None
         k = self.hooks.window_steps(self, False)
-        if self._group is not None and self.running and self._group_takes(k, tokens):
+        if self._grouped and self.running and self._group_takes(k, tokens):
             return [], k, False, self._group.window(k)
         return self._reserve_decodes(k, tokens, preempted)[0], k, False, None
 
@@ -526,12 +527,11 @@ class Scheduler:
             req = s.request
             n = s.num_steps
             # one token a step: its computed tokens catch up by the window's (its num_slots)
-            computed = s.num_cached_tokens + s.num_query_tokens + n - 1
-            req.num_computed_tokens = computed
+            req.num_computed_tokens = s.num_cached_tokens + s.num_query_tokens + n - 1
+            if not s.num_sampled_tokens:
+                continue  # a prefill chunk that samples nothing
             generated = req.num_output_tokens
             owed = req.max_tokens - generated
-            if computed < req.prompt_len + generated:
-                continue  # a prefill chunk that samples nothing
             if sampled is None:  # no token ids (the simulator): _credit's work, inline
                 if n < owed:
                     req.token_times.extend(step_times if n == k else step_times[:n])
@@ -550,13 +550,8 @@ class Scheduler:
                 finished.append(req)
         if finished:
             self.running = [r for r in self.running if r.state is _RUNNING]
-        if self._grouped:  # the prefill window's requests decode now: they join
-            joining = [s.request for s in batch.seqs if s.request.state is _RUNNING]
-            for req in joining:
-                if req.in_prefill:
-                    raise RuntimeError(f"request {req.request_id} is still prefilling after "
-                                       "a whole-prompt prefill window")
-            self._group.join(joining)
+        if self._group is not None:
+            self._join(batch)
         batch.num_wasted_steps = wasted
         self.stats.num_wasted_steps += wasted
         return finished
@@ -568,11 +563,10 @@ class Scheduler:
         tokens, its tokens up to its owed ones (each at its step's time), its finish; the steps
         it ran past its end."""
         req = s.request
-        computed = s.num_cached_tokens + s.num_slots
-        req.num_computed_tokens = computed
-        owed = req.max_tokens - req.num_output_tokens
-        if computed < req.prompt_len + req.num_output_tokens:
+        req.num_computed_tokens = s.num_cached_tokens + s.num_slots
+        if not s.num_sampled_tokens:
             return 0  # (a prefill chunk that samples nothing)
+        owed = req.max_tokens - req.num_output_tokens
         emits = s.num_emitted_tokens
         useful = emits if emits < owed else owed
         useful, done = _credit(req, emits, useful, useful == owed, tokens,
@@ -592,11 +586,11 @@ class Scheduler:
         done = False
         for s in batch.seqs:
             req = s.request
-            end = s.num_cached_tokens + s.num_query_tokens
             w = s.num_decode_tokens
             # every token the window computes for it (its num_slots)
-            req.num_computed_tokens = end + (s.num_steps - 1) * w
-            if end >= req.seq_len + req.num_output_placeholders:  # it samples
+            req.num_computed_tokens = (s.num_cached_tokens + s.num_query_tokens
+                                       + (s.num_steps - 1) * w)
+            if s.num_sampled_tokens:  # it samples
                 owed = req.max_tokens - req.num_output_tokens - req.num_output_placeholders
                 s.num_placeholders = min(s.num_steps if w == 1 else s.num_emitted_tokens, owed)
                 req.num_output_placeholders += s.num_placeholders
@@ -662,52 +656,54 @@ class Scheduler:
                 or vars(type(policy)).get("reads_running", True) or self.running or self.waiting
                 or self._decode_tokens is not None):  # the group's members decode one a step
             return
-        self._group = DecodeGroup(self.config.block_size)
+        bm = self.block_manager
+        self._group = DecodeGroup(bm.blocks_for, bm.block_size)
         self._grouped = True
 
     def _group_takes(self, k: int, budget: int) -> bool:
         """Whether the decode group forms this k-step decode window (its blocks taken by
-        count); where a window needs the running requests one by one (too few blocks or
-        tokens for all), the group is settled and the caller forms it."""
-        if not self._grouped:
-            if self._regroup_wait:
-                self._regroup_wait -= 1
-                return False
-            if not self._regroup():
-                self._regroup_wait = _REGROUP_AFTER
-                return False
+        count): every running request decodes in it. Where one would not (too few blocks or
+        tokens for all), the members leave and the caller forms the window one sequence at a
+        time; they join again at its update()."""
         bm = self.block_manager
-        if budget < len(self.running) or \
-                (need := self._group.blocks_needed(k)) > bm.num_free_blocks:
-            self.settle()
-            self._regroup_wait = _REGROUP_AFTER
-            return False
-        bm.unassigned += need
-        return True
+        if budget >= len(self.running) and \
+                (need := self._group.blocks_needed(k)) <= bm.num_free_blocks:
+            bm.unassigned += need
+            return True
+        self._leave_group()
+        return False
 
-    def _joins(self, req: Request) -> bool:
-        """Whether running ``req`` can join the decode group: it decodes, and its block table
-        holds exactly its computed tokens (as every decode window leaves it)."""
-        return (not req.in_prefill
-                and len(req.block_table) == self.block_manager.blocks_for(req.num_computed_tokens))
-
-    def _regroup(self) -> bool:
-        """Form the decode group of every running request, if each can join."""
-        if not all(self._joins(r) for r in self.running):
-            return False
-        self._group.join(self.running)
-        self._grouped = True
-        return True
-
-    def settle(self) -> None:
-        """Write the decode group's members' state back to them (computed and output tokens,
-        token times, block tables), so that the requests say where they are; the scheduler
-        then forms windows one sequence at a time until it can group them again."""
-        if not self._grouped:
-            return
-        members = self._group.settle()
-        self.block_manager.assign(members, [r.num_computed_tokens for r in members])
+    def _leave_group(self) -> None:
+        """Every member leaves the decode group: its fields caught up, its blocks picked."""
+        group, bm = self._group, self.block_manager
+        for req in self.running:
+            group.catch_up(req)
+            computed = req.num_computed_tokens
+            bm.unassigned -= bm.blocks_for(computed) - len(req.block_table)
+            bm.ensure_slots(req, computed)
+        group.clear()
         self._grouped = False
+        if bm.unassigned:
+            raise RuntimeError(f"{bm.unassigned} blocks taken by count are in no block table")
+
+    def _join(self, batch: Batch) -> None:
+        """update() of a window formed one sequence at a time: its running requests decode now
+        and join the decode group (those of a prefill window; all, where they had left it)."""
+        if self._grouped:  # (their blocks taken by count at admission)
+            joining = [s.request for s in batch.seqs if s.request.state is _RUNNING]
+        else:
+            joining = self.running
+            blocks_for = self.block_manager.blocks_for
+            for req in joining:
+                if len(req.block_table) != blocks_for(req.num_computed_tokens):
+                    raise RuntimeError(f"request {req.request_id} joins the decode group with "
+                                       "blocks for other than its computed tokens")
+        for req in joining:
+            if req.in_prefill:
+                raise RuntimeError(f"request {req.request_id} is still prefilling after "
+                                   "a whole-prompt prefill window")
+        self._group.join(joining)
+        self._grouped = True
 
     def _advance_group(self, batch: Batch, step_times: Sequence[float]) -> list[Request]:
         """update() of a decode group's window: its finishing members finish."""
@@ -715,13 +711,7 @@ class Scheduler:
         if finished:
             for req in finished:
                 self._free(req, RequestState.FINISHED)
-            # every running request is a member, in join order (it joins in running order, and
-            # a window that admits is not a group's): those left are the running list
-            members = self._group.members
-            if len(members) != len(self.running) - len(finished):
-                raise RuntimeError(f"{len(self.running)} requests running, a decode group of "
-                                   f"{len(members)} after {len(finished)} finished")
-            self.running = list(members.values())
+            self.running = [r for r in self.running if r.state is _RUNNING]
         batch.num_wasted_steps = wasted
         self.stats.num_wasted_steps += wasted
         return finished

@@ -194,8 +194,6 @@ def simulate_cluster(requests: list[Request], replicas: Sequence[ReplicaSpec], r
             if i >= 0:
                 routed[i].append(r)
     for sim, mine in zip(sims, routed, strict=True):  # the finished ones are final already
-        for sched in sim.schedulers:
-            sched.settle()
         apply_delivery_times([r for r in mine if r.finish_time is None], sim.delivery)
     wall = time.perf_counter() - wall
     per = [_result(sim, mine, wall) for sim, mine in zip(sims, routed, strict=True)]

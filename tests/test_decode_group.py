@@ -1,8 +1,8 @@
 """The simulator's decode group (policies/decode_group.py) against the scheduler's per-sequence
-windows: on runs that join, finish, run short of blocks (settle, preempt, form the group again),
-switch the group off for prefix caching, and run in a
-cluster, every window lists the same sequences, steps.csv is the same, and every request's
-token times, finish time, preemptions and waits are the same, exactly (the same arithmetic)."""
+windows: on runs that join, finish, run short of blocks (the members leave, preempt, join
+again), switch the group off for prefix caching, and run in a cluster, every window lists the
+same sequences, steps.csv is the same, and every request's token times, finish time,
+preemptions and waits are the same, exactly (the same arithmetic)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from experiments.result_files import steps_csv
 from experiments.run import CONF_DIR
 from experiments.workload import build_workload, to_request
 from policies import SchedulerConfig, make_policy
-from policies.block_manager import BlockManager
 from policies.request import Request
 from policies.routers import make_router
 from policies.scheduler import Scheduler
@@ -124,26 +123,47 @@ def test_group_windows_equal_the_per_sequence_windows(name):
     decode_windows = sum(1 for w in alone["windows"] if w[2] and not w[2][0][4])
     assert grouped["grouped"] > 0
     if "short-of-blocks" in name or "preempting" in name:
-        # it gave the group up (a shortage) and formed it again
+        # the members left the group (a shortage) and joined it again
         assert 0 < grouped["grouped"] < decode_windows
         assert grouped["stats"].num_preemptions > 0
 
 
-def test_blocks_taken_by_count_are_picked_once_settled():
-    """BlockManager: blocks taken by count are not free, and settling gives each request a
-    table of exactly its blocks, the invariants holding throughout."""
-    bm = BlockManager(40, block_size=4)
-    a, b = (Request(i, 0.0, prompt_len=5, max_tokens=9) for i in range(2))
-    bm.ensure_slots(a, 5)  # 2 blocks with ids
-    bm.unassigned += 3
-    assert bm.num_free_blocks == 35
-    bm.check([a])
-    bm.assign([a, b], [13, 4])  # a: 4 blocks (2 more), b: 1
-    assert (len(a.block_table), len(b.block_table), bm.unassigned) == (4, 1, 0)
-    bm.check([a, b])
-    bm.unassigned += 2
-    with pytest.raises(RuntimeError, match="2 blocks taken by count are not in any block table"):
-        bm.assign([a], [16])
+def test_a_member_is_caught_up_where_it_is_read():
+    """A member keeps its fields from when it joined and the group's position then; where the
+    scheduler reads it one by one (a window short of blocks, an abort) its fields are caught up
+    to the counter, its blocks by count picked or given back, the invariants holding."""
+    sched = Scheduler(make_policy("multi_step", num_steps=4), SchedulerConfig(block_size=4), 9,
+                      4096)
+    sched.group_decodes()
+    reqs = [Request(i, 0.0, prompt_len=6, max_tokens=12) for i in range(3)]
+    for r in reqs:
+        sched.add_request(r)
+    t = 0.0
+
+    def window():
+        nonlocal t
+        batch = sched.schedule(t)
+        seqs = sched.window_seqs(batch)
+        times = [t + j + 1 for j in range(batch.num_steps)]
+        t = times[-1]
+        sched.update(batch, times)
+        return batch, seqs
+
+    prefill, _ = window()
+    assert prefill.decodes is None and all(r.group_offset == 0 for r in reqs)
+    grouped, seqs = window()  # 3 x 6 tokens + 4 slots each: 9 blocks of 4
+    assert grouped.decodes is not None and [c for _, _, c, _, _ in seqs] == [6, 6, 6]
+    assert all(r.num_computed_tokens == 6 and r.block_table == [] for r in reqs)
+    assert sched.block_manager.unassigned == 9 and sched.block_manager.num_free_blocks == 0
+    short, seqs = window()  # 10 tokens each, no block free: the members leave, one preempted
+    assert short.decodes is None and [r.request_id for r in short.preempted] == [2]
+    assert [(r.num_computed_tokens, r.num_output_tokens, r.token_times) for r in reqs[:2]] \
+        == [(14, 9, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])] * 2
+    assert reqs[2].num_output_tokens == 5 and reqs[2].token_times == [1.0, 2.0, 3.0, 4.0, 5.0]
+    sched.block_manager.check(sched.running)
+    assert [r.group_offset for r in reqs] == [4, 4, None]  # they joined again at its update()
+    assert sched.abort(0) and reqs[0].num_computed_tokens == 14 and reqs[0].group_offset is None
+    assert sched.block_manager.num_free_blocks == 9 - 4 and sched.block_manager.unassigned == 0
 
 
 def test_a_request_owing_no_token_cannot_join():
@@ -154,4 +174,4 @@ def test_a_request_owing_no_token_cannot_join():
     done = Request(0, 0.0, 16, 4)
     done.num_computed_tokens, done.num_output_tokens = 19, 4
     with pytest.raises(RuntimeError, match="request 0 joins the decode group owing no token"):
-        DecodeGroup(16).join([done])
+        DecodeGroup(lambda n: -(-n // 16), 16).join([done])

@@ -130,9 +130,13 @@ def test_add_prefilled_admits_a_decoder_with_its_kv():
         seqs = sched.window_seqs(batch)
         assert [(q, c, k, p) for _, q, c, k, p in seqs] == [(1, 40, 4, False)]
         sched.update(batch, [1.1, 1.2, 1.3, 1.4])
-        sched.settle()
-        assert req.num_output_tokens == 5 and req.num_computed_tokens == 44
-        assert len(req.block_table) == 3
+        batch = sched.schedule(2.0)  # where it stands: 44 tokens computed
+        assert [c for _, _, c, _, _ in sched.window_seqs(batch)] == [44]
+        assert sched.update(batch, [2.1, 2.2, 2.3, 2.4]) == []
+        batch = sched.schedule(3.0)
+        assert sched.update(batch, [3.1, 3.2, 3.3, 3.4]) == [req]
+        assert (req.num_output_tokens, req.num_computed_tokens, req.finish_time) == (10, 52, 3.1)
+        assert sched.block_manager.num_free_blocks == 100 and not sched.has_unfinished
 
 
 @pytest.mark.parametrize("roles,err", [
