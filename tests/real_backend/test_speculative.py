@@ -1,0 +1,203 @@
+"""Speculative decoding in the real engine on hand-built windows (tiny model, CPU): self-draft
+greedy verification is lossless, given acceptance counts emit accepted + 1 tokens a step with the
+KV rolled back, n-gram lookup drafts from the prompt, and bad settings fail in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from rb_util import greedy_dense, load_spec
+
+from policies import Batch, Request, ScheduledSeq
+from real_backend.config import BackendConfig
+from real_backend.model import forward_dense
+from real_backend.runner import ModelRunner
+from real_backend.speculative import (
+    SpecSettings,
+    Speculator,
+    check_draft,
+    draft_spec,
+    ngram_propose,
+)
+from real_backend.weights import random_model
+
+SPEC = load_spec("tiny")
+BLOCK = 4
+BLOCKS_EACH = 24
+
+
+def _runner(settings: SpecSettings, draft_shape=None, kernels: str = "torch",
+            num_blocks: int = 128) -> ModelRunner:
+    model = random_model(SPEC, "cpu", torch.float32, seed=5)
+    cfg = BackendConfig(device="cpu", num_blocks=num_blocks, kernels=kernels)
+    runner = ModelRunner(model, cfg, block_size=BLOCK, max_num_seqs=8, max_lookahead=16)
+    draft = None
+    if settings.method == "draft":
+        draft = model if draft_shape is None else random_model(draft_shape, "cpu",
+                                                               torch.float32, seed=11)
+    runner.spec = Speculator(settings, model, draft, runner.kernels, BLOCK, 8, 256,
+                             BLOCKS_EACH)
+    runner.allocate_kv_cache(num_blocks)
+    return runner
+
+
+def _requests(lengths: tuple[int, ...], max_tokens: int, seed: int = 0,
+              prompts: list[list[int]] | None = None) -> list[Request]:
+    g = torch.Generator().manual_seed(seed)
+    blocks = torch.randperm(len(lengths) * BLOCKS_EACH, generator=g).tolist()
+    if prompts is None:
+        prompts = [torch.randint(0, SPEC.vocab_size, (n,), generator=g).tolist() for n in lengths]
+    return [Request(i, 0.0, len(p), max_tokens, prompt_token_ids=list(p),
+                    block_table=blocks[i * BLOCKS_EACH:(i + 1) * BLOCKS_EACH])
+            for i, p in enumerate(prompts)]
+
+
+def _run(runner: ModelRunner, entries, num_steps: int, k: int, accepted=None) -> list[list[int]]:
+    """One window of (request, steps) rows: a request with uncomputed prompt prefills it whole
+    in step 1, the others decode drafting k tokens a step; ``accepted`` (request id -> counts)
+    fills ScheduledSeq.num_accepted. Moves the requests on as Scheduler.update does."""
+    seqs = []
+    for r, n in entries:
+        prefill = r.num_computed_tokens < r.prompt_len
+        q = r.prompt_len - r.num_computed_tokens if prefill else k + 1
+        s = ScheduledSeq(r, q, r.num_computed_tokens, n, prefill, num_decode_tokens=k + 1)
+        if accepted is not None:
+            s.num_accepted = accepted[r.request_id]
+        seqs.append(s)
+    res = runner.run_window(Batch(seqs, num_steps))
+    for s, ids in zip(seqs, res.sampled, strict=True):
+        r = s.request
+        r.output_token_ids += ids
+        r.num_output_tokens += len(ids)
+        r.num_computed_tokens = r.prompt_len + r.num_output_tokens - 1  # the newest is not
+    return res.sampled
+
+
+@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("steps", [1, 3])
+def test_self_draft_greedy_is_lossless(k: int, steps: int) -> None:
+    """The draft is the target (shared weights, its own cache): every draft is accepted and the
+    ids are exactly greedy decoding's without speculation, in single- and multi-step windows
+    (the prefills ride in the first window and draft from its second step on)."""
+    runner = _runner(SpecSettings("draft", k, "same"))
+    reqs = _requests((9, 3, 14), 40)
+    want = [greedy_dense(runner.model, r.prompt_token_ids, 40) for r in reqs]
+    first = _run(runner, [(r, steps) for r in reqs], steps, k)
+    assert [len(ids) for ids in first] == [1 + (steps - 1) * (k + 1)] * 3
+    while min(len(r.output_token_ids) for r in reqs) < 24:
+        got = _run(runner, [(r, steps) for r in reqs], steps, k)
+        assert [len(ids) for ids in got] == [steps * (k + 1)] * 3  # everything accepted
+    for r, w in zip(reqs, want, strict=True):
+        assert r.output_token_ids == w[:len(r.output_token_ids)]
+    c = runner.spec.counters
+    assert c.num_draft_tokens == c.num_accepted_tokens > 0
+    assert c.acceptance_length == k + 1
+
+
+def test_self_draft_triton_kernels() -> None:
+    """The same on the Triton kernels (interpreted on the CPU): the verify's multi-token rows
+    through the prefill attention kernel, the draft steps through the decode one."""
+    runner = _runner(SpecSettings("draft", 2, "same"), kernels="triton")
+    reqs = _requests((6, 5), 16)
+    want = [greedy_dense(runner.model, r.prompt_token_ids, 16) for r in reqs]
+    for _ in range(3):
+        _run(runner, [(r, 2) for r in reqs], 2, 2)
+    for r, w in zip(reqs, want, strict=True):
+        assert r.output_token_ids == w  # 1 + 3, then 6 a window
+
+
+def _greedy_at(model, ids: list[int]) -> list[int]:
+    """Greedy next token after every prefix of ``ids`` (no KV cache)."""
+    return forward_dense(model, torch.tensor(ids)).argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_given_acceptance_rolls_back(steps: int) -> None:
+    """A draft model of another shape and given accepted counts: each step emits accepted + 1
+    tokens, the accepted ones the draft's greedy tokens and the last the target's, each checked
+    against a no-cache recomputation of the sequence as committed, so a rejected draft's KV
+    (left in both caches) never reaches a later step."""
+    k = 3
+    draft_shape = load_spec("tiny", name="tiny_draft", num_layers=1, hidden_size=64,
+                            num_heads=2, num_kv_heads=1, intermediate_size=128)
+    runner = _runner(SpecSettings("draft", k, "tiny_draft"), draft_shape)
+    draft = runner.spec.draft
+    reqs = _requests((7, 12), 64, seed=3)
+    rng = np.random.default_rng(0)
+    _run(runner, [(r, 1) for r in reqs], 1, k)  # the prefills
+    record = {r.request_id: [] for r in reqs}  # (position of the first emitted token, accepted)
+    for _ in range(5):
+        acc = {r.request_id: rng.integers(0, k + 1, steps).tolist() for r in reqs}
+        acc[reqs[0].request_id][0] = 0  # everything rejected at least once
+        before = {r.request_id: r.prompt_len + len(r.output_token_ids) for r in reqs}
+        got = _run(runner, [(r, steps) for r in reqs], steps, k, acc)
+        for r, ids in zip(reqs, got, strict=True):
+            assert len(ids) == sum(a + 1 for a in acc[r.request_id])
+            p = before[r.request_id]
+            for a in acc[r.request_id]:
+                record[r.request_id].append((p, a))
+                p += a + 1
+    for r in reqs:
+        seq = r.prompt_token_ids + r.output_token_ids
+        target, drafted = _greedy_at(runner.model, seq), _greedy_at(draft, seq)
+        for p, a in record[r.request_id]:
+            for i in range(a):  # accepted: the draft's tokens
+                assert seq[p + i] == drafted[p + i - 1]
+            assert seq[p + a] == target[p + a - 1]  # the target's own token after them
+    c = runner.spec.counters
+    assert c.num_drafts == 2 * 5 * steps and c.num_draft_tokens == k * c.num_drafts
+
+
+def test_ngram_proposes_from_the_prompt() -> None:
+    """Prompt lookup: the continuation of the latest earlier match of the longest suffix."""
+    hist = torch.tensor([[1, 2, 3, 4, 9, 1, 2, 0, 0], [5, 6, 7, 8, 9, 10, 11, 0, 0]])
+    lens = torch.tensor([7, 7])
+    got = ngram_propose(hist, lens, 2, 1, 3)
+    assert got[0].tolist() == [3, 4]  # "1 2" seen at 0: then 3 4
+    assert got[1].tolist() == [11, 11]  # no match: the newest token repeated
+    hist = torch.tensor([[7, 1, 2, 8, 3, 1, 2, 8, 4, 2, 8]])
+    assert ngram_propose(hist, torch.tensor([11]), 1, 1, 3).tolist() == [[4]]  # latest "2 8"
+
+
+def test_ngram_window_drafts_the_prompt_and_greedy_stays_lossless() -> None:
+    """In the engine: with every draft accepted the emitted tokens continue the prompt's
+    pattern; verified greedily instead, the ids are greedy decoding's."""
+    k = 3
+    pattern = [11, 22, 33, 44, 55, 66]
+    runner = _runner(SpecSettings("ngram", k))
+    reqs = _requests((0,), 30, prompts=[pattern * 3 + [11, 22]])
+    _run(runner, [(reqs[0], 1)], 1, k)  # the prefill samples the first token, t
+    t = reqs[0].output_token_ids[0]
+    got = _run(runner, [(reqs[0], 1)], 1, k, {0: [k]})[0]
+    i = pattern.index(t) if t in pattern else None
+    expect = [pattern[(i + 1 + j) % 6] for j in range(k)] if i is not None else [t] * k
+    assert got[:k] == expect
+    reqs = _requests((0,), 30, prompts=[pattern * 3 + [11, 22]])
+    want = greedy_dense(runner.model, reqs[0].prompt_token_ids, 30)
+    runner = _runner(SpecSettings("ngram", k))
+    while len(reqs[0].output_token_ids) < 20:
+        _run(runner, [(reqs[0], 2)], 2, k)
+    assert reqs[0].output_token_ids == want[:len(reqs[0].output_token_ids)]
+
+
+def test_bad_settings_fail_in_one_line() -> None:
+    def one_line(fn, match):
+        with pytest.raises(ValueError, match=match) as err:
+            fn()
+        assert "\n" not in str(err.value)
+
+    one_line(lambda: SpecSettings("draft", 0), "spec.num_tokens")
+    one_line(lambda: SpecSettings("medusa", 2), "spec.method")
+    one_line(lambda: check_draft(load_spec("tiny", vocab_size=1000), SPEC),
+             "vocab_size 1000 but model tiny has 512")
+    one_line(lambda: draft_spec(SpecSettings("draft", 2, "no_such_model"), SPEC),
+             "not a conf/model name")
+    one_line(lambda: BackendConfig.from_mapping({"device": "cpu", "spec": {"method": "draft",
+                                                                          "k": 2}}), "spec")
+    runner = _runner(SpecSettings("draft", 2, "same"))
+    r = _requests((5,), 10)[0]
+    _run(runner, [(r, 1)], 1, 2)
+    one_line(lambda: _run(runner, [(r, 2)], 2, 2, {0: [1]}), "num_accepted")
+    one_line(lambda: _run(runner, [(r, 1)], 1, 3), "spec.num_tokens is 2")
+
