@@ -34,6 +34,7 @@ from real_backend.config import BackendConfig
 from real_backend.parallel import BuildRunner, Workers, rank_config
 from real_backend.request_source import ClientSource, RequestSource
 from real_backend.runner import LaunchedWindow, ModelRunner, WindowResult
+from real_backend.speculative import SpecCounters
 
 
 @dataclass(slots=True)
@@ -78,6 +79,10 @@ def check_overlap_backend(probe: Scheduler, cfg: BackendConfig) -> None:
     if probe.overlap and not cfg.async_output:
         raise ValueError("scheduler.overlap needs backend.async_output=true: a window's ids are "
                          "collected while the next window runs")
+    if probe.overlap and cfg.spec is not None:
+        raise ValueError("scheduler.overlap with speculative decoding (backend.spec): the real "
+                         "engine drafts from the tokens of the window before, so it runs without "
+                         "overlap")
 
 
 def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
@@ -204,6 +209,8 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
     bar = tqdm(total=len(requests), disable=not progress, desc="serving",
                bar_format=PROGRESS_BAR_FORMAT)
     replays_before = runner.prefill_graph_replays  # the warm-up's are not the run's
+    if runner.spec is not None:
+        runner.spec.counters = SpecCounters()
     pieces_before = runner.piecewise_replays
     serve_source(ClientSource(Client(requests, max_concurrency), bar), sched, runner, clock,
                  steps)
@@ -223,6 +230,8 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
              "async_output": cfg.async_output, "weights": cfg.weights or "random",
              "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "default"),
              "host_cpu": host_cpu()}
+    if runner.spec is not None:
+        stats.update(runner.spec.counters.stats())
     token_ids = ({r.request_id: list(r.output_token_ids) for r in requests}
                  if cfg.save_token_ids else None)
     return RealResult(duration, stats, steps, token_ids)
