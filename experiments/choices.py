@@ -156,7 +156,7 @@ def speculation_choice(run: Mapping[str, Any], sections: Mapping[str, Any],
         parallel = ParallelConfig.from_mapping(plain(sections.get("parallel") or {}))
         draft_time = step_time_fn(draft, HardwareSpec.from_dict(plain(sections["hardware"]),
                                                                 parallel))
-    return make_speculation(spec, acceptance, draft_time)
+    return make_speculation(spec, acceptance, draft_time, draft)
 
 
 def request_limit(sched: Scheduler, where: str = "") -> tuple[int, str]:
@@ -359,9 +359,11 @@ class ClusterChoice:
         util = check_number("gpu_memory_utilization", sections["gpu_memory_utilization"])
         num_blocks = sections["num_blocks"]
         if num_blocks is None:  # sized now: a model too big for the GPU is refused here
+            spec = choice.speculation
             num_blocks = blocks_per_engine(model, hardware,
                                            block_size=choice.scheduler.block_size,
-                                           gpu_memory_utilization=util)
+                                           gpu_memory_utilization=util,
+                                           draft=None if spec is None else spec.draft)
         else:
             check_int("num_blocks", num_blocks, 1)
         return ReplicaGroup(replicas, where, sections, model, choice, hardware, overhead,

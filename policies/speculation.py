@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from common.checks import check_int, check_settings
+from common.model_spec import ModelSpec
 from common.spec_acceptance import AcceptanceProcess
 from policies.base import StepTimeFn, import_user_module
 from policies.user_code import call_user
@@ -141,6 +142,7 @@ class Speculation:
     policy: SpeculationPolicy
     acceptance: AcceptanceProcess | None = None
     draft_step_time: StepTimeFn | None = None
+    draft: ModelSpec | None = None  # the draft model's shape (its weights and KV share the GPU)
 
     def describe(self) -> dict[str, Any]:
         return {"method": self.method, "num_tokens": self.num_tokens,
@@ -150,7 +152,8 @@ class Speculation:
 
 def make_speculation(spec: Mapping[str, Any] | None,
                      acceptance: AcceptanceProcess | None = None,
-                     draft_step_time: StepTimeFn | None = None) -> Speculation | None:
+                     draft_step_time: StepTimeFn | None = None,
+                     draft: ModelSpec | None = None) -> Speculation | None:
     """The run's Speculation from its ``spec`` section (None: speculation off); a bad setting
     is one line naming it."""
     if spec is None:
@@ -165,10 +168,10 @@ def make_speculation(spec: Mapping[str, Any] | None,
         return None
     k = spec.get("num_tokens")
     check_int("spec.num_tokens", k, 1)
-    draft = spec.get("draft_model")
-    if method == "draft" and (not isinstance(draft, str) or not draft):
+    name_of_draft = spec.get("draft_model")
+    if method == "draft" and (not isinstance(name_of_draft, str) or not name_of_draft):
         raise ValueError(f"spec.draft_model must name a conf/model config (or `same`: the target "
-                         f"itself) with spec.method=draft, got {draft!r}")
+                         f"itself) with spec.method=draft, got {name_of_draft!r}")
     name = spec.get("policy")
     if not isinstance(name, str) or not name:
         raise ValueError(f"spec.policy must name a speculation policy ({', '.join(sorted(SPECULATION_POLICIES))}) "
@@ -177,8 +180,9 @@ def make_speculation(spec: Mapping[str, Any] | None,
     policy = _build_policy(name, k, settings)
     if acceptance is not None:
         acceptance.check_num_tokens(k)
-    return Speculation(method, k, draft if method == "draft" else None, policy, acceptance,
-                       draft_step_time if method == "draft" else None)
+    if method != "draft":
+        return Speculation(method, k, None, policy, acceptance)
+    return Speculation(method, k, name_of_draft, policy, acceptance, draft_step_time, draft)
 
 
 def _build_policy(name: str, k: int, settings: dict[str, Any]) -> SpeculationPolicy:
