@@ -155,6 +155,24 @@ class BlockManager:
         refs.update(dict.fromkeys(table[-need:], 1))
         return True
 
+    def trim(self, req: Request, num_tokens: int) -> None:
+        """Give back ``req``'s blocks past the first ``num_tokens`` slots (a speculative
+        decode's rejected draft tokens: its length grew by less than the slots it took)."""
+        table = req.block_table
+        keep = self.blocks_for(num_tokens)
+        if len(table) <= keep:
+            return
+        refs = self._refs
+        for block in reversed(table[keep:]):
+            n = refs.pop(block)
+            if n > 1:
+                refs[block] = n - 1
+            elif block in self._hash_of:
+                self._evictable[block] = None
+            else:
+                self._returned.append(block)
+        del table[keep:]
+
     def assign(self, requests: list[Request], num_tokens: list[int]) -> None:
         """Pick the ids of the blocks taken by count: each request's table grows to hold its
         ``num_tokens`` slots, which the count covers exactly."""
