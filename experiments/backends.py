@@ -195,6 +195,15 @@ class RealBackend(Backend):
         super().__init__(*args)
         self.model.require_gated_mlp("the real engine")
         from real_backend.config import BackendConfig
+
+        spec = self.choice.speculation
+        if spec is not None:  # the run's spec section, with the engine's own keys of backend.spec
+            self.settings["spec"] = {**(self.settings.get("spec") or {}), "method": spec.method,
+                                     "num_tokens": spec.num_tokens,
+                                     "draft_model": spec.draft_model or "same"}
+        elif self.settings.get("spec"):
+            raise ValueError("backend.spec is set but speculation is off (spec=off): choose a "
+                             "spec config, e.g. spec=spec_fixed")
         from real_backend.engine import check_overlap_backend
 
         check_overlap_backend(self.choice.new_scheduler(1),

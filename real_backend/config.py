@@ -80,6 +80,12 @@ class BackendConfig:
         if self.spec is not None and not isinstance(self.spec, SpecSettings):
             raise ValueError(f"backend.spec must be a mapping of the spec group's keys, "
                              f"got {self.spec!r}")
+        spec = self.spec
+        if (spec is not None and spec.method == "draft" and spec.draft_model != "same"
+                and bool(self.weights) != bool(spec.draft_weights)):
+            raise ValueError(f"spec.draft_model {spec.draft_model}: give backend.spec."
+                             "draft_weights with backend.weights (both checkpoints, or both "
+                             "random)")
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any] | None) -> BackendConfig:

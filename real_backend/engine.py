@@ -34,7 +34,7 @@ from real_backend.config import BackendConfig
 from real_backend.parallel import BuildRunner, Workers, rank_config
 from real_backend.request_source import ClientSource, RequestSource
 from real_backend.runner import LaunchedWindow, ModelRunner, WindowResult
-from real_backend.speculative import SpecCounters
+from policies.speculation import SpecDecodeStats
 
 
 @dataclass(slots=True)
@@ -43,6 +43,7 @@ class RealResult:
     stats: dict[str, Any]
     steps: list[dict[str, Any]]  # one row per window, for steps.csv
     token_ids: dict[int, list[int]] | None = None  # request_id -> output ids (save_token_ids)
+    spec_decode: SpecDecodeStats | None = None  # speculative decoding's drafts, as verified
 
 
 # sees each served window as it ends: (batch, its result, wall seconds of run_window)
@@ -210,7 +211,7 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
                bar_format=PROGRESS_BAR_FORMAT)
     replays_before = runner.prefill_graph_replays  # the warm-up's are not the run's
     if runner.spec is not None:
-        runner.spec.counters = SpecCounters()
+        runner.spec.counters = SpecDecodeStats()
     pieces_before = runner.piecewise_replays
     serve_source(ClientSource(Client(requests, max_concurrency), bar), sched, runner, clock,
                  steps)
@@ -230,11 +231,10 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
              "async_output": cfg.async_output, "weights": cfg.weights or "random",
              "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "default"),
              "host_cpu": host_cpu()}
-    if runner.spec is not None:
-        stats.update(runner.spec.counters.stats())
+    spec = runner.spec.counters if runner.spec is not None else None
     token_ids = ({r.request_id: list(r.output_token_ids) for r in requests}
                  if cfg.save_token_ids else None)
-    return RealResult(duration, stats, steps, token_ids)
+    return RealResult(duration, stats, steps, token_ids, spec)
 
 
 def serve_on(runner: ModelRunner, sched: Scheduler, requests: list[Request], seed: int = 0,

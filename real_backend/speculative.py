@@ -34,6 +34,7 @@ from common.paths import conf_dir
 from common.step_sizes import decode_graph_sizes
 from policies.base import check_int, check_settings
 from policies.batch import Batch, ScheduledSeq
+from policies.speculation import SpecDecodeStats
 from real_backend.attention import AttentionMetadata, DecodeMetadata, PrefillMetadata
 from real_backend.cuda_graphs import capture_graph
 from real_backend.kernels import Kernels
@@ -99,46 +100,6 @@ def check_draft(draft: ModelSpec, target: ModelSpec) -> None:
     if draft.max_model_len < target.max_model_len:
         raise ValueError(f"spec.draft_model {draft.name} has max_model_len {draft.max_model_len}"
                          f", below model {target.name}'s {target.max_model_len}")
-
-
-@dataclass(slots=True)
-class SpecCounters:
-    """vLLM's speculative-decoding counters: drafting row-steps, drafted and accepted tokens,
-    and accepted tokens by draft position."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def acceptance_length(self) -> float:
-        """Tokens a drafting step emits on average (accepted + the target's own)."""
-        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
-
-    def add(self, k: int, accepted: int) -> None:
-        self.num_drafts += 1
-        self.num_draft_tokens += k
-        self.num_accepted_tokens += accepted
-        if len(self.accepted_per_position) < k:
-            self.accepted_per_position += [0] * (k - len(self.accepted_per_position))
-        for i in range(accepted):
-            self.accepted_per_position[i] += 1
-
-    def stats(self) -> dict[str, Any]:
-        """result.json's spec_decode fields (vLLM's names)."""
-        n = self.num_drafts
-        return {"spec_decode_num_drafts": n,
-                "spec_decode_draft_tokens": self.num_draft_tokens,
-                "spec_decode_accepted_tokens": self.num_accepted_tokens,
-                "spec_decode_acceptance_rate": self.acceptance_rate,
-                "spec_decode_acceptance_length": self.acceptance_length,
-                "spec_decode_per_position_acceptance_rate":
-                    [a / n if n else 0.0 for a in self.accepted_per_position]}
 
 
 # ------------------------------------------------------------------ the window's host plan
@@ -360,7 +321,7 @@ class Speculator:
         self.device = target.device
         self.draft_cache: KVCache | None = None
         self.draft_lens: dict[int, tuple[int, int]] = {}  # request -> (preemptions, draft_len)
-        self.counters = SpecCounters()
+        self.counters = SpecDecodeStats()  # as verified: every drafting step to a request's end
         self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # padded rows -> graph
         self.verify_logits: dict[int, torch.Tensor] = {}
         self.draft_graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -607,31 +568,44 @@ class Speculator:
         return self.verify_forward(kv, t, r, int(st.qlen.max()), n_logits)
 
     def finish(self, batch: Batch, plan: SpecPlan, ids: list[list[int]]) -> None:
-        """The window's ids are in: count drafts and acceptances, and move each drafting
-        request's valid draft length past its accepted tokens."""
+        """The window's ids are in (before the scheduler's update): count each drafting
+        request's drafts and acceptances up to its last token, as the scheduler does; where the
+        engine verified (num_accepted None) record the counts it found in the ScheduledSeq,
+        from which the scheduler grows the request; move its valid draft length past its
+        accepted tokens."""
         seqs, k1 = batch.seqs, plan.width
-        emitted = [0] * len(seqs)
-        for j, st in enumerate(plan.steps):
+        accepted: list[list[int]] = [[] for _ in seqs]
+        for j, rows in enumerate(plan.step_rows):
             step = ids[j]
-            for m, i in enumerate(plan.step_rows[j]):
-                n = sum(1 for x in step[m * k1:(m + 1) * k1] if x >= 0)
-                r = int(np.flatnonzero(st.rows == i)[0])
-                if st.k[r]:
-                    self.counters.add(int(st.k[r]), n - 1)
-                    emitted[i] += n
+            for m, i in enumerate(rows):
+                s = seqs[i]
+                if s.num_decode_tokens > 1 and not (j == 0 and s.is_prefill):
+                    accepted[i].append(sum(1 for x in step[m * k1:(m + 1) * k1] if x >= 0) - 1)
+        for i, s in enumerate(seqs):
+            acc = accepted[i]
+            if not acc:
+                continue
+            req = s.request
+            owed = req.max_tokens - req.num_output_tokens - (1 if s.is_prefill else 0)
+            steps = 0
+            while steps < len(acc) and owed > 0:
+                owed -= acc[steps] + 1
+                steps += 1
+            self.counters.record(acc, s.num_decode_tokens - 1, steps)
+            if s.num_accepted is None and not s.is_prefill:
+                s.num_accepted = acc  # verified here: what the scheduler's update() credits
         if self.draft is None:
             return
         if len(self.draft_lens) > 4 * max(len(seqs), 64):  # forget requests long gone
             self.draft_lens.clear()
-        for i, a, ids in plan.catch_up:
-            self.draft_lens[seqs[i].request.request_id] = (seqs[i].request.num_preemptions,
-                                                           a + len(ids))
+        for i, a, ids_ in plan.catch_up:
+            req = seqs[i].request
+            self.draft_lens[req.request_id] = (req.num_preemptions, a + len(ids_))
         for i, s in enumerate(seqs):
-            if emitted[i]:
+            if accepted[i]:
                 base = s.num_cached_tokens + (s.num_query_tokens if s.is_prefill else 0)
-                self.draft_lens[s.request.request_id] = (s.request.num_preemptions,
-                                                         base + emitted[i])
-
+                self.draft_lens[s.request.request_id] = (
+                    s.request.num_preemptions, base + sum(accepted[i]) + len(accepted[i]))
 
 def build_speculator(settings: SpecSettings, target: Llama, kernels: Kernels, block_size: int,
                      max_num_seqs: int, max_num_batched_tokens: int, table_width: int,

@@ -92,7 +92,7 @@ def test_self_draft_greedy_is_lossless(k: int, steps: int) -> None:
         assert r.output_token_ids == w[:len(r.output_token_ids)]
     c = runner.spec.counters
     assert c.num_draft_tokens == c.num_accepted_tokens > 0
-    assert c.acceptance_length == k + 1
+    assert c.metrics()["spec_decode_acceptance_length"] == k + 1
 
 
 def test_self_draft_triton_kernels() -> None:
@@ -195,9 +195,114 @@ def test_bad_settings_fail_in_one_line() -> None:
              "not a conf/model name")
     one_line(lambda: BackendConfig.from_mapping({"device": "cpu", "spec": {"method": "draft",
                                                                           "k": 2}}), "spec")
+    one_line(lambda: BackendConfig.from_mapping(
+        {"device": "cpu", "weights": "/ckpt/8b", "spec": {"method": "draft",
+                                                          "draft_model": "llama3_2_1b"}}),
+        "draft_weights")
     runner = _runner(SpecSettings("draft", 2, "same"))
     r = _requests((5,), 10)[0]
     _run(runner, [(r, 1)], 1, 2)
     one_line(lambda: _run(runner, [(r, 2)], 2, 2, {0: [1]}), "num_accepted")
     one_line(lambda: _run(runner, [(r, 1)], 1, 3), "spec.num_tokens is 2")
 
+
+
+def _both_backends(policy: str, params: dict, acceptance: dict | None, method: str = "draft"):
+    """A run of 12 requests at t = 0 on each backend with speculation (k = 3, the target as its
+    own draft, or n-gram lookup) under ``policy``: (window rows, spec_decode metrics, outputs)."""
+    import random
+
+    import yaml
+
+    from common.spec_acceptance import acceptance_process
+    from policies import Scheduler, SchedulerConfig, make_policy
+    from policies.speculation import make_speculation
+    from real_backend import run_real
+    from simulator import OverheadSpec, simulate
+    from simulator.cost_model import step_time_fn
+    from simulator.hardware import HardwareSpec
+
+    conf = rb_conf()
+    hw = HardwareSpec.from_dict(yaml.safe_load((conf / "hardware" / "h100_sxm.yaml").read_text()))
+    fn = step_time_fn(SPEC, hw)
+    section = {"method": method, "num_tokens": 3, "draft_model": "same", "policy": "spec_fixed"}
+    cfg = SchedulerConfig(block_size=BLOCK, max_num_batched_tokens=64)
+
+    def new(n: int) -> Scheduler:
+        spec = make_speculation(section, acceptance_process(acceptance, 7), fn,
+                                SPEC if method == "draft" else None)
+        return Scheduler(make_policy(policy, **params), cfg, n, SPEC.max_model_len, fn, spec)
+
+    def requests(ids: bool) -> list[Request]:
+        r = random.Random(2)
+        out = []
+        for i in range(12):
+            n, prompt = r.randint(4, 30), [r.randrange(SPEC.vocab_size)
+                                           for _ in range(r.randint(2, 30))]
+            out.append(Request(i, 0.0, 0, n, prompt_token_ids=prompt) if ids
+                       else Request(i, 0.0, len(prompt), n))
+        return out
+
+    engine = {"method": method, "num_tokens": 3, "draft_model": "same"}
+    reqs = requests(True)
+    real = run_real(reqs, new, SPEC, {"device": "cpu", "num_blocks": 160, "spec": engine},
+                    progress=False)
+    sim = simulate(requests(False), new, SPEC, hw, OverheadSpec(), block_size=BLOCK,
+                   num_blocks=160, progress=False)
+    cols = ("window", "k", "num_seqs", "num_prefill_seqs", "num_tokens", "kv_tokens",
+            "num_preempted", "num_wasted_steps")
+    rows = [[tuple(row[c] for c in cols) for row in out.steps] for out in (real, sim)]
+    return rows, real, sim, reqs
+
+
+@pytest.mark.parametrize(("policy", "params"), [("single_step", {}),
+                                                ("multi_step", {"num_steps": 4})])
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_spec_decode_runs_in_both_backends_identically(policy, params, method) -> None:
+    """The workload's acceptance applied by the scheduler: the real engine (the tiny model on the
+    CPU) and the simulator form the same windows and count the same drafts and acceptances."""
+    (real_rows, sim_rows), real, sim, reqs = _both_backends(policy, params, {"rate": 0.6},
+                                                            method)
+    assert real_rows == sim_rows
+    assert real.spec_decode.metrics() == sim.spec_decode.metrics()
+    m = real.spec_decode.metrics()
+    assert m["spec_decode_num_drafts"] > 0 and 0 < m["spec_decode_acceptance_rate"] < 1
+    assert all(len(r.output_token_ids) == r.max_tokens for r in reqs)
+
+
+def rb_conf():
+    from rb_util import CONF
+
+    return CONF.parent
+
+
+@pytest.mark.parametrize(("method", "draft"), [("ngram", None), ("draft", "tiny")])
+def test_greedy_verification_end_to_end(method, draft) -> None:
+    """No acceptance process (workload.acceptance null): the real engine verifies greedily with
+    its weights (a draft model of other random weights, or prompt lookup, so drafts are
+    rejected too) and tells the scheduler what it accepted; the ids are greedy decoding's."""
+    import random
+
+    from policies import Scheduler, SchedulerConfig, make_policy
+    from policies.speculation import make_speculation
+    from real_backend import run_real
+
+    section = {"method": method, "num_tokens": 3, "draft_model": draft, "policy": "spec_fixed"}
+    cfg = SchedulerConfig(block_size=BLOCK, max_num_batched_tokens=64)
+
+    def new(n: int) -> Scheduler:
+        return Scheduler(make_policy("multi_step", num_steps=4), cfg, n, SPEC.max_model_len,
+                         None, make_speculation(section, None, None, SPEC))
+
+    r = random.Random(4)
+    reqs = [Request(i, 0.0, 0, r.randint(4, 30),
+                    prompt_token_ids=[r.randrange(SPEC.vocab_size) for _ in range(r.randint(2, 30))])
+            for i in range(6)]
+    engine = {"method": method, "num_tokens": 3} | ({"draft_model": draft} if draft else {})
+    out = run_real(reqs, new, SPEC, {"device": "cpu", "num_blocks": 160, "spec": engine},
+                   progress=False)
+    model = random_model(SPEC, "cpu", torch.float32, seed=0)
+    for q in reqs:
+        assert q.output_token_ids == greedy_dense(model, q.prompt_token_ids, q.max_tokens)
+    m = out.spec_decode.metrics()
+    assert m["spec_decode_num_drafts"] > 0 and m["spec_decode_acceptance_rate"] < 1
