@@ -248,7 +248,7 @@ class ModelRunner:
             raise ValueError("speculative decoding runs without scheduler.overlap and without "
                              "tensor parallelism")
         t0 = perf_counter()
-        spec = self.spec.plan(batch)
+        spec = self.spec.plan(batch, self.cfg.sampling)
         plan = WindowPlan(batch.num_steps, spec.step_rows, None, emit_width=spec.width,
                           spec=spec)
         prepare_s = perf_counter() - t0

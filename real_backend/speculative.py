@@ -234,6 +234,14 @@ def plan_spec_window(batch: Batch, max_k: int, block_size: int, ngram: bool,
     return plan
 
 
+def _same_sampling(p: SamplingParams, backend: SamplingParams) -> bool:
+    if p.seed is not None or p.penalized or p.logprobs is not None \
+            or p.prompt_logprobs is not None:
+        return False
+    return (p.greedy and backend.greedy) or (p.temperature, p.top_k, p.top_p) == (
+        backend.temperature, backend.top_k, backend.top_p)
+
+
 # ------------------------------------------------------------------ n-gram prompt lookup
 def ngram_propose(hist: torch.Tensor, lens: torch.Tensor, k: int, n_min: int,
                   n_max: int) -> torch.Tensor:
@@ -396,14 +404,15 @@ class Speculator:
         preempted, n = self.draft_lens.get(req.request_id, (-1, 0))
         return n if preempted == req.num_preemptions else 0
 
-    def plan(self, batch: Batch) -> SpecPlan:
+    def plan(self, batch: Batch, sampling: SamplingParams) -> SpecPlan:
+        """The window's host plan; every row samples with ``sampling`` (backend.sampling): a
+        request asking for settings of its own is refused in one line."""
         for s in batch.seqs:
             p = s.request.sampling
-            if p is not None and (p.seed is not None or p.penalized or p.logprobs is not None
-                                  or p.prompt_logprobs is not None):
+            if p is not None and not _same_sampling(p, sampling):
                 raise ValueError(f"request {s.request.request_id}: speculative decoding samples "
-                                 "with backend.sampling (no per-request seed, penalties or "
-                                 "logprobs)")
+                                 "every request with backend.sampling (no sampling settings, "
+                                 "seed, penalties or logprobs of its own)")
         return plan_spec_window(batch, self.settings.num_tokens, self.block_size,
                                 self.settings.method == "ngram",
                                 self.draft_len if self.draft is not None else None)

@@ -306,3 +306,25 @@ def test_greedy_verification_end_to_end(method, draft) -> None:
         assert q.output_token_ids == greedy_dense(model, q.prompt_token_ids, q.max_tokens)
     m = out.spec_decode.metrics()
     assert m["spec_decode_num_drafts"] > 0 and m["spec_decode_acceptance_rate"] < 1
+
+
+def test_server_metrics_show_the_spec_counters() -> None:
+    """/metrics carries vLLM's spec_decode counters from the scheduler's counts, each window's
+    increments once."""
+    from policies import Scheduler, SchedulerConfig, make_policy
+    from real_backend.serving.metrics import EngineMetrics
+
+    sched = Scheduler(make_policy("single_step"), SchedulerConfig(block_size=BLOCK), 64,
+                      SPEC.max_model_len)
+    metrics = EngineMetrics({})
+    sched.spec_stats.record([3, 1], 3, 2)
+    metrics.sample(sched)
+    sched.spec_stats.record([0], 3, 1)
+    metrics.sample(sched)
+    text = metrics.text().decode()
+    for line in ("schedlab_spec_decode_num_drafts_total 3.0",
+                 "schedlab_spec_decode_draft_tokens_total 9.0",
+                 "schedlab_spec_decode_accepted_tokens_total 4.0",
+                 'schedlab_spec_decode_per_position_acceptance_rate{position="0"} 0.666',
+                 "schedlab_spec_decode_acceptance_length 2.333"):
+        assert line in text
