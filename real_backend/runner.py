@@ -257,13 +257,17 @@ class ModelRunner:
         timers = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(batch.num_steps)] if self.cuda else []
 
+        launch_s = [0.0]
+
         def push(j: int, ids: torch.Tensor) -> None:
+            if j == 0:  # the CPU time of queueing step 1
+                launch_s[0] = perf_counter() - t
             outputs.push(j, ids)
             outputs.poll()
 
         t = perf_counter()
         self.spec.run_steps(spec, self.kv_cache, self.cfg.sampling, self.generator, push, timers)
-        return LaunchedWindow(batch, plan, outputs, timers, prepare_s, perf_counter() - t)
+        return LaunchedWindow(batch, plan, outputs, timers, prepare_s, launch_s[0])
 
     @torch.inference_mode()
     def launch_plan(self, host: HostPlan) -> Callable[[], None]:

@@ -107,6 +107,45 @@ def test_self_draft_triton_kernels() -> None:
         assert r.output_token_ids == w  # 1 + 3, then 6 a window
 
 
+class _Replay:
+    """A CUDA graph's stand-in on the CPU: capture runs the step once into its output buffer,
+    replay runs it again into the same buffer (what the graph's static output is)."""
+
+    def __init__(self, run) -> None:
+        self.run, self.out = run, run()
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.out.copy_(self.run())
+        self.replays += 1
+
+
+def test_graph_shaped_steps_pad_rows_without_changing_ids(monkeypatch) -> None:
+    """The graphed path on the CPU: the verify and the draft step over padded row counts (3
+    rows padded to 4, the static buffers' padding tokens writing no KV), replayed through
+    stand-ins of the captured graphs: the ids are still greedy decoding's."""
+    from real_backend import speculative
+
+    graphs = []
+
+    def capture(run, pool):
+        graphs.append(_Replay(run))
+        return graphs[-1], graphs[-1].out
+
+    monkeypatch.setattr(speculative, "capture_graph", capture)
+    runner = _runner(SpecSettings("draft", 2, "same"))
+    runner.spec.capture_graphs(runner.kv_cache, 8, None)
+    assert sorted(runner.spec.verify_graphs) == sorted(runner.spec.draft_graphs) == [1, 2, 4, 8]
+    reqs = _requests((9, 3, 14), 26)
+    want = [greedy_dense(runner.model, r.prompt_token_ids, 26) for r in reqs]
+    for _ in range(3):
+        _run(runner, [(r, 3) for r in reqs], 3, 2)
+    for r, w in zip(reqs, want, strict=True):
+        assert r.output_token_ids == w[:len(r.output_token_ids)] and len(r.output_token_ids) > 20
+    assert runner.spec.verify_graphs[4].replays == 8  # every step but the prefills'
+    assert runner.spec.draft_graphs[4].replays == 8 * 3  # k + 1 draft steps each
+
+
 def _greedy_at(model, ids: list[int]) -> list[int]:
     """Greedy next token after every prefix of ``ids`` (no KV cache)."""
     return forward_dense(model, torch.tensor(ids)).argmax(-1).tolist()
