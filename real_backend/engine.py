@@ -211,7 +211,7 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
                bar_format=PROGRESS_BAR_FORMAT)
     replays_before = runner.prefill_graph_replays  # the warm-up's are not the run's
     if runner.spec is not None:
-        runner.spec.counters = SpecDecodeStats()
+        runner.spec.start_run()
     pieces_before = runner.piecewise_replays
     serve_source(ClientSource(Client(requests, max_concurrency), bar), sched, runner, clock,
                  steps)

@@ -394,6 +394,11 @@ class Speculator:
                 self.draft_graphs[r], self.draft_ids[r] = capture_graph(
                     lambda r=r: self.draft_forward(r), pool)
 
+    def start_run(self) -> None:
+        """A run starts (on a kept runner too): no draft KV is known valid, nothing counted."""
+        self.draft_lens.clear()
+        self.counters = SpecDecodeStats()
+
     def _padded(self, graphs: dict[int, Any], n: int) -> int | None:
         return min((r for r in graphs if r >= n), default=None)
 

@@ -367,3 +367,41 @@ def test_server_metrics_show_the_spec_counters() -> None:
                  'schedlab_spec_decode_per_position_acceptance_rate{position="0"} 0.666',
                  "schedlab_spec_decode_acceptance_length 2.333"):
         assert line in text
+
+
+def test_a_kept_runner_starts_each_run_afresh() -> None:
+    """backend.keep_runner: a second run on the same runner (its draft cache holding the first
+    run's KV under the same request ids) gives the first run's ids and counts."""
+    import random
+
+    from policies import Scheduler, SchedulerConfig, make_policy
+    from policies.speculation import make_speculation
+    from common.spec_acceptance import acceptance_process
+    from real_backend import run_real
+    from real_backend.engine import release_kept_runner
+
+    section = {"method": "draft", "num_tokens": 2, "draft_model": "tiny", "policy": "spec_fixed"}
+    cfg = SchedulerConfig(block_size=BLOCK, max_num_batched_tokens=64)
+
+    def new(n: int) -> Scheduler:
+        return Scheduler(make_policy("multi_step", num_steps=2), cfg, n, SPEC.max_model_len,
+                         None, make_speculation(section, acceptance_process({"rate": 0.7}, 3),
+                                                None, SPEC))
+
+    def run():
+        r = random.Random(5)
+        reqs = [Request(i, 0.0, 0, 12, prompt_token_ids=[r.randrange(SPEC.vocab_size)
+                                                          for _ in range(10 + i)])
+                for i in range(4)]
+        out = run_real(reqs, new, SPEC, {"device": "cpu", "num_blocks": 64, "keep_runner": True,
+                                         "spec": {"method": "draft", "num_tokens": 2,
+                                                  "draft_model": "tiny"}}, progress=False)
+        return [q.output_token_ids for q in reqs], out
+
+    try:
+        first, a = run()
+        second, b = run()
+    finally:
+        release_kept_runner()
+    assert b.stats["runner_kept"] and first == second
+    assert a.spec_decode.metrics() == b.spec_decode.metrics()
