@@ -29,12 +29,12 @@ from policies.batch import Batch
 from policies.late_schedule import LateSchedule
 from policies.request import Request
 from policies.scheduler import Scheduler
+from policies.speculation import SpecDecodeStats
 from real_backend.build import build_rank_runner, build_runner, runner_shape  # noqa: F401
 from real_backend.config import BackendConfig
 from real_backend.parallel import BuildRunner, Workers, rank_config
 from real_backend.request_source import ClientSource, RequestSource
 from real_backend.runner import LaunchedWindow, ModelRunner, WindowResult
-from policies.speculation import SpecDecodeStats
 
 
 @dataclass(slots=True)

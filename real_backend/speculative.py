@@ -22,7 +22,7 @@ preemption) and caught up by one flat draft forward when a window drafts for it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np

@@ -374,9 +374,9 @@ def test_a_kept_runner_starts_each_run_afresh() -> None:
     run's KV under the same request ids) gives the first run's ids and counts."""
     import random
 
+    from common.spec_acceptance import acceptance_process
     from policies import Scheduler, SchedulerConfig, make_policy
     from policies.speculation import make_speculation
-    from common.spec_acceptance import acceptance_process
     from real_backend import run_real
     from real_backend.engine import release_kept_runner
 
