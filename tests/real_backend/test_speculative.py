@@ -238,6 +238,12 @@ def test_bad_settings_fail_in_one_line() -> None:
         {"device": "cpu", "weights": "/ckpt/8b", "spec": {"method": "draft",
                                                           "draft_model": "llama3_2_1b"}}),
         "draft_weights")
+    plain = ModelRunner(random_model(SPEC, "cpu", torch.float32), BackendConfig(device="cpu"),
+                        block_size=BLOCK, max_num_seqs=8, max_lookahead=16)
+    plain.allocate_kv_cache(64)
+    r = _requests((5,), 10)[0]
+    _run(plain, [(r, 1)], 1, 0)
+    one_line(lambda: _run(plain, [(r, 1)], 1, 2), "no drafter: set spec.method")
     runner = _runner(SpecSettings("draft", 2, "same"))
     r = _requests((5,), 10)[0]
     _run(runner, [(r, 1)], 1, 2)
