@@ -22,7 +22,7 @@ preemption) and caught up by one flat draft forward when a window drafts for it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -136,6 +136,7 @@ class SpecPlan:
     # (sequence, first position, ids): draft KV to compute before step 1
     catch_up: list[tuple[int, int, list[int]]]
     history: tuple[np.ndarray, np.ndarray] | None = None  # n-gram: [N, L] ids, [N] lengths
+    keep: list[torch.Tensor] = field(default_factory=list)  # pinned sources of queued copies
 
 
 def _accepted(s: ScheduledSeq, k: int, steps: int) -> list[int] | None:
@@ -431,11 +432,11 @@ class Speculator:
         dev = self.device
 
         def to(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(a).to(dev, non_blocking=True)
+            return self._to(a, plan.keep)
 
         start, last, tables = to(plan.start), to(plan.last), to(plan.tables)
         if plan.catch_up:
-            self._catch_up(plan, tables)
+            self._catch_up(plan, tables, to)
         hist = lens = None
         if plan.history is not None:
             hist, lens = to(plan.history[0]), to(plan.history[1])
@@ -456,7 +457,7 @@ class Speculator:
                     s = self.settings
                     drafts[d] = ngram_propose(hist[rd], lens[rd], k1 - 1, s.ngram_min,
                                               s.ngram_max)
-            logits = self._verify(st, kv, rows, start, last, tables, drafts)
+            logits = self._verify(st, kv, rows, start, last, tables, drafts, to)
             sampled = sample(logits, sampling, generator)
             g = torch.full((r * k1,), -1, dtype=torch.int64, device=dev)
             g[to(st.logit_slot)] = sampled
@@ -488,9 +489,19 @@ class Speculator:
             out = emitted if len(keep) == r else emitted[to(keep)]
             push(j, out.reshape(-1))
 
-    def _catch_up(self, plan: SpecPlan, tables: torch.Tensor) -> None:
+    def _to(self, a: np.ndarray, keep: list[torch.Tensor]) -> torch.Tensor:
+        """``a`` on the device, its copy queued: from pinned memory (kept in ``keep`` until the
+        window is collected), so that the host never waits for the steps queued before it."""
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        if self.device.type != "cuda":
+            return t
+        t = t.pin_memory()
+        keep.append(t)
+        return t.to(self.device, non_blocking=True)
+
+    def _catch_up(self, plan: SpecPlan, tables: torch.Tensor,
+                  to: Callable[[np.ndarray], torch.Tensor]) -> None:
         """One flat draft forward over the positions each drafting request's draft KV lacks."""
-        dev = self.device
         spans = plan.catch_up
         lens = np.array([len(ids) for _, _, ids in spans], dtype=np.int64)
         seq = np.array([i for i, _, _ in spans], dtype=np.int64)
@@ -500,16 +511,15 @@ class Speculator:
         row = np.repeat(np.arange(len(spans)), lens)
         pos = np.repeat(first, lens) + np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens,
                                                                          lens)
-        t = tables[torch.from_numpy(seq).to(dev)]
-        pos_d = torch.from_numpy(pos).to(dev)
-        row_d = torch.from_numpy(row).to(dev)
+        t = tables[to(seq)]
+        pos_d = to(pos)
+        row_d = to(row)
         slots = _slots(t[row_d], pos_d, self.block_size)
-        qsl = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)).to(dev)
-        seq_lens = torch.from_numpy((first + lens).astype(np.int32)).to(dev)
+        qsl = to(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+        seq_lens = to((first + lens).astype(np.int32))
         meta = AttentionMetadata(slots, len(pos), PrefillMetadata(qsl, seq_lens, t,
                                                                   int(lens.max())), None)
-        forward(self.draft, torch.from_numpy(tokens).to(dev), pos_d, meta, self.draft_cache,
-                self.kernels)
+        forward(self.draft, to(tokens), pos_d, meta, self.draft_cache, self.kernels)
 
     def _draft(self, last: torch.Tensor, start: torch.Tensor, tables: torch.Tensor,
                k: torch.Tensor, max_k: int) -> torch.Tensor:
@@ -542,17 +552,18 @@ class Speculator:
         return out
 
     def _verify(self, st: SpecStep, kv: KVCache, rows: torch.Tensor, start: torch.Tensor,
-                last: torch.Tensor, tables: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+                last: torch.Tensor, tables: torch.Tensor, drafts: torch.Tensor,
+                to: Callable[[np.ndarray], torch.Tensor]) -> torch.Tensor:
         """Target logits of the step's sampled positions: the flat batch built in the verify
         buffers from the host's tokens, the newest tokens and the drafts."""
-        dev, v, k1 = self.device, self.verify, self.width
+        v, k1 = self.verify, self.width
         r, t = len(st.rows), len(st.tokens)
-        token_row = torch.from_numpy(st.token_row).to(dev)
-        offset = torch.from_numpy(st.offset).to(dev)
-        ids = torch.from_numpy(st.tokens).to(dev)
+        token_row = to(st.token_row)
+        offset = to(st.offset)
+        ids = to(st.tokens)
         newest = last[rows][token_row]
         drafted = drafts[token_row, (offset - 1).clamp(0, drafts.shape[1] - 1)]
-        from_dev = torch.from_numpy(st.from_device).to(dev)
+        from_dev = to(st.from_device)
         ids = torch.where(from_dev, torch.where(offset == 0, newest, drafted), ids)
         base = start[rows]
         pos = base[token_row] + offset
@@ -568,9 +579,9 @@ class Speculator:
         v.positions[t:tokens].zero_()
         v.slot_mapping[t:tokens].fill_(PAD_SLOT_ID)
         qsl = np.concatenate([[0], np.cumsum(st.qlen)]).astype(np.int32)
-        v.query_start_loc[:r + 1].copy_(torch.from_numpy(qsl).to(dev))
+        v.query_start_loc[:r + 1].copy_(to(qsl))
         v.query_start_loc[r + 1:padded + 1].fill_(t)  # padding rows: empty, at the end
-        v.seq_lens[:r].copy_((base + torch.from_numpy(st.qlen).to(dev)).to(torch.int32))
+        v.seq_lens[:r].copy_((base + to(st.qlen)).to(torch.int32))
         v.seq_lens[r:padded].zero_()
         v.block_tables[:r, :t_rows.shape[1]].copy_(t_rows)
         n_logits = len(st.logit_index)
@@ -578,7 +589,7 @@ class Speculator:
             v.logits_indices[:tokens].copy_(self._arange[:tokens])
             self.verify_graphs[graph].replay()
             return self.verify_logits[graph][:n_logits]
-        v.logits_indices[:n_logits].copy_(torch.from_numpy(st.logit_index).to(dev))
+        v.logits_indices[:n_logits].copy_(to(st.logit_index))
         return self.verify_forward(kv, t, r, int(st.qlen.max()), n_logits)
 
     def finish(self, batch: Batch, plan: SpecPlan, ids: list[list[int]]) -> None:
@@ -588,6 +599,7 @@ class Speculator:
         from which the scheduler grows the request; move its valid draft length past its
         accepted tokens."""
         seqs, k1 = batch.seqs, plan.width
+        plan.keep.clear()  # every step has run: their copies too
         accepted: list[list[int]] = [[] for _ in seqs]
         for j, rows in enumerate(plan.step_rows):
             step = ids[j]
