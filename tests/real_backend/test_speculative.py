@@ -301,7 +301,8 @@ def _both_backends(policy: str, params: dict, acceptance: dict | None, method: s
 
 
 @pytest.mark.parametrize(("policy", "params"), [("single_step", {}),
-                                                ("multi_step", {"num_steps": 4})])
+                                                ("multi_step", {"num_steps": 4}),
+                                                ("cp2", {"num_steps": 4})])
 @pytest.mark.parametrize("method", ["draft", "ngram"])
 def test_spec_decode_runs_in_both_backends_identically(policy, params, method) -> None:
     """The workload's acceptance applied by the scheduler: the real engine (the tiny model on the
