@@ -150,7 +150,7 @@ def _accepted(s: ScheduledSeq, k: int, steps: int) -> list[int] | None:
     return list(acc)
 
 
-def plan_spec_window(batch: Batch, max_k: int, block_size: int, ngram: bool,
+def plan_spec_window(batch: Batch, max_k: int, ngram: bool,
                      draft_len: Callable[[ScheduledSeq], int] | None) -> SpecPlan:
     """The host side of a drafting window (every sequence samples with the backend's sampler)."""
     seqs, width = batch.seqs, max_k + 1
@@ -419,8 +419,7 @@ class Speculator:
                 raise ValueError(f"request {s.request.request_id}: speculative decoding samples "
                                  "every request with backend.sampling (no sampling settings, "
                                  "seed, penalties or logprobs of its own)")
-        return plan_spec_window(batch, self.settings.num_tokens, self.block_size,
-                                self.settings.method == "ngram",
+        return plan_spec_window(batch, self.settings.num_tokens, self.settings.method == "ngram",
                                 self.draft_len if self.draft is not None else None)
 
     def run_steps(self, plan: SpecPlan, kv: KVCache, sampling: SamplingParams,
