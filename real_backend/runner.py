@@ -197,6 +197,8 @@ class ModelRunner:
         batch size that picks a new number of key splits: each count is its own compiled
         decode-attention kernel, and compiling one in a served run stalls it."""
         self.profile_run(num_tokens, num_seqs, scratch=False)
+        if self.spec is not None:
+            self._warm_up_speculative(num_seqs)
         if self.kernels.name != "triton":
             return
         from real_backend.triton_ops import decode_splits
@@ -210,6 +212,19 @@ class ModelRunner:
             seqs += [ScheduledSeq(self._block0_request(1 + i, 1), 1, 0, 1, False)
                      for i in range(b)]
             self.run_window(Batch(seqs, 1))
+
+    def _warm_up_speculative(self, num_seqs: int) -> None:
+        """A drafting window of two steps on block 0 (the draft's catch-up, its steps and the
+        verify compile here, not in a served step), then a fresh start for the run."""
+        k1 = self.spec.settings.num_tokens + 1
+        n = 16
+        seqs = []
+        for i in range(min(num_seqs, 4)):
+            req = Request(-1 - i, 0.0, n, 1, prompt_token_ids=[0] * n,
+                          block_table=[0] * (-(-(n + 2 * k1) // self.block_size)))
+            seqs.append(ScheduledSeq(req, k1, n - 1, 2, False, 0, k1))
+        self.run_window(Batch(seqs, 2))
+        self.spec.start_run()
 
     # ------------------------------------------------------------------ the window
     def run_window(self, batch: Batch) -> WindowResult:

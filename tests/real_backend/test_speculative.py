@@ -412,3 +412,13 @@ def test_a_kept_runner_starts_each_run_afresh() -> None:
         release_kept_runner()
     assert b.stats["runner_kept"] and first == second
     assert a.spec_decode.metrics() == b.spec_decode.metrics()
+
+
+def test_warm_up_runs_a_drafting_window_and_starts_afresh() -> None:
+    """The warm-up drafts on block 0 (the kernels of the draft and the verify compile there)
+    and leaves nothing counted and no draft KV marked valid."""
+    runner = _runner(SpecSettings("draft", 2, "tiny"), load_spec("tiny"))
+    assert not runner.spec.draft_cache.k[0][0].any()
+    runner.warm_up(64, 4)
+    assert runner.spec.draft_cache.k[0][0].any()
+    assert runner.spec.counters.num_drafts == 0 and not runner.spec.draft_lens
