@@ -45,7 +45,13 @@ SCHEDLAB_KEYS = ["backend", "policy", "k", "overlap", "tensor_parallel_size", "m
 
 # Settings a row holds as text, and as numbers (JSON numbers; None where not recorded).
 TEXT_KEYS = frozenset({"backend", "policy", "model", "hardware", "overhead", "config_sha256",
-                       "workload", "router", "layout"})
+                       "workload", "router", "layout", "spec_method", "spec_policy",
+                       "spec_draft_model", "acceptance"})
+# speculative decoding's metrics (vLLM's names; a run with speculation on has them); the
+# per-position acceptance rates become one column a position, "<metric>.<position>" from 0
+SPEC_KEYS = ["spec_decode_num_drafts", "spec_decode_draft_tokens", "spec_decode_accepted_tokens",
+             "spec_decode_acceptance_rate", "spec_decode_acceptance_length"]
+SPEC_POSITIONS = "spec_decode_per_position_acceptance_rate"
 # An integer beyond int64 fits no table column (parquet, numpy) and is no count or time anyway.
 MAX_INT = 2**63 - 1
 # How metrics.py writes a number that is not finite (JSON has none).
@@ -143,6 +149,8 @@ def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
         row.update({k: result[k] for k in SCHEDULING_KEYS if k in result})
         if isinstance(ext.get("classes"), dict):
             row.update(class_columns(ext["classes"]))
+        if isinstance(ext.get("spec"), dict):
+            row.update(spec_columns(ext))
         if row["overlap"] is None:  # older results keep it only among the policy's settings
             row["overlap"] = bool((ext.get("policy_settings") or {}).get("overlap", False))
         if row["tensor_parallel_size"] is None:  # results from before the setting: one GPU
@@ -163,6 +171,22 @@ def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
     row["offered_rate"] = offered_rate(result, row)
     row["run_dir"] = str(path.parent)
     return row
+
+
+def spec_columns(ext: dict[str, Any]) -> dict[str, Any]:
+    """A speculative decoding run's columns: its method, policy, draft model, speculation
+    length and acceptance setting, and its spec_decode_* metrics."""
+    spec = ext["spec"]
+    policy = spec.get("policy")
+    out = {"spec_method": spec.get("method"),
+           "spec_policy": policy.get("name") if isinstance(policy, dict) else policy,
+           "spec_draft_model": spec.get("draft_model"), "spec_num_tokens": spec.get("num_tokens"),
+           "acceptance": spec.get("acceptance")}
+    out.update({k: ext.get(k) for k in SPEC_KEYS})
+    rates = ext.get(SPEC_POSITIONS)
+    if isinstance(rates, list):
+        out.update({f"{SPEC_POSITIONS}.{i}": r for i, r in enumerate(rates)})
+    return out
 
 
 def offered_rate(result: dict[str, Any], row: dict[str, Any]) -> float | None:

@@ -21,6 +21,7 @@ from experiments.choices import (
 )
 from policies.base import check_settings
 from policies.request import Request
+from policies.speculation import Speculation
 
 
 class Backend:
@@ -185,6 +186,20 @@ class SimBackend(Backend):
                 "simulated_seconds_per_wall_second": outcome.duration / max(wall, 1e-9)}
 
 
+def real_settings(settings: dict[str, Any], spec: Speculation | None) -> dict[str, Any]:
+    """The real engine's ``backend`` settings with the run's speculation (the spec section's
+    method, length and draft model) in ``backend.spec``, beside the engine's own keys there
+    (draft_weights, the n-gram sizes)."""
+    if spec is None:
+        if settings.get("spec"):
+            raise ValueError("backend.spec is set but speculation is off (spec=off): choose a "
+                             "spec config, e.g. spec=spec_fixed")
+        return settings
+    own = settings.get("spec") or {}
+    return {**settings, "spec": {**own, "method": spec.method, "num_tokens": spec.num_tokens,
+                                 "draft_model": spec.draft_model or "same"}}
+
+
 class RealBackend(Backend):
     """schedlab's PyTorch/Triton engine (real_backend/); its settings are checked by run_real."""
 
@@ -195,6 +210,8 @@ class RealBackend(Backend):
         super().__init__(*args)
         self.model.require_gated_mlp("the real engine")
         from real_backend.config import BackendConfig
+
+        self.settings = real_settings(self.settings, self.choice.speculation)
         from real_backend.engine import check_overlap_backend
 
         check_overlap_backend(self.choice.new_scheduler(1),

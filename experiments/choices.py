@@ -19,7 +19,15 @@ from common.checks import settings_at
 from common.parallel import ParallelConfig
 from common.paths import conf_dir
 from experiments.run_dir import CONTROL_KEYS
-from policies import ModelSpec, Scheduler, SchedulerConfig, make_policy, make_scheduler
+from policies import (
+    ModelSpec,
+    Scheduler,
+    SchedulerConfig,
+    Speculation,
+    make_policy,
+    make_scheduler,
+    make_speculation,
+)
 from policies.base import Policy, check_int, check_number
 
 if TYPE_CHECKING:
@@ -85,12 +93,17 @@ class PolicyChoice:
     """The policy a config names, with its settings and the scheduler limits checked, and how
     to make its scheduler over a KV cache of a given size (experiments.run and serve alike)."""
 
-    def __init__(self, cfg: Mapping[str, Any], model: ModelSpec) -> None:
+    def __init__(self, cfg: Mapping[str, Any], model: ModelSpec,
+                 run: Mapping[str, Any] | None = None) -> None:
         self.settings = plain(cfg["policy"])
         self.name = self.settings.pop("name")
         self.policy: Policy = make_policy(self.name, **self.settings)  # fail fast on bad settings
         self.scheduler = SchedulerConfig.from_dict(plain(cfg["scheduler"]))
         self.max_model_len = model.max_model_len
+        # speculative decoding: the run's spec section and its workload's acceptance (``run``:
+        # the run's config where ``cfg`` is a replica group's sections)
+        run = cfg if run is None else run
+        self.speculation = speculation_choice(run, cfg, model)
         # Policies that size windows by time price them with the hardware profile's cost model,
         # on either backend (for the real engine: the profile of its GPU, e.g. hardware=h200_ops)
         # (and slowdown's service time alone)
@@ -106,7 +119,44 @@ class PolicyChoice:
 
     def new_scheduler(self, num_blocks: int) -> Scheduler:
         return make_scheduler(self.name, self.settings, self.scheduler, num_blocks,
-                              self.max_model_len, self.step_time_fn)
+                              self.max_model_len, self.step_time_fn, self.speculation)
+
+
+def draft_model_spec(spec: Mapping[str, Any] | None, model: ModelSpec) -> ModelSpec | None:
+    """The draft model ``spec.draft_model`` names (conf/model/<name>.yaml; ``same``: the
+    target), where ``spec.method`` is draft; else None."""
+    if not spec or spec.get("method") != "draft":
+        return None
+    name = spec.get("draft_model")
+    if name == "same":
+        return model
+    if not isinstance(name, str) or not (Path(conf_dir()) / "model" / f"{name}.yaml").is_file():
+        raise ValueError(f"spec.draft_model: no model config {name!r} in conf/model (or `same`: "
+                         "the target itself)")
+    return ModelSpec.from_dict(plain(OmegaConf.load(Path(conf_dir()) / "model" / f"{name}.yaml")))
+
+
+def speculation_choice(run: Mapping[str, Any], sections: Mapping[str, Any],
+                       model: ModelSpec) -> Speculation | None:
+    """The run's speculative decoding (``spec``; None: off), with the workload's acceptance
+    process and, for a draft model, the price of its steps on ``sections``' hardware."""
+    spec = plain(run["spec"]) if run.get("spec") is not None else None
+    if not spec or spec.get("method", "off") in ("off", False):
+        return None
+    from common.spec_acceptance import acceptance_process
+
+    workload = plain(run["workload"]) if run.get("workload") is not None else {}
+    acceptance = acceptance_process(workload.get("acceptance"), workload.get("seed", 0) or 0)
+    draft = draft_model_spec(spec, model)
+    draft_time = None
+    if draft is not None and sections.get("hardware") is not None:
+        from simulator.cost_model import step_time_fn
+        from simulator.hardware import HardwareSpec
+
+        parallel = ParallelConfig.from_mapping(plain(sections.get("parallel") or {}))
+        draft_time = step_time_fn(draft, HardwareSpec.from_dict(plain(sections["hardware"]),
+                                                                parallel))
+    return make_speculation(spec, acceptance, draft_time, draft)
 
 
 def request_limit(sched: Scheduler, where: str = "") -> tuple[int, str]:
@@ -118,10 +168,11 @@ def request_limit(sched: Scheduler, where: str = "") -> tuple[int, str]:
     at, cache = (f"{where}.", f"{where}'s KV cache") if where else ("", "the KV cache")
     bm = sched.block_manager
     policy = sched.policy
-    kv = (bm.num_blocks - bm.watermark_blocks) * bm.block_size - policy.max_steps
+    lookahead = sched.lookahead_slots
+    kv = (bm.num_blocks - bm.watermark_blocks) * bm.block_size - lookahead
     limits = [(sched.max_model_len, f"{at}model.max_model_len = {sched.max_model_len}"),
               (kv, f"{kv}, what {cache} holds ({bm.num_blocks} blocks of {bm.block_size} "
-                   f"tokens, less the watermark and {policy.max_steps} lookahead slots)")]
+                   f"tokens, less the watermark and {lookahead} lookahead slots)")]
     if not policy.chunk_prefills:
         limits.append((sched.max_num_batched_tokens,
                        f"{at}scheduler.max_num_batched_tokens = {sched.max_num_batched_tokens} "
@@ -178,6 +229,7 @@ class ClusterChoice:
         from policies.routers import make_router
         from simulator.cluster import GROUP_KEYS, replica_groups
 
+        self.run_cfg = cfg  # its spec and workload sections: speculative decoding
         router = plain(cfg.get("router") or {"name": "round_robin"})
         self.router_name = router.pop("name", "round_robin")
         self.router = make_router(self.router_name, **router)
@@ -301,15 +353,17 @@ class ClusterChoice:
 
         model = ModelSpec.from_dict(sections["model"])
         parallel.check_model(model)
-        choice = PolicyChoice(sections, model)
+        choice = PolicyChoice(sections, model, self.run_cfg)
         hardware = HardwareSpec.from_dict(sections["hardware"], parallel)
         overhead = OverheadSpec.from_dict(sections["overhead"])
         util = check_number("gpu_memory_utilization", sections["gpu_memory_utilization"])
         num_blocks = sections["num_blocks"]
         if num_blocks is None:  # sized now: a model too big for the GPU is refused here
+            spec = choice.speculation
             num_blocks = blocks_per_engine(model, hardware,
                                            block_size=choice.scheduler.block_size,
-                                           gpu_memory_utilization=util)
+                                           gpu_memory_utilization=util,
+                                           draft=None if spec is None else spec.draft)
         else:
             check_int("num_blocks", num_blocks, 1)
         return ReplicaGroup(replicas, where, sections, model, choice, hardware, overhead,

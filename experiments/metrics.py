@@ -365,6 +365,8 @@ def _fmt_value(v: Any, width: int = 80) -> str:
         s = " ".join(f"{k}={_fmt_value(x, width)}" for k, x in v.items())
     elif isinstance(v, float | np.floating):
         s = f"{v:.2f}" if math.isfinite(v) and v != int(v) else str(v)
+    elif isinstance(v, list) and v and all(isinstance(x, float) for x in v):
+        s = "[" + ", ".join(f"{x:.2f}" for x in v) + "]"  # (per-position acceptance rates)
     else:
         s = str(v)
     return s if len(s) <= width else s[:width - 3] + "..."

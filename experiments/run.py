@@ -62,6 +62,9 @@ def outcome_stats(outcome: Any) -> dict[str, Any]:
     for key in ("num_blocks", "gpu_busy_fraction", "cpu_busy_fraction"):
         if hasattr(outcome, key):
             stats[key] = getattr(outcome, key)
+    spec = getattr(outcome, "spec_decode", None)  # speculative decoding's (vLLM's names)
+    if spec is not None:
+        stats.update(spec.metrics())
     return stats
 
 
@@ -398,13 +401,18 @@ def schedlab_section(plan: RunPlan, work: RunRequests, backend: Backend, outcome
         "tensor_parallel_size": plan.cluster.parallel.tensor_parallel_size,
         "pipeline_parallel_size": plan.cluster.parallel.pipeline_parallel_size,
         **backend.labels(outcome),  # hardware, overhead, host
-        "workload": plan.workload,
+        # (speculation's acceptance named only where set: the section of a run without
+        # speculation is as it was before speculation existed)
+        "workload": {k: v for k, v in plan.workload.items()
+                     if k != "acceptance" or v is not None},
         "wall_seconds": wall,
         **outcome_stats(outcome),
         STAMP_KEY: config_stamp(plan.cfg),
     }
     if plan.workload.get("drop_too_long"):
         extra["num_dropped_too_long"] = work.num_dropped
+    if choice.speculation is not None:
+        extra["spec"] = choice.speculation.describe()
     if plan.results.goodput:
         extra["goodput_slo_ms"] = dict(plan.results.goodput)
     extra.update(cluster)

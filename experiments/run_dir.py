@@ -160,6 +160,14 @@ def config_stamp(cfg: Mapping[str, Any]) -> str:
     runs of one configuration (profiles included, so an edited hardware file changes it)."""
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     data = {k: v for k, v in data.items() if k not in CONTROL_KEYS}
+    # speculation off is left out, so that a run's stamp is the one it had before speculative
+    # decoding's settings existed (skip_existing still finds its result)
+    spec = data.get("spec")
+    if isinstance(spec, dict) and spec.get("method") in ("off", False):
+        del data["spec"]
+    workload = data.get("workload")
+    if isinstance(workload, dict) and "acceptance" in workload and workload["acceptance"] is None:
+        data["workload"] = {k: v for k, v in workload.items() if k != "acceptance"}
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 

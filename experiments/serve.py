@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import hydra
 from omegaconf import DictConfig
 
+from experiments.backends import real_settings
 from experiments.choices import PolicyChoice, known_settings, max_request_tokens, plain
 from experiments.cli_checks import suggest_keys
 from experiments.run import CONF_DIR, refuse_moved_settings
@@ -117,8 +118,8 @@ class Server:
         model = ModelSpec.from_dict(plain(cfg["model"]))
         choice = PolicyChoice(cfg, model)
         policy, policy_name, new_scheduler = choice.policy, choice.name, choice.new_scheduler
-        backend = BackendConfig.from_mapping({k: v for k, v in plain(cfg["backend"]).items()
-                                              if k != "name"})
+        backend = BackendConfig.from_mapping(real_settings(
+            {k: v for k, v in plain(cfg["backend"]).items() if k != "name"}, choice.speculation))
         Tokenizer(model.tokenizer, model.vocab_size)  # a bad model.tokenizer fails here, at once
 
         probe = new_scheduler(1)

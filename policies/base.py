@@ -92,14 +92,6 @@ class Policy:
         part in."""
         return 1
 
-    def decode_tokens(self, req: Request, sched: Scheduler) -> int:
-        """Tokens running ``req`` computes and may emit in each decode step of the window being
-        formed (an int >= 1): 1 is one token a step; more is a step that verifies a draft (all
-        accepted until speculation brings rejection). The simulator only: the real engine's
-        decode rows compute one (refused in one line), and a policy overriding it runs every
-        window one sequence at a time (no decode group)."""
-        return 1
-
     # ---------------------------------------------------------------- order and admission
     def queue_key(self, req: Request, sched: Scheduler) -> Any:
         """With ``orders_queue``: the sort key of ``req`` (lowest first; ties keep queue order)."""

@@ -78,13 +78,33 @@ class ScheduledSeq:
         return self.num_query_tokens + (self.num_steps - 1) * self.num_decode_tokens
 
     @property
+    def num_kept_slots(self) -> int:
+        """KV slots still valid after the window: its ``num_slots`` less the rejected draft
+        tokens' (a step keeps its accepted tokens and the newest one), by which the request's
+        computed tokens grow."""
+        acc = self.num_accepted
+        if acc is None:
+            return self.num_slots
+        return sum(acc) + len(acc)
+
+    @property
     def num_emitted_tokens(self) -> int:
         """Tokens the window may emit for the request over its steps (before max_tokens)."""
+        acc = self.num_accepted
+        if acc is not None:  # each step its accepted draft tokens and the target's own
+            return sum(acc) + len(acc)
         first = self.num_sampled_tokens
         return first + (self.num_steps - 1) * self.num_decode_tokens if first else 0
 
     def steps_for(self, tokens: int) -> int:
         """The steps the request takes part in to emit its first ``tokens`` (>= 1) tokens."""
+        acc = self.num_accepted
+        if acc is not None:
+            for i, a in enumerate(acc):
+                tokens -= a + 1
+                if tokens <= 0:
+                    return i + 1
+            return len(acc)
         first = self.num_sampled_tokens
         if tokens <= first:
             return 1
@@ -93,6 +113,16 @@ class ScheduledSeq:
 
     def step_tokens(self, tokens: int) -> list[int]:
         """The tokens it emits at each of its steps to emit its first ``tokens`` (>= 1)."""
+        acc = self.num_accepted
+        if acc is not None:
+            out = []
+            for a in acc:
+                n = a + 1 if a + 1 < tokens else tokens
+                out.append(n)
+                tokens -= n
+                if tokens <= 0:
+                    break
+            return out
         first, w = self.num_sampled_tokens, self.num_decode_tokens
         if tokens <= first:
             return [tokens]
@@ -101,6 +131,9 @@ class ScheduledSeq:
 
     def emit_times(self, step_times: Sequence[float]) -> Sequence[float]:
         """The time of each token the window may emit for the request: its step's time."""
+        acc = self.num_accepted
+        if acc is not None:
+            return [t for a, t in zip(acc, step_times, strict=False) for _ in range(a + 1)]
         first, w = self.num_sampled_tokens, self.num_decode_tokens
         if first == 1 and w == 1:  # one token a step
             return step_times

@@ -156,6 +156,24 @@ class BlockManager:
         refs.update(dict.fromkeys(table[-need:], 1))
         return True
 
+    def trim(self, req: Request, num_tokens: int) -> None:
+        """Give back ``req``'s blocks past the first ``num_tokens`` slots (a speculative
+        decode's rejected draft tokens: its length grew by less than the slots it took)."""
+        table = req.block_table
+        keep = self.blocks_for(num_tokens)
+        if len(table) <= keep:
+            return
+        refs = self._refs
+        for block in reversed(table[keep:]):
+            n = refs.pop(block)
+            if n > 1:
+                refs[block] = n - 1
+            elif block in self._hash_of:
+                self._evictable[block] = None
+            else:
+                self._returned.append(block)
+        del table[keep:]
+
     def free(self, req: Request) -> None:
         """Give back ``req``'s blocks; an indexed one no table holds stays cached (LRU order:
         the table's tail, least likely shared, is evicted first)."""

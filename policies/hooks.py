@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from policies.scheduler import Scheduler
 
 POLICY_HOOKS = ("queue_key", "window_budget", "admit", "chunk_size", "window_steps",
-                "prefill_steps", "preemption_victim", "preempt_for_waiting", "decode_tokens")
+                "prefill_steps", "preemption_victim", "preempt_for_waiting")
 
 
 def _show(value: Any) -> str:
@@ -47,6 +47,10 @@ class PolicyHooks:
         self.policy = policy
         self.checked = users(type(policy))
         self.owner = f"policy {type(policy).__name__}"
+        if hasattr(policy, "decode_tokens"):  # the hook it was: one home for a decode's tokens
+            raise HookError(f"{self.owner} defines decode_tokens: the tokens a decode computes "
+                            "are the speculation policy's (spec.policy, its request_tokens; "
+                            "docs/speculative_decoding.md)")
         for hook in POLICY_HOOKS:  # e.g. self.chunk_size: policy.chunk_size or _chunk_size
             setattr(self, hook, getattr(self, "_" + hook) if self.checked
                     else getattr(policy, hook))
@@ -129,13 +133,6 @@ class PolicyHooks:
             self._refuse("prefill_steps", steps, f"an int from 1 to the window's k = {k}")
         return int(steps)
 
-    def _decode_tokens(self, req: Request, sched: Scheduler) -> int:
-        w = self._call("decode_tokens", req, sched)
-        if not _is_int(w) or w < 1:
-            self._refuse("decode_tokens", w, "an int >= 1 (the tokens a decode step computes "
-                         "and may emit)", f" for request {req.request_id}")
-        return int(w)
-
     def _preemption_victim(self, sched: Scheduler, req: Request) -> Request:
         victim = self._call("preemption_victim", sched, req)
         if not any(r is victim for r in sched.running):
@@ -156,6 +153,42 @@ class PolicyHooks:
                 self._refuse("preempt_for_waiting", victim, contract, why)
             seen.add(id(victim))
         return list(victims)
+
+
+class SpeculationHooks:
+    """The hooks of a speculation policy (policies/speculation.py) as the Scheduler calls them:
+    its own methods for one written in schedlab, checking wrappers for one written outside."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+        self.owner = f"speculation policy {type(policy).__name__}"
+        checked = users(type(policy))
+        self.window_tokens = self._window_tokens if checked else policy.window_tokens
+        self.request_tokens = self._request_tokens if checked else policy.request_tokens
+
+    def _call(self, hook: str, *args: Any) -> Any:
+        try:
+            return getattr(self.policy, hook)(*args)
+        except HookError:
+            raise
+        except Exception as err:
+            raise raised(f"{self.owner}.{hook}", err) from err
+
+    def _window_tokens(self, sched: Scheduler) -> int:
+        k = self._call("window_tokens", sched)
+        top = self.policy.num_tokens
+        if not _is_int(k) or not 0 <= k <= top:
+            raise HookError(f"{self.owner}.window_tokens returned {_show(k)}; it must return an "
+                            f"int from 0 (no speculation) to spec.num_tokens = {top}")
+        return int(k)
+
+    def _request_tokens(self, req: Request, k: int, sched: Scheduler) -> int:
+        n = self._call("request_tokens", req, k, sched)
+        if not _is_int(n) or not 0 <= n <= k:
+            raise HookError(f"{self.owner}.request_tokens returned {_show(n)} for request "
+                            f"{req.request_id}; it must return an int from 0 to the window's "
+                            f"k = {k}")
+        return int(n)
 
 
 class CheckedRouter:

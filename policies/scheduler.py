@@ -12,9 +12,10 @@ from policies.base import Policy, StepTimeFn
 from policies.batch import Batch, ScheduledSeq
 from policies.block_manager import BlockManager
 from policies.decode_group import DecodeGroup, DecodeWindow
-from policies.hooks import PolicyHooks
+from policies.hooks import PolicyHooks, SpeculationHooks
 from policies.request import Request, RequestState
 from policies.scheduler_config import SchedulerConfig, SchedulerStats
+from policies.speculation import SpecDecodeStats, Speculation
 
 _RUNNING = RequestState.RUNNING
 
@@ -38,7 +39,8 @@ class Scheduler:
     """
 
     def __init__(self, policy: Policy, config: SchedulerConfig, num_blocks: int,
-                 max_model_len: int, step_time_fn: StepTimeFn | None = None) -> None:
+                 max_model_len: int, step_time_fn: StepTimeFn | None = None,
+                 speculation: Speculation | None = None) -> None:
         self.policy = policy
         # the policy's hooks as called here (a user's policy's answers checked: policies/hooks.py)
         self.hooks = PolicyHooks(policy)
@@ -71,9 +73,18 @@ class Scheduler:
         if policy.needs_step_time and step_time_fn is None:
             raise ValueError(f"policy {policy.name} sizes windows by time and needs a hardware "
                              "profile's cost model")
-        # the policy's decode_tokens hook where it has its own (the base's: one token a step)
-        self._decode_tokens = (None if type(policy).decode_tokens is Policy.decode_tokens
-                               else self.hooks.decode_tokens)
+        # Speculative decoding (spec): its policy picks each decode's draft length (k) per
+        # window and per request; a decode drafting k computes k + 1 tokens a step, and the
+        # draft tokens it accepts are drawn as the window is formed (policies/speculation.py)
+        self.speculation = speculation
+        self.spec_stats = SpecDecodeStats()
+        self.spec_tokens = 0  # the window being formed's k
+        self._spec_hooks = None
+        if speculation is not None:
+            self._spec_hooks = SpeculationHooks(speculation.policy)
+            if speculation.policy.needs_step_time and step_time_fn is None:
+                raise ValueError(f"speculation policy {speculation.policy.name} prices steps and "
+                                 "needs a hardware profile's cost model")
         self._group: DecodeGroup | None = None  # group_decodes(): the running decoders' group
         # Between windows, every running request is in the group; its blocks past its block
         # table (all, for one admitted meanwhile) are taken by count. False while a window formed
@@ -97,7 +108,7 @@ class Scheduler:
                 f"scheduler.max_num_batched_tokens {self.max_num_batched_tokens} and policy "
                 f"{self.policy.name} does not chunk prefills")
         bm = self.block_manager
-        need = bm.blocks_for(total + self.policy.max_steps)
+        need = bm.blocks_for(total + self.lookahead_slots)
         if need > bm.num_blocks - bm.watermark_blocks:
             raise ValueError(
                 f"request {req.request_id} needs {need} KV blocks but the cache has "
@@ -156,6 +167,13 @@ class Scheduler:
         if self._grouped:
             bm.unassigned -= bm.blocks_for(req.num_computed_tokens) - len(req.block_table)
         bm.free(req)
+
+    @property
+    def lookahead_slots(self) -> int:
+        """KV slots a decode window may take past a request's tokens: one a step of the
+        policy's longest window, k + 1 a step where speculation drafts k."""
+        spec = self.speculation
+        return self.policy.max_steps * (1 if spec is None else spec.num_tokens + 1)
 
     @property
     def has_unfinished(self) -> bool:
@@ -242,6 +260,8 @@ class Scheduler:
         else:  # the time to the next schedule() is the GPU time of the window now in flight
             older = self._in_flight[0] if self._in_flight else None
             self._last_window = (now, older.num_steps, older.has_prefill) if older else None
+        if self.speculation is not None and self.speculation.acceptance is not None:
+            self._draw_accepted(seqs)
         self._window_id += 1
         st = self.stats
         st.num_invocations += 1
@@ -324,8 +344,8 @@ class Scheduler:
         policy, hooks = self.policy, self.hooks
         budget, max_seqs = hooks.window_budget(self)
         seqs, prefilling = self._reserve_decodes(policy.max_steps, budget, preempted)
-        budget -= len(seqs) if self._decode_tokens is None else sum(s.num_query_tokens
-                                                                    for s in seqs)
+        budget -= len(seqs) if self.speculation is None else sum(s.num_query_tokens
+                                                                 for s in seqs)
         prefills: list[ScheduledSeq] = []
         self.forming = seqs + prefills
         for req in prefilling:  # prefills started in an earlier window continue first
@@ -439,7 +459,7 @@ class Scheduler:
         running = self.running
         mixed = self.policy.mixed_batches
         i = 0
-        if budget >= len(running) and self._decode_tokens is None:
+        if budget >= len(running) and self.speculation is None:
             # the common case, one token a step, in one pass until a block runs short
             append = out.append
             for i, req in enumerate(running):  # noqa: B007 (i: where a shortage stopped it)
@@ -466,11 +486,13 @@ class Scheduler:
                             budget: int, preempted: list[Request]) -> list[ScheduledSeq]:
         """``out`` (the decodes reserved so far) and k steps' slots for each of ``decoders``
         (running requests that decode, in running order) while the window has room for
-        sequences (their tokens, where the policy's ``decode_tokens`` gives several),
-        preempting the policy's victims where blocks run short."""
+        sequences (their tokens, where speculation drafts: k + 1 a step), preempting the
+        policy's victims where blocks run short."""
         ensure, bs = self.block_manager.ensure_slots, self.block_manager.block_size
         running = self.running
-        tokens = self._decode_tokens
+        spec = self._spec_hooks
+        if spec is not None:
+            drafts = self.spec_tokens = spec.window_tokens(self)
         used = sum(s.num_query_tokens for s in out)  # the window's tokens reserved so far
         for req in decoders:
             if len(out) >= budget:
@@ -478,11 +500,11 @@ class Scheduler:
             if req.state is not _RUNNING:
                 continue  # preempted for one before it
             cached = req.num_computed_tokens
-            if tokens is None:
+            if spec is None:
                 seq = ScheduledSeq(req, 1, cached, k, False)
                 end = cached + k  # its num_slots: one token a step
-            else:  # the policy's tokens a step, within the window's token budget
-                w = tokens(req, self)
+            else:  # its draft and the newest token a step, within the window's token budget
+                w = (spec.request_tokens(req, drafts, self) if drafts else 0) + 1
                 if used + w > budget:
                     break
                 seq = ScheduledSeq(req, w, cached, k, False, 0, w)
@@ -505,6 +527,25 @@ class Scheduler:
                 out.append(seq)
                 used += seq.num_query_tokens
         return out
+
+    def _draw_accepted(self, seqs: list[ScheduledSeq]) -> None:
+        """Each speculating decode's accepted draft tokens at each of its steps, from the
+        workload's acceptance process (the same draws for every backend), as the step's
+        request would see them: its output tokens before the step (overlap's placeholders
+        counted) and its k."""
+        draw = self.speculation.acceptance.num_accepted
+        for s in seqs:
+            k = s.num_decode_tokens - 1
+            if k <= 0 or s.is_prefill:
+                continue
+            req = s.request
+            rid, n = req.request_id, req.num_output_tokens + req.num_output_placeholders
+            accepted = []
+            for _ in range(s.num_steps):
+                a = draw(rid, n, k)
+                accepted.append(a)
+                n += a + 1
+            s.num_accepted = accepted
 
     # --------------------------------------------- a window that has run
     def update(self, batch: Batch, step_times: Sequence[float],
@@ -563,7 +604,8 @@ class Scheduler:
         tokens, its tokens up to its owed ones (each at its step's time), its finish; the steps
         it ran past its end."""
         req = s.request
-        req.num_computed_tokens = s.num_cached_tokens + s.num_slots
+        computed = s.num_cached_tokens + s.num_kept_slots
+        req.num_computed_tokens = computed
         if not s.num_sampled_tokens:
             return 0  # (a prefill chunk that samples nothing)
         owed = req.max_tokens - req.num_output_tokens
@@ -572,10 +614,14 @@ class Scheduler:
         useful, done = _credit(req, emits, useful, useful == owed, tokens,
                                s.emit_times(step_times))
         steps = s.steps_for(useful)
+        if s.num_accepted is not None:
+            self.spec_stats.record(s.num_accepted, s.num_decode_tokens - 1, steps)
         if done:
             req.finish_time = step_times[steps - 1]
             self._free(req, RequestState.FINISHED)
             finished.append(req)
+        elif s.num_accepted is not None:  # the rejected draft tokens' slots are rolled back
+            self.block_manager.trim(req, computed)
         return s.num_steps - steps
 
     # --------------------------------------- overlap's windows in flight
@@ -587,9 +633,10 @@ class Scheduler:
         for s in batch.seqs:
             req = s.request
             w = s.num_decode_tokens
-            # every token the window computes for it (its num_slots)
-            req.num_computed_tokens = (s.num_cached_tokens + s.num_query_tokens
-                                       + (s.num_steps - 1) * w)
+            # every token the window computes for it (its num_slots) but rejected draft tokens
+            req.num_computed_tokens = s.num_cached_tokens + (
+                s.num_query_tokens + (s.num_steps - 1) * w if s.num_accepted is None
+                else s.num_kept_slots)
             if s.num_sampled_tokens:  # it samples
                 owed = req.max_tokens - req.num_output_tokens - req.num_output_placeholders
                 s.num_placeholders = min(s.num_steps if w == 1 else s.num_emitted_tokens, owed)
@@ -627,6 +674,8 @@ class Scheduler:
                 useful, done = _credit(req, s.num_emitted_tokens, useful, done, tokens,
                                        s.emit_times(step_times))
                 steps = s.steps_for(useful)
+                if s.num_accepted is not None:
+                    self.spec_stats.record(s.num_accepted, s.num_decode_tokens - 1, steps)
             wasted += n - steps
             if done:
                 req.finish_time = step_times[steps - 1]
@@ -649,12 +698,12 @@ class Scheduler:
         that needs a decode window's totals, not its sequences (the simulator). The windows are
         the same; it applies under separate batches without overlap, where no policy hook reads
         a running request (``Policy.reads_running``), every decode computes one token a step
-        (no ``decode_tokens`` of the policy's own) and no block is shared (prefix caching);
+        (no speculation) and no block is shared (prefix caching);
         elsewhere this does nothing."""
         policy = self.policy
         if (self.overlap or policy.mixed_batches or policy.chunk_prefills or policy.preemptive
                 or vars(type(policy)).get("reads_running", True) or self.running or self.waiting
-                or self._decode_tokens is not None):  # the group's members decode one a step
+                or self.speculation is not None):  # the group's members decode one a step
             return
         bm = self.block_manager
         self._group = DecodeGroup(bm.blocks_for, bm.block_size)

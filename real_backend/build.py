@@ -17,6 +17,7 @@ from policies.scheduler import Scheduler
 from real_backend.config import BackendConfig
 from real_backend.kv_cache import GB, block_bytes, check_weights_fit, profile_num_blocks
 from real_backend.runner import ModelRunner
+from real_backend.speculative import build_speculator
 from real_backend.weights import load_hf_model, random_model
 
 if TYPE_CHECKING:
@@ -73,6 +74,18 @@ def build_rank_runner(spec: ModelSpec, cfg: BackendConfig, shape: RunnerShape,
         tp.agree(error)
     runner = ModelRunner(model, cfg, shape.block_size, shape.max_num_seqs, shape.max_lookahead,
                          clock)
+    draft_bytes = 0
+    if cfg.spec is not None:
+        if tp is not None:
+            raise ValueError("backend.spec: speculative decoding runs on one rank "
+                             "(parallel.tensor_parallel_size 1)")
+        k1 = cfg.spec.num_tokens + 1  # a window's slots reach num_steps * (k + 1) ahead
+        width = -(-(spec.max_model_len + shape.max_lookahead * k1) // shape.block_size)
+        runner.spec = build_speculator(cfg.spec, model, runner.kernels, shape.block_size,
+                                       shape.max_num_seqs, shape.max_num_batched_tokens, width,
+                                       cfg.seed)
+        if runner.spec.draft is not None:
+            draft_bytes = block_bytes(runner.spec.draft.spec, shape.block_size, dtype)
     num_blocks = cfg.num_blocks
     if device.type == "cuda":
         # Also the warm-up: every Triton kernel is compiled before the clock starts.
@@ -80,7 +93,8 @@ def build_rank_runner(spec: ModelSpec, cfg: BackendConfig, shape: RunnerShape,
         try:
             fits = profile_num_blocks(
                 local, device, dtype, cfg.gpu_memory_utilization, shape.block_size,
-                lambda: runner.profile_run(shape.max_num_batched_tokens, shape.max_num_seqs))
+                lambda: runner.profile_run(shape.max_num_batched_tokens, shape.max_num_seqs),
+                draft_bytes)
         except ValueError as err:
             if tp is None:
                 raise
@@ -96,7 +110,7 @@ def build_rank_runner(spec: ModelSpec, cfg: BackendConfig, shape: RunnerShape,
         num_blocks = num_blocks or fits
     if num_blocks is None:  # cpu: a fixed budget, as vLLM's CPU backend does
         num_blocks = max(1, int(cfg.cpu_kv_cache_gib * 2**30
-                                // block_bytes(local, shape.block_size, dtype)))
+                                // (block_bytes(local, shape.block_size, dtype) + draft_bytes)))
     elif device.type == "cpu":  # refused before the allocation would take the host's memory
         need = num_blocks * block_bytes(local, shape.block_size, dtype)
         host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

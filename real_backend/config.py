@@ -12,6 +12,7 @@ from common.step_sizes import PIECEWISE_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
 from policies.base import check_int, check_number, check_settings
 from real_backend.kernels import check_triton_runs_on
 from real_backend.sampling import SamplingParams
+from real_backend.speculative import SpecSettings
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
            "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -35,6 +36,7 @@ class BackendConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     save_token_ids: bool = False  # return every request's output token ids in RealResult
     kernels: str = "auto"  # auto: triton on cuda, torch (the reference ops) on cpu
+    spec: SpecSettings | None = None  # speculative decoding (the spec group's engine keys)
 
     def __post_init__(self) -> None:
         if not isinstance(self.device, str):
@@ -75,6 +77,15 @@ class BackendConfig:
             raise ValueError(f"backend.kernels must be auto, torch or triton, got {self.kernels!r}")
         if self.kernel_set == "triton":
             check_triton_runs_on(dev)
+        if self.spec is not None and not isinstance(self.spec, SpecSettings):
+            raise ValueError(f"backend.spec must be a mapping of the spec group's keys, "
+                             f"got {self.spec!r}")
+        spec = self.spec
+        if (spec is not None and spec.method == "draft" and spec.draft_model != "same"
+                and bool(self.weights) != bool(spec.draft_weights)):
+            raise ValueError(f"spec.draft_model {spec.draft_model}: give backend.spec."
+                             "draft_weights with backend.weights (both checkpoints, or both "
+                             "random)")
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any] | None) -> BackendConfig:
@@ -85,6 +96,8 @@ class BackendConfig:
                 raise ValueError("backend.sampling must be a mapping of temperature, top_k and "
                                  f"top_p, got {d['sampling']!r}")
             d["sampling"] = SamplingParams.from_mapping(d["sampling"])
+        if isinstance(d.get("spec"), Mapping):
+            d["spec"] = SpecSettings.from_mapping(d["spec"])
         return cls(**d)
 
     @property

@@ -47,7 +47,7 @@ class PiecewiseGraphs:
         self.graphs[tokens, piece].replay()
 
 
-def _capture(run: Callable[[], torch.Tensor | None], pool: object
+def capture_graph(run: Callable[[], torch.Tensor | None], pool: object
              ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor | None]:
     run()  # warm-up outside the capture: Triton compiles, cuBLAS picks kernels
     torch.cuda.synchronize()
@@ -63,7 +63,7 @@ def capture_decode_graphs(decode_step: Callable[[int], torch.Tensor],
     each size, largest first so the smaller graphs reuse the first one's memory pool."""
     out = DecodeGraphs(pool=torch.cuda.graph_pool_handle())
     for b in sorted(sizes, reverse=True):
-        out.graphs[b], out.logits[b] = _capture(partial(decode_step, b), out.pool)
+        out.graphs[b], out.logits[b] = capture_graph(partial(decode_step, b), out.pool)
     torch.cuda.synchronize()
     return out
 
@@ -75,7 +75,7 @@ def capture_prefill_graphs(prefill_step: Callable[[int, int], torch.Tensor], max
     out = PrefillGraphs()
     for t in sorted((t for t in PREFILL_GRAPH_TOKENS if t <= max_tokens), reverse=True):
         for p in PREFILL_GRAPH_SEQS:
-            out.graphs[t, p], out.logits[t, p] = _capture(partial(prefill_step, t, p), pool)
+            out.graphs[t, p], out.logits[t, p] = capture_graph(partial(prefill_step, t, p), pool)
     torch.cuda.synchronize()
     return out
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,6 +19,9 @@ from real_backend.attention import AttentionMetadata, DecodeMetadata, PrefillMet
 from real_backend.ops import PAD_SLOT_ID
 from real_backend.sampling import PenaltyState, RowSampling, StepPenalties, TokenMap
 from real_backend.window_inputs import DecodeInputs, FlatInputs, HostPlan, SamplingRows
+
+if TYPE_CHECKING:
+    from real_backend.speculative import SpecPlan
 
 
 @dataclass(slots=True)
@@ -83,6 +87,8 @@ class WindowPlan:
     map_writes: list[torch.Tensor] = field(default_factory=list)  # step -> map rows of its samples
     sampling: list[RowSampling] = field(default_factory=list)  # step -> rows' own settings
     host: HostPlan | None = None  # what it was built from (the logprobs' rows, on the host)
+    emit_width: int = 1  # ids a row may emit a step (k + 1 when drafting; -1 pads the rest)
+    spec: SpecPlan | None = None  # a drafting window's plan (real_backend/speculative.py)
 
 
 def row_sampling(h: SamplingRows, dev: Callable[[np.ndarray], torch.Tensor],

@@ -29,6 +29,7 @@ from policies.batch import Batch
 from policies.late_schedule import LateSchedule
 from policies.request import Request
 from policies.scheduler import Scheduler
+from policies.speculation import SpecDecodeStats
 from real_backend.build import build_rank_runner, build_runner, runner_shape  # noqa: F401
 from real_backend.config import BackendConfig
 from real_backend.parallel import BuildRunner, Workers, rank_config
@@ -42,6 +43,7 @@ class RealResult:
     stats: dict[str, Any]
     steps: list[dict[str, Any]]  # one row per window, for steps.csv
     token_ids: dict[int, list[int]] | None = None  # request_id -> output ids (save_token_ids)
+    spec_decode: SpecDecodeStats | None = None  # speculative decoding's drafts, as verified
 
 
 # sees each served window as it ends: (batch, its result, wall seconds of run_window)
@@ -78,6 +80,10 @@ def check_overlap_backend(probe: Scheduler, cfg: BackendConfig) -> None:
     if probe.overlap and not cfg.async_output:
         raise ValueError("scheduler.overlap needs backend.async_output=true: a window's ids are "
                          "collected while the next window runs")
+    if probe.overlap and cfg.spec is not None:
+        raise ValueError("scheduler.overlap with speculative decoding (backend.spec): the real "
+                         "engine drafts from the tokens of the window before, so it runs without "
+                         "overlap")
 
 
 def run_real(requests: list[Request], make_scheduler: Callable[[int], Scheduler],
@@ -204,6 +210,8 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
     bar = tqdm(total=len(requests), disable=not progress, desc="serving",
                bar_format=PROGRESS_BAR_FORMAT)
     replays_before = runner.prefill_graph_replays  # the warm-up's are not the run's
+    if runner.spec is not None:
+        runner.spec.start_run()
     pieces_before = runner.piecewise_replays
     serve_source(ClientSource(Client(requests, max_concurrency), bar), sched, runner, clock,
                  steps)
@@ -223,9 +231,10 @@ def _serving_loop(requests: list[Request], make_scheduler: Callable[[int], Sched
              "async_output": cfg.async_output, "weights": cfg.weights or "random",
              "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "default"),
              "host_cpu": host_cpu()}
+    spec = runner.spec.counters if runner.spec is not None else None
     token_ids = ({r.request_id: list(r.output_token_ids) for r in requests}
                  if cfg.save_token_ids else None)
-    return RealResult(duration, stats, steps, token_ids)
+    return RealResult(duration, stats, steps, token_ids, spec)
 
 
 def serve_on(runner: ModelRunner, sched: Scheduler, requests: list[Request], seed: int = 0,

@@ -79,9 +79,10 @@ def host_available_bytes() -> int | None:
 
 def profile_num_blocks(spec: ModelSpec, device: torch.device, dtype: torch.dtype,
                        utilization: float, block_size: int,
-                       profile: Callable[[], None]) -> int:
+                       profile: Callable[[], None], draft_block_bytes: int = 0) -> int:
     """Blocks that fit in total memory x utilization once weights, the peak activations of
-    ``profile`` (the largest eager step) and memory held by others are taken out."""
+    ``profile`` (the largest eager step) and memory held by others are taken out; each block
+    also holds ``draft_block_bytes`` of a draft model's cache (speculative decoding)."""
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
@@ -93,7 +94,7 @@ def profile_num_blocks(spec: ModelSpec, device: torch.device, dtype: torch.dtype
     free, total = torch.cuda.mem_get_info(device)
     used = total - free  # weights, CUDA context, other processes
     budget = total * utilization - used - activations
-    num_blocks = int(budget // block_bytes(spec, block_size, dtype))
+    num_blocks = int(budget // (block_bytes(spec, block_size, dtype) + draft_block_bytes))
     if num_blocks < 1:
         raise ValueError(
             f"backend.gpu_memory_utilization {utilization} leaves no room for model {spec.name}'s "

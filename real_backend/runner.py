@@ -37,6 +37,7 @@ from real_backend.model import (
 )
 from real_backend.ops import PAD_SLOT_ID
 from real_backend.sampling import PenaltyState, TokenMap, sample, sample_rows, top_logprobs
+from real_backend.speculative import Speculator
 from real_backend.window_inputs import HostPlan, PlanSizes, plan_window
 
 PROMPT_LOGITS_ROWS = 1024  # prompt logprobs take the logits of this many tokens at a time
@@ -103,6 +104,7 @@ class ModelRunner:
         self.piecewise_replays = 0
         self.piecewise_capture_s = 0.0
         self.piece_buffers: PieceBuffers | None = None
+        self.spec: Speculator | None = None  # speculative decoding (build.py sets it)
 
     @property
     def buffers(self) -> DecodeBuffers:
@@ -128,6 +130,8 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.kv_cache = allocate_kv_cache(self.model.spec, num_blocks, self.block_size,
                                           self.model.dtype, self.device)
+        if self.spec is not None:
+            self.spec.allocate_draft_cache(num_blocks)
 
     @torch.inference_mode()
     def capture_graphs(self) -> None:
@@ -140,6 +144,8 @@ class ModelRunner:
         b.slot_mapping.fill_(PAD_SLOT_ID)
         sizes = [s for s in decode_graph_sizes(self.max_num_seqs) if s <= b.input_ids.shape[0]]
         self.graphs = capture_decode_graphs(self._decode_eager, sizes)
+        if self.spec is not None:
+            self.spec.capture_graphs(self.kv_cache, self.max_num_seqs, self.graphs.pool)
         self.prefill_graphs = PrefillGraphs()
         if self.cfg.prefill_graph_max_tokens:
             p = self.prefill_buffers
@@ -191,6 +197,8 @@ class ModelRunner:
         batch size that picks a new number of key splits: each count is its own compiled
         decode-attention kernel, and compiling one in a served run stalls it."""
         self.profile_run(num_tokens, num_seqs, scratch=False)
+        if self.spec is not None:
+            self._warm_up_speculative(num_seqs)
         if self.kernels.name != "triton":
             return
         from real_backend.triton_ops import decode_splits
@@ -205,6 +213,19 @@ class ModelRunner:
                      for i in range(b)]
             self.run_window(Batch(seqs, 1))
 
+    def _warm_up_speculative(self, num_seqs: int) -> None:
+        """A drafting window of two steps on block 0 (the draft's catch-up, its steps and the
+        verify compile here, not in a served step), then a fresh start for the run."""
+        k1 = self.spec.settings.num_tokens + 1
+        n = 16
+        seqs = []
+        for i in range(min(num_seqs, 4)):
+            req = Request(-1 - i, 0.0, n, 1, prompt_token_ids=[0] * n,
+                          block_table=[0] * (-(-(n + 2 * k1) // self.block_size)))
+            seqs.append(ScheduledSeq(req, k1, n - 1, 2, False, 0, k1))
+        self.run_window(Batch(seqs, 2))
+        self.spec.start_run()
+
     # ------------------------------------------------------------------ the window
     def run_window(self, batch: Batch) -> WindowResult:
         return self.finish_window(self.launch_window(batch))
@@ -214,6 +235,8 @@ class ModelRunner:
         """Build the window's inputs and queue its k steps; the device may still be running them
         on return. With ``overlap`` the window before it may still be in flight: a token it
         samples is read from the token map, and its outputs stay pending beside this one's."""
+        if any(s.num_decode_tokens > 1 for s in batch.seqs):
+            return self._launch_speculative(batch, overlap)
         t0 = perf_counter()
         host = self._host_plan(batch, overlap)
         if self.publish is not None:  # tensor parallelism: every worker rank runs it too
@@ -229,6 +252,37 @@ class ModelRunner:
                   for _ in range(batch.num_steps)] if self.cuda else []
         launch_s = self._launch_steps(plan, outputs, older, timers)
         return LaunchedWindow(batch, plan, outputs, timers, prepare_s, launch_s)
+
+    def _launch_speculative(self, batch: Batch, overlap: bool) -> LaunchedWindow:
+        """A window whose decodes draft (num_decode_tokens = k + 1): real_backend/speculative.py
+        queues its steps; each step's ids are the tokens every row emits, k + 1 columns a row."""
+        if self.spec is None:
+            raise ValueError("a window drafts tokens (ScheduledSeq.num_decode_tokens > 1) but "
+                             "the runner has no drafter: set spec.method to draft or ngram")
+        if overlap or self.publish is not None:
+            raise ValueError("speculative decoding runs without scheduler.overlap and without "
+                             "tensor parallelism")
+        t0 = perf_counter()
+        spec = self.spec.plan(batch, self.cfg.sampling)
+        plan = WindowPlan(batch.num_steps, spec.step_rows, None, emit_width=spec.width,
+                          spec=spec)
+        prepare_s = perf_counter() - t0
+        outputs = self.outputs
+        outputs.start(batch.num_steps, max(len(r) for r in spec.step_rows) * spec.width or 1)
+        timers = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(batch.num_steps)] if self.cuda else []
+
+        launch_s = [0.0]
+
+        def push(j: int, ids: torch.Tensor) -> None:
+            if j == 0:  # the CPU time of queueing step 1
+                launch_s[0] = perf_counter() - t
+            outputs.push(j, ids)
+            outputs.poll()
+
+        t = perf_counter()
+        self.spec.run_steps(spec, self.kv_cache, self.cfg.sampling, self.generator, push, timers)
+        return LaunchedWindow(batch, plan, outputs, timers, prepare_s, launch_s[0])
 
     @torch.inference_mode()
     def launch_plan(self, host: HostPlan) -> Callable[[], None]:
@@ -302,6 +356,8 @@ class ModelRunner:
                            sum(s.num_query_tokens for s in batch.seqs), w.launch_s)
         if w.plan.host is not None:
             out.logprobs, out.prompt_logprobs = _logprobs(batch, w.plan, outputs.extra)
+        if w.plan.spec is not None:
+            self.spec.finish(batch, w.plan.spec, outputs.ids)
         return out
 
     def _first_step(self, plan: WindowPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -388,11 +444,16 @@ class ModelRunner:
     @staticmethod
     def _per_seq(batch: Batch, plan: WindowPlan, ids: list[list[int]]) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in batch.seqs]
+        width = plan.emit_width
         for j, rows in enumerate(plan.step_rows):
             step_ids = ids[j]
             for r, i in enumerate(rows):
-                if batch.seqs[i].samples:
+                if not batch.seqs[i].samples:
+                    continue
+                if width == 1:
                     out[i].append(step_ids[r])
+                else:  # a drafting step: its emitted tokens, then -1s
+                    out[i] += [t for t in step_ids[r * width:(r + 1) * width] if t >= 0]
         return out
 
 

@@ -142,7 +142,8 @@ def plan_window(batch: Batch, sizes: PlanSizes,
         if s.num_decode_tokens != 1:
             raise ValueError(f"real_backend: request {s.request.request_id} decodes "
                              f"{s.num_decode_tokens} tokens a step (ScheduledSeq."
-                             "num_decode_tokens), and the engine's decode rows compute one")
+                             "num_decode_tokens): a drafting window runs through "
+                             "real_backend/speculative.py")
     own = any(s.request.sampling is not None for s in seqs)  # never in an offline run
     spans = ({i: span for i, s in enumerate(seqs) if (span := _prompt_span(s)) is not None}
              if own else {})

@@ -261,6 +261,44 @@ def window_gpu_times(batch: Batch, model: ModelSpec, hw: HardwareSpec) -> list[f
     return window_stage_times(window_shapes(batch), model, hw)
 
 
+def window_draft_times(batch: Batch, draft_step: StepTimeFn) -> list[float]:
+    """Seconds the draft model (``draft_step``: its step time on this GPU) runs before each of
+    the window's steps: a decode drafting k tokens (``num_decode_tokens`` - 1) takes part in k
+    draft steps of one token each, over its context so far (the accepted tokens of the steps
+    before), and the window's prefill chunks are computed by the draft too (its own KV) in
+    step 1's first draft step. The verify step itself is the target's k + 1-token step
+    (``window_shapes``)."""
+    k = batch.num_steps
+    out = [0.0] * k
+    chunks = [(s.num_query_tokens, s.num_cached_tokens, False) for s in batch.seqs
+              if s.is_prefill]
+    for j in range(k):
+        drafting = []  # (its k, its context before the step's draft)
+        for s in batch.seqs:
+            w = s.num_decode_tokens
+            if w > 1 and s.num_steps > j and not s.is_prefill:
+                acc = s.num_accepted
+                grown = sum(acc[:j]) + j if acc is not None else j * w
+                drafting.append((w - 1, s.num_cached_tokens + 1 + grown))
+        first = chunks if j == 0 else ()
+        if not drafting:
+            out[j] = draft_step(0, 0, 0, first) if first else 0.0
+            continue
+        t = 0.0
+        for d in range(max(n for n, _ in drafting)):
+            n = kv = longest = 0
+            for drafts, ctx in drafting:
+                if drafts > d:
+                    c = ctx + d
+                    n += 1
+                    kv += c
+                    if c > longest:
+                        longest = c
+            t += draft_step(n, kv, longest, first if d == 0 else ())
+        out[j] = t
+    return out
+
+
 def step_time_fn(model: ModelSpec, hw: HardwareSpec) -> StepTimeFn:
     """The policies' view of this cost model (``policies.base.StepTimeFn``): the first step of a
     window from its decodes and prefill chunks, the shape ``window_shapes`` would build."""

@@ -29,8 +29,9 @@ from policies.late_schedule import LateSchedule
 from policies.request import Request, RequestState
 from policies.routers import ReplicaLoad, RoundRobin, Router
 from policies.scheduler import Scheduler, SchedulerStats
+from policies.speculation import SpecDecodeStats
 from simulator.clock import PowerClock
-from simulator.cost_model import step_time_fn, window_shapes
+from simulator.cost_model import step_time_fn, window_draft_times, window_shapes
 from simulator.disaggregation import Disaggregation, HandoffLog, check_roles
 from simulator.events import At, call_at
 from simulator.front_end import apply_delivery_times, arrivals, client_finished, deliver
@@ -231,6 +232,11 @@ def _replica(shared: Shared, index: int, spec: ReplicaSpec, steps: StepRows,
         overhead = scale_overhead(overhead, time_scale)
     pp = spec.hw.pp
     schedulers = [spec.make_scheduler(num_blocks) for _ in range(pp)]
+    speculation = schedulers[0].speculation
+    if speculation is not None and speculation.acceptance is None:
+        raise ValueError(f"spec.method={speculation.method} needs workload.acceptance in the "
+                         "simulator ({rate: r}, {rates: [...]} or {trace: file.csv}): what a "
+                         "draft accepts is the workload's there (docs/speculative_decoding.md)")
     if spec.role == "prefill" and schedulers[0].overlap:
         raise ValueError(f"replica {index}: scheduler.overlap on a prefill replica is not "
                          "modelled (its requests leave once prefilled)")
@@ -255,11 +261,17 @@ def _result(sim: ReplicaSim, requests: list[Request], wall: float) -> SimResult:
         setattr(stats, f.name, sum(getattr(s.stats, f.name) for s in sim.schedulers))
     duration = sim.last_delivery
     pp = len(sim.schedulers)
+    spec = None
+    if sim.schedulers[0].speculation is not None:
+        spec = SpecDecodeStats()
+        for s in sim.schedulers:
+            spec.add(s.spec_stats)
     return SimResult(
         requests=requests, duration=duration, wall_seconds=wall, stats=stats,
         num_windows=stats.num_windows, num_finished=sim.num_finished, num_blocks=sim.num_blocks,
         gpu_busy_fraction=sim.gpu_busy / (pp * duration) if duration > 0 else 0.0,
-        cpu_busy_fraction=sim.cpu_busy / duration if duration > 0 else 0.0, steps=sim.steps)
+        cpu_busy_fraction=sim.cpu_busy / duration if duration > 0 else 0.0, steps=sim.steps,
+        spec_decode=spec)
 
 
 def _engine(sim: ReplicaSim, v: int) -> Generator:
@@ -406,6 +418,11 @@ def _open_window(sim: ReplicaSim, batch: Batch, v: int, now: float,
     # with overlap once the window before it is done too
     start = now + cost if not overlap else max(now + cost, gpu_free)
     gpu = sim.clock.window_times(shapes, start, sim.time_scale)
+    spec = sim.schedulers[v].speculation
+    if spec is not None and spec.draft_step_time is not None:  # the draft model's steps
+        scale = sim.time_scale
+        gpu = [t + d * scale for t, d in zip(gpu, window_draft_times(batch, spec.draft_step_time),
+                                             strict=True)]
     win = Window(batch, cost, gpu, out_cost, delivered, chunks, shapes[0], now, engine=v)
     if overlap:
         for dt in gpu:

@@ -36,10 +36,12 @@ def _split(hw: HardwareSpec) -> str:
 
 
 def num_gpu_blocks(model: ModelSpec, hw: HardwareSpec, *, block_size: int = 16,
-                   gpu_memory_utilization: float = 0.9) -> int:
+                   gpu_memory_utilization: float = 0.9, draft: ModelSpec | None = None) -> int:
     """KV blocks one GPU holds, as vLLM sizes its cache after profiling.
 
     floor((hbm * gpu_memory_utilization - weights - activation reserve) / block bytes).
+    A speculative decoding ``draft`` model on the same GPU adds its weights, and its KV to each
+    block (every token is cached by both models); the target drafting for itself adds nothing.
     """
     if block_size < 1:
         raise ValueError(f"scheduler.block_size must be >= 1, got {block_size}")
@@ -49,9 +51,13 @@ def num_gpu_blocks(model: ModelSpec, hw: HardwareSpec, *, block_size: int = 16,
     check_parallelism(model, hw)
     budget = hw.hbm_gib * _GIB * gpu_memory_utilization
     weights = weight_bytes_per_gpu(model, hw)
+    kv_token = kv_bytes_per_token_per_gpu(model, hw)
+    if draft is not None and draft is not model:
+        weights += weight_bytes_per_gpu(draft, hw)
+        kv_token += kv_bytes_per_token_per_gpu(draft, hw)
     reserve = hw.activation_reserve_gib * _GIB
     free = budget - weights - reserve
-    blocks = int(free // (block_size * kv_bytes_per_token_per_gpu(model, hw))) if free > 0 else 0
+    blocks = int(free // (block_size * kv_token)) if free > 0 else 0
     if blocks <= 0:
         raise ValueError(
             f"model {model.name} does not fit on hardware {hw.name} ({_split(hw)}) at "
@@ -63,14 +69,14 @@ def num_gpu_blocks(model: ModelSpec, hw: HardwareSpec, *, block_size: int = 16,
 
 def blocks_per_engine(model: ModelSpec, hw: HardwareSpec, *, block_size: int = 16,
                       gpu_memory_utilization: float = 0.9,
-                      max_model_len: int | None = None) -> int:
+                      max_model_len: int | None = None, draft: ModelSpec | None = None) -> int:
     """KV blocks each of the ``pp`` virtual engines' schedulers manages (vLLM splits the cache).
 
     Raises when that cache cannot hold one request of ``max_model_len`` tokens.
     """
     max_len = model.max_model_len if max_model_len is None else max_model_len
     blocks = num_gpu_blocks(model, hw, block_size=block_size,
-                            gpu_memory_utilization=gpu_memory_utilization) // hw.pp
+                            gpu_memory_utilization=gpu_memory_utilization, draft=draft) // hw.pp
     if blocks * block_size < max_len:
         raise ValueError(
             f"model {model.name} on hardware {hw.name} ({_split(hw)}) at "

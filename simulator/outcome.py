@@ -12,6 +12,7 @@ from common.model_spec import ModelSpec
 from common.window_record import WINDOW_COLUMNS, stage_cells, window_columns
 from policies.request import Request
 from policies.scheduler import Scheduler, SchedulerStats
+from policies.speculation import SpecDecodeStats
 from simulator.hardware import HardwareSpec
 from simulator.overhead import OverheadSpec
 
@@ -86,6 +87,8 @@ class SimResult:
     gpu_busy_fraction: float  # of duration, averaged over the pipeline stages
     cpu_busy_fraction: float  # of duration, the engine thread
     steps: StepRows  # one row per window, steps.csv (the real engine's columns)
+    # speculative decoding's drafts and acceptance, summed over the virtual engines; None: off
+    spec_decode: SpecDecodeStats | None = None
 
 
 @dataclass(slots=True)
@@ -132,9 +135,16 @@ def cluster_total(per: list[SimResult], requests: list[Request], wall: float) ->
     n = len(per)
     steps = StepRows(True, sorted((row for r in per for row in r.steps.rows),
                                   key=lambda row: row[2]))  # by t_start
+    spec = None
+    if any(r.spec_decode is not None for r in per):
+        spec = SpecDecodeStats()
+        for r in per:
+            if r.spec_decode is not None:
+                spec.add(r.spec_decode)
     return SimResult(
         requests=requests, duration=duration, wall_seconds=wall, stats=stats,
         num_windows=stats.num_windows, num_finished=sum(r.num_finished for r in per),
         num_blocks=sum(r.num_blocks for r in per),
         gpu_busy_fraction=gpu / (n * duration) if duration > 0 else 0.0,
-        cpu_busy_fraction=cpu / (n * duration) if duration > 0 else 0.0, steps=steps)
+        cpu_busy_fraction=cpu / (n * duration) if duration > 0 else 0.0, steps=steps,
+        spec_decode=spec)

@@ -119,14 +119,17 @@ def window_shapes(batch: Batch, ending: list[int] | None = None,
 def _later_steps(seqs: list, k: int) -> list[StepShape]:
     """Steps 2..k of a window whose sequences decode ``num_decode_tokens`` tokens a step
     (several for some): each sequence with more than j steps computes its tokens over a
-    context of c + q + j times its tokens a step."""
+    context of c + q + the tokens its steps before kept (j times its tokens a step, or its
+    accepted draft tokens plus one a step where speculation drew them)."""
     shapes = []
     for j in range(1, k):
         tokens = kv = longest = n = 0
         for s in seqs:
             if s.num_steps > j:
                 w = s.num_decode_tokens
-                ctx = s.num_cached_tokens + s.num_query_tokens + j * w
+                acc = s.num_accepted  # a speculative decode grows by its accepted tokens + 1
+                ctx = s.num_cached_tokens + s.num_query_tokens + (
+                    j * w if acc is None else sum(acc[:j]) + j)
                 n += 1
                 tokens += w
                 kv += ctx

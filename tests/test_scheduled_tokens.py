@@ -13,6 +13,8 @@ import pytest
 from policies import Policy, Request, SchedulerConfig, make_scheduler
 from policies.batch import Batch, ScheduledSeq
 from policies.scheduler import Scheduler
+from common.spec_acceptance import acceptance_process
+from policies.speculation import Speculation, SpeculationPolicy
 from policies.user_code import HookError
 from simulator.step_shape import window_shapes
 
@@ -142,20 +144,26 @@ def test_a_policys_step_time_prices_a_wide_decode_as_its_window_shape():
 
 
 @dataclass(frozen=True)
-class ThreeTokens(Policy):
-    """A user's policy (defined outside schedlab, so its answers are checked) whose decodes
-    compute and emit 3 tokens a step."""
+class TwoDrafts(SpeculationPolicy):
+    """A user's speculation policy (defined outside schedlab, so its answers are checked) whose
+    decodes draft 2 tokens a step, computing 3."""
 
-    name: ClassVar[str] = "three_tokens"
-    tokens: Any = 3
+    tokens: Any = 2
 
-    def decode_tokens(self, req, sched):
+    def request_tokens(self, req, k, sched):
         return self.tokens
 
 
-def simulated(policy, n=4, prompt=64, max_tokens=31):
-    """``n`` requests at t=0 simulated under ``policy`` (Llama-3-8B, the H200 profile): the
-    requests, and each window's decodes as (cached tokens, slots, blocks held) per request."""
+def all_accepted(policy=None):
+    """Speculation drafting 2 tokens a step, every draft accepted: 3 tokens a step."""
+    policy = policy or TwoDrafts(num_tokens=2)
+    return Speculation("ngram", policy.num_tokens, None, policy, acceptance_process({"rate": 1.0}, 0))
+
+
+def simulated(policy, n=4, prompt=64, max_tokens=31, speculation=None):
+    """``n`` requests at t=0 simulated under ``policy`` (Llama-3-8B, the H200 profile) and
+    ``speculation``: the requests, and each window's decodes as (cached tokens, slots, blocks
+    held) per request."""
     from simulator.engine import simulate
     from tests.test_policy_semantics import HW, MODEL, OVERHEAD
 
@@ -163,7 +171,8 @@ def simulated(policy, n=4, prompt=64, max_tokens=31):
     windows = []
 
     def new(blocks):
-        s = Scheduler(policy, SchedulerConfig(max_num_seqs=16), blocks, MODEL.max_model_len)
+        s = Scheduler(policy, SchedulerConfig(max_num_seqs=16), blocks, MODEL.max_model_len,
+                      speculation=speculation)
         schedule = s.schedule
 
         def recorded(now):
@@ -181,12 +190,13 @@ def simulated(policy, n=4, prompt=64, max_tokens=31):
 
 
 def test_a_policy_that_decodes_three_tokens_a_step_finishes_in_a_third_of_the_steps():
-    """A whole simulation under a user's policy whose decode_tokens is 3: each request's 30
+    """A whole simulation under a user's speculation policy drafting 2 tokens, all accepted
+    (3 tokens a step): each request's 30
     tokens after its first come 3 a step in 10 decode windows (30 at one a step), every one
     counted with its step's time, each window's slots held in exactly the blocks they need,
     and TPOT a third of a step's time."""
     one, one_windows = simulated(Policy())
-    three, three_windows = simulated(ThreeTokens())
+    three, three_windows = simulated(Policy(), speculation=all_accepted())
     assert len(one_windows) == 30 and len(three_windows) == 10
     for req in one + three:
         assert req.num_output_tokens == 31 and len(req.token_times) == 31
@@ -212,15 +222,29 @@ def test_a_policy_that_decodes_three_tokens_a_step_finishes_in_a_third_of_the_st
     assert max(tpot(r) for r in three) < 0.6 * min(tpot(r) for r in one)
 
 
-@pytest.mark.parametrize("answer", [0, -1, True, 2.0, None])
-def test_a_policys_bad_decode_tokens_is_one_line_naming_the_hook(answer):
-    s = Scheduler(ThreeTokens(tokens=answer), SchedulerConfig(max_num_seqs=16, block_size=4,
-                                                               watermark=0.0), 100, 1024)
+@pytest.mark.parametrize("answer", [-1, 3, True, 2.0, None])
+def test_a_speculation_policys_bad_request_tokens_is_one_line_naming_the_hook(answer):
+    s = Scheduler(Policy(), SchedulerConfig(max_num_seqs=16, block_size=4, watermark=0.0), 100,
+                  1024, speculation=all_accepted(TwoDrafts(num_tokens=2, tokens=answer)))
     req = Request(0, 0.0, 6, 20)
     s.add_request(req)
     s.update(s.schedule(0.0), [1.0])
     with pytest.raises(HookError) as err:
         s.schedule(1.0)
-    assert str(err.value) == (f"policy ThreeTokens.decode_tokens returned {answer!r} for request "
-                              "0; it must return an int >= 1 (the tokens a decode step computes "
-                              "and may emit)")
+    assert str(err.value) == (f"speculation policy TwoDrafts.request_tokens returned {answer!r} "
+                              "for request 0; it must return an int from 0 to the window's k = 2")
+
+
+def test_a_policy_with_the_old_decode_tokens_hook_is_one_line():
+    """The tokens a decode computes have one home, the speculation policy: a policy that still
+    defines decode_tokens is told where it went rather than silently ignored."""
+
+    @dataclass(frozen=True)
+    class ThreeTokens(Policy):
+        name: ClassVar[str] = "three_tokens"
+
+        def decode_tokens(self, req, sched):
+            return 3
+
+    with pytest.raises(HookError, match=r"^policy ThreeTokens defines decode_tokens: .*spec\.policy"):
+        Scheduler(ThreeTokens(), SchedulerConfig(), 100, 1024)

@@ -48,20 +48,6 @@ def test_a_policy_with_its_own_preemption_victim_is_refused():
         vllm_policy(NewestFirst())
 
 
-def test_a_policy_with_its_own_decode_tokens_is_refused():
-    @dataclass(frozen=True)
-    class ThreeTokens(Policy):
-        name = "test_three_tokens"
-        mixed_batches = True
-
-        def decode_tokens(self, req, sched):
-            return 3
-
-    with pytest.raises(ValueError, match=r"^policy test_three_tokens cannot run in vLLM's "
-                                         r"scheduler: its own decode_tokens: [^\n]*$"):
-        vllm_policy(ThreeTokens())
-
-
 @pytest.mark.parametrize("name", ["chunked_prefill", "sarathi", "cp1", "slo_adaptive"])
 def test_a_mixed_policy_runs_as_it_is(name):
     settings = {"num_steps": 1} if name in ("cp1", "slo_adaptive") else {}

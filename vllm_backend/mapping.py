@@ -24,9 +24,6 @@ def vllm_policy(policy: Policy) -> Policy:
     if policy.max_steps > 1:
         why = (f"multi-step windows (policy.num_steps = {policy.max_steps}): vLLM V1 runs one "
                "step per schedule(); policy.num_steps=1 runs it in one-step windows")
-    elif _overrides(cls, "decode_tokens"):
-        why = ("its own decode_tokens: vLLM's decodes compute the tokens of its speculative "
-               "config, not a policy's")
     elif not cls.mixed_batches and not cls.orders_queue and not cls.preemptive and \
             not any(_overrides(cls, hook) for hook in _DECISIONS):
         why = ("prefill-only batches: vLLM V1 mixes prefills and decodes in every step "

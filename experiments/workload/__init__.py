@@ -65,7 +65,7 @@ KINDS = ("sharegpt", "synthetic", "trace", "sharegpt_multiturn")
 # Keys each kind reads; anything else in the section is a typo or a leftover and is refused,
 # because a silently ignored knob gives a silently wrong experiment.
 _COMMON_KEYS = frozenset({"kind", "seed", "max_concurrency", "classes", "shared_prefix_len",
-                          "drop_too_long"})
+                          "drop_too_long", "acceptance"})
 _KEYS_BY_KIND = {
     "sharegpt": _COMMON_KEYS | {"num_prompts"} | ARRIVAL_KEYS | SHAREGPT_KEYS,
     "sharegpt_multiturn": _COMMON_KEYS | ARRIVAL_KEYS | MULTITURN_KEYS,

@@ -1,5 +1,6 @@
 """The server's Prometheus metrics, in two registries: the engine process's (queue lengths, KV
-usage, TTFT and TPOT histograms, windows, preemptions and aborts, the engine thread's CPU time)
+usage, TTFT and TPOT histograms, windows, preemptions and aborts, speculative decoding's drafts
+and acceptance, the engine thread's CPU time)
 and the front-end process's (requests received, SSE chunks sent, its own CPU time). GET /metrics
 shows both: the front end asks the engine for its text over the pipe between them."""
 
@@ -52,6 +53,22 @@ class EngineMetrics:
         self.engine_cpu = Gauge("schedlab_engine_thread_cpu_seconds",
                                 "CPU seconds used by the engine loop's thread", registry=r)
         self._preemptions_seen = 0
+        # speculative decoding (vLLM's spec_decode_* names): the scheduler's counts as verified
+        self.spec_drafts = Counter("schedlab_spec_decode_num_drafts",
+                                   "decode steps that drafted tokens", registry=r)
+        self.spec_draft_tokens = Counter("schedlab_spec_decode_draft_tokens",
+                                         "tokens drafted", registry=r)
+        self.spec_accepted = Counter("schedlab_spec_decode_accepted_tokens",
+                                     "drafted tokens accepted", registry=r)
+        self.spec_rate = Gauge("schedlab_spec_decode_acceptance_rate",
+                               "accepted over drafted tokens", registry=r)
+        self.spec_length = Gauge("schedlab_spec_decode_acceptance_length",
+                                 "tokens a drafting step emits on average (1 + accepted)",
+                                 registry=r)
+        self.spec_position = Gauge("schedlab_spec_decode_per_position_acceptance_rate",
+                                   "accepted over drafted tokens at each draft position",
+                                   ["position"], registry=r)
+        self._spec_seen = (0, 0, 0)
 
     def watch_engine_thread(self, ident: int) -> None:
         """Report the CPU time of the engine loop's thread, ``ident`` (threading.get_ident()),
@@ -82,6 +99,20 @@ class EngineMetrics:
         n = sched.stats.num_preemptions
         self.preemptions.inc(n - self._preemptions_seen)
         self._preemptions_seen = n
+        spec = sched.spec_stats
+        if spec.num_drafts:
+            now = (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens)
+            for counter, new, seen in zip((self.spec_drafts, self.spec_draft_tokens,
+                                           self.spec_accepted), now, self._spec_seen,
+                                          strict=True):
+                counter.inc(new - seen)
+            self._spec_seen = now
+            m = spec.metrics()
+            self.spec_rate.set(m["spec_decode_acceptance_rate"])
+            self.spec_length.set(m["spec_decode_acceptance_length"])
+            for i, rate in enumerate(m["spec_decode_per_position_acceptance_rate"]):
+                if rate is not None:
+                    self.spec_position.labels(str(i)).set(rate)
 
     def window(self, num_steps: int) -> None:
         self.windows.inc()

@@ -299,8 +299,9 @@ def test_windows_without_per_request_settings_carry_none() -> None:
 
 
 def test_a_window_of_several_tokens_a_decode_step_is_refused_in_one_line() -> None:
-    """The engine's decode rows compute one token a step: a sequence that asks for more (a
-    draft to verify) is refused naming the request and the setting, not built wrong."""
+    """plan_window's decode rows compute one token a step: a sequence that asks for more (a
+    draft to verify, which the runner sends to real_backend/speculative.py) is refused there
+    naming the request and the setting, not built wrong."""
     from real_backend.window_inputs import PlanSizes, plan_window
 
     req = Request(7, 0.0, 6, 4)
