@@ -370,3 +370,33 @@ def test_the_simulator_refuses_speculation_without_an_acceptance(tmp_path):
     with pytest.raises(ValueError, match=r"^spec\.method=draft needs workload\.acceptance in the "
                                          r"simulator"):
         run_config(tmp_path, "spec=spec_fixed")
+
+
+def test_the_sweeps_figure_draws_a_line_per_policy_and_length(tmp_path):
+    """plot_spec over a small sweep's table: no speculation and spec_fixed at two rates, each
+    run's acceptance rate read from its spec section (off: from its directory's name)."""
+    import pandas as pd
+
+    from experiments.aggregate import read_row
+    from experiments.plot_spec import plot_spec, spec_figure, spec_table
+
+    rows = []
+    for spec in ("off", "spec_fixed"):
+        for rate in (4, 8):
+            result, out = run_config(tmp_path / f"{spec}" / f"workload.acceptance.rate=0.7,r={rate}",
+                                     f"spec={spec}", "workload.acceptance={rate: 0.7}",
+                                     f"workload.request_rate={rate}", "goodput.tpot_ms=20")
+            rows.append(read_row(out / "result.json"))
+    df = pd.DataFrame(rows)
+    table = spec_table(df)
+    assert sorted(set(zip(table["spec_policy"], table["spec_k"], strict=True))) == \
+        [("off", 0), ("spec_fixed", 4)]
+    assert set(table["acceptance_rate"]) == {0.7}
+    fig = spec_figure(df)
+    assert [len(ax.get_lines()) for ax in fig.axes] == [2, 3]  # TPOT; goodput and offered load
+    df.to_csv(tmp_path / "aggregate.csv", index=False)
+    made = plot_spec(tmp_path / "aggregate.csv")
+    assert [p.name for p in made] == ["spec_sweep_tpot_goodput.png", "spec_sweep_tpot_goodput.svg"]
+    with pytest.raises(ValueError, match="nothing to plot"):
+        df[df["spec_policy"].isna()].to_csv(tmp_path / "off.csv", index=False)
+        plot_spec(tmp_path / "off.csv")
