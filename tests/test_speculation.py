@@ -400,3 +400,20 @@ def test_the_sweeps_figure_draws_a_line_per_policy_and_length(tmp_path):
     with pytest.raises(ValueError, match="nothing to plot"):
         df[df["spec_policy"].isna()].to_csv(tmp_path / "off.csv", index=False)
         plot_spec(tmp_path / "off.csv")
+
+
+def test_without_an_acceptance_the_engine_writes_the_accepted_counts_before_update():
+    """Where the engine verifies for real (no workload.acceptance), the window carries no draws;
+    the counts the engine writes into num_accepted are what update() applies."""
+    s = scheduler(speculation(k=2, acceptance=None))
+    req = Request(0, 0.0, 10, 40)
+    s.add_request(req)
+    s.update(s.schedule(0.0), [1.0])
+    b = s.schedule(1.0)
+    (seq,) = b.seqs
+    assert seq.num_accepted is None and seq.num_decode_tokens == 3
+    seq.num_accepted = [2, 0]  # the engine's verification
+    s.update(b, [2.0, 3.0])
+    assert req.num_output_tokens == 1 + 3 + 1 and req.num_computed_tokens == 10 + 4
+    assert req.token_times == [1.0, 2.0, 2.0, 2.0, 3.0]
+    assert s.spec_stats.metrics()["spec_decode_accepted_tokens"] == 2
