@@ -417,3 +417,10 @@ def test_without_an_acceptance_the_engine_writes_the_accepted_counts_before_upda
     assert req.num_output_tokens == 1 + 3 + 1 and req.num_computed_tokens == 10 + 4
     assert req.token_times == [1.0, 2.0, 2.0, 2.0, 3.0]
     assert s.spec_stats.metrics()["spec_decode_accepted_tokens"] == 2
+
+
+def test_vllms_backend_refuses_speculation_rather_than_running_without_it(tmp_path):
+    with pytest.raises(ValueError, match=r"^spec: backend=vllm does not pass speculative "
+                                         r"decoding to vLLM's engine"):
+        run_config(tmp_path, "backend=vllm", "model=tiny", "spec=spec_fixed",
+                   "workload.acceptance={rate: 0.8}")
