@@ -246,6 +246,9 @@ class VllmBackend(Backend):
         if self.choice.scheduler.overlap:
             raise ValueError("scheduler.overlap: backend=vllm schedules synchronously (vLLM's "
                              "CPU platform; VllmPolicyScheduler has no AsyncScheduler variant)")
+        if self.choice.speculation is not None:  # rather than a run without it, silently
+            raise ValueError("spec: backend=vllm does not pass speculative decoding to vLLM's "
+                             "engine; spec=off there (the simulator and the real engine take it)")
         vllm_policy(self.choice.policy)  # a policy vLLM cannot run: one line, now
         require_vllm()
         self.block_size = self.choice.scheduler.block_size

@@ -42,7 +42,7 @@ def spec_table(df: pd.DataFrame) -> pd.DataFrame:
     from its directory name's ``workload.acceptance.rate=``)."""
     df = df[np.isfinite(df["request_rate"].astype(float))].copy()
     spec = df["spec_policy"] if "spec_policy" in df else pd.Series(np.nan, index=df.index)
-    df["spec_policy"] = spec.fillna("off")
+    df["spec_policy"] = spec.astype(object).where(spec.notna(), "off")
     k = df["spec_num_tokens"] if "spec_num_tokens" in df else pd.Series(np.nan, index=df.index)
     df["spec_k"] = k.fillna(0).astype(int)
     rate = (df["acceptance"] if "acceptance" in df else pd.Series(None, index=df.index)).map(

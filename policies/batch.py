@@ -43,7 +43,8 @@ class ScheduledSeq:
     # step emits its accepted tokens plus the target's own), drawn from the workload's
     # acceptance process when the window is formed, so that every backend and the simulator
     # apply the same outcome; None without speculation, or where the engine's verification
-    # decides (greedy, real weights).
+    # decides (greedy, real weights: the engine writes them here before update(), which
+    # reads them to grow the request, emit its tokens and free its rejected slots' blocks).
     num_accepted: list[int] | None
 
     # Written out rather than generated with a __post_init__: one is formed per request per

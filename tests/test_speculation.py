@@ -370,3 +370,57 @@ def test_the_simulator_refuses_speculation_without_an_acceptance(tmp_path):
     with pytest.raises(ValueError, match=r"^spec\.method=draft needs workload\.acceptance in the "
                                          r"simulator"):
         run_config(tmp_path, "spec=spec_fixed")
+
+
+def test_the_sweeps_figure_draws_a_line_per_policy_and_length(tmp_path):
+    """plot_spec over a small sweep's table: no speculation and spec_fixed at two rates, each
+    run's acceptance rate read from its spec section (off: from its directory's name)."""
+    import pandas as pd
+
+    from experiments.aggregate import read_row
+    from experiments.plot_spec import plot_spec, spec_figure, spec_table
+
+    rows = []
+    for spec in ("off", "spec_fixed"):
+        for rate in (4, 8):
+            result, out = run_config(tmp_path / f"{spec}" / f"workload.acceptance.rate=0.7,r={rate}",
+                                     f"spec={spec}", "workload.acceptance={rate: 0.7}",
+                                     f"workload.request_rate={rate}", "goodput.tpot_ms=20")
+            rows.append(read_row(out / "result.json"))
+    df = pd.DataFrame(rows)
+    table = spec_table(df)
+    assert sorted(set(zip(table["spec_policy"], table["spec_k"], strict=True))) == \
+        [("off", 0), ("spec_fixed", 4)]
+    assert set(table["acceptance_rate"]) == {0.7}
+    fig = spec_figure(df)
+    assert [len(ax.get_lines()) for ax in fig.axes] == [2, 3]  # TPOT; goodput and offered load
+    df.to_csv(tmp_path / "aggregate.csv", index=False)
+    made = plot_spec(tmp_path / "aggregate.csv")
+    assert [p.name for p in made] == ["spec_sweep_tpot_goodput.png", "spec_sweep_tpot_goodput.svg"]
+    with pytest.raises(ValueError, match="nothing to plot"):
+        df[df["spec_policy"].isna()].to_csv(tmp_path / "off.csv", index=False)
+        plot_spec(tmp_path / "off.csv")
+
+
+def test_without_an_acceptance_the_engine_writes_the_accepted_counts_before_update():
+    """Where the engine verifies for real (no workload.acceptance), the window carries no draws;
+    the counts the engine writes into num_accepted are what update() applies."""
+    s = scheduler(speculation(k=2, acceptance=None))
+    req = Request(0, 0.0, 10, 40)
+    s.add_request(req)
+    s.update(s.schedule(0.0), [1.0])
+    b = s.schedule(1.0)
+    (seq,) = b.seqs
+    assert seq.num_accepted is None and seq.num_decode_tokens == 3
+    seq.num_accepted = [2, 0]  # the engine's verification
+    s.update(b, [2.0, 3.0])
+    assert req.num_output_tokens == 1 + 3 + 1 and req.num_computed_tokens == 10 + 4
+    assert req.token_times == [1.0, 2.0, 2.0, 2.0, 3.0]
+    assert s.spec_stats.metrics()["spec_decode_accepted_tokens"] == 2
+
+
+def test_vllms_backend_refuses_speculation_rather_than_running_without_it(tmp_path):
+    with pytest.raises(ValueError, match=r"^spec: backend=vllm does not pass speculative "
+                                         r"decoding to vLLM's engine"):
+        run_config(tmp_path, "backend=vllm", "model=tiny", "spec=spec_fixed",
+                   "workload.acceptance={rate: 0.8}")
