@@ -22,23 +22,18 @@ from __future__ import annotations
 
 import csv
 import os
+import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from hashlib import blake2b
 from pathlib import Path
 from typing import Any
 
 SETTING = "workload.acceptance"
+_PACK = struct.Struct("<4Q").pack
 _M64 = (1 << 64) - 1
-_TO_UNIT = 1.0 / (1 << 64)
-
-
-def _mix(x: int) -> int:
-    """splitmix64's finaliser: a 64-bit integer's well-mixed image (seeded draws without a
-    generator's state, so each draw depends on its key alone)."""
-    x = (x + 0x9E3779B97F4A7C15) & _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
+_UNIT = 1 << 64
+_WORDS = 8  # 64-bit words of one 64-byte digest: the positions one draw covers
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,21 +47,32 @@ class AcceptanceProcess:
     trace_accepted: tuple[int, ...] = ()
     trace_draft_tokens: int = 0
     source: str = ""  # the setting as given, for messages and result.json
+    # each rate as a 64-bit threshold: a position's token is accepted when its word is below
+    _thresholds: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_thresholds", tuple(min(int(r * _UNIT), _UNIT)
+                                                      for r in self.rates))
 
     def num_accepted(self, request_id: int, num_output_tokens: int, k: int) -> int:
         """Drafted tokens (of ``k``) the target accepts at the step a request takes with
-        ``num_output_tokens`` tokens already emitted."""
+        ``num_output_tokens`` tokens already emitted: a BLAKE2b digest of those four numbers
+        gives a 64-bit uniform word per draft position (a second digest past the eighth)."""
         if k <= 0:
             return 0
-        key = _mix(_mix(_mix(_mix(self.seed & _M64) ^ request_id) ^ num_output_tokens) ^ k)
+        key = _PACK(self.seed & _M64, request_id & _M64, num_output_tokens & _M64, k)
+        words = memoryview(blake2b(key).digest()).cast("Q")
         if self.trace_accepted:
             rows = self.trace_accepted
-            a = rows[key % len(rows)]
+            a = rows[words[0] % len(rows)]
             return a if a < k else k
-        rates = self.rates
-        last = len(rates) - 1
+        limits = self._thresholds
+        last = len(limits) - 1
         for i in range(k):
-            if _mix(key + i) * _TO_UNIT >= rates[i if i < last else last]:
+            if i and i % _WORDS == 0:  # positions past the digest's words: the next digest
+                words = memoryview(blake2b(key, salt=(i // _WORDS).to_bytes(16, "little"))
+                                   .digest()).cast("Q")
+            if words[i % _WORDS] >= limits[i if i < last else last]:
                 return i
         return k
 

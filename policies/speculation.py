@@ -70,25 +70,25 @@ class SpecDecodeStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_rejected_drafts: int = 0  # drafts with a token rejected (the rest were accepted whole)
-    # per draft position i: drafts that drafted it, and drafts whose token i was accepted
-    position_drafts: list[int] = field(default_factory=list)
-    position_accepted: list[int] = field(default_factory=list)
+    # drafts by their length k, and by the tokens they accepted: each position's counts follow
+    drafts_of_length: list[int] = field(default_factory=list)
+    drafts_accepting: list[int] = field(default_factory=list)
 
     def record(self, accepted: list[int], k: int, steps: int) -> None:
         """The first ``steps`` steps of a decode drafting ``k`` tokens a step, each accepting
         ``accepted[i]`` of them."""
-        drafted, got = self.position_drafts, self.position_accepted
-        if len(drafted) < k:
-            drafted += [0] * (k - len(drafted))
-            got += [0] * (k - len(got))
+        by_length, by_accepted = self.drafts_of_length, self.drafts_accepting
+        if len(by_length) <= k:
+            by_length += [0] * (k + 1 - len(by_length))
+            by_accepted += [0] * (k + 1 - len(by_accepted))
+        by_length[k] += steps
+        total = 0
         for a in accepted[:steps]:
-            self.num_accepted_tokens += a
+            total += a
+            by_accepted[a] += 1
             if a < k:
                 self.num_rejected_drafts += 1
-            for i in range(a):
-                got[i] += 1
-        for i in range(k):
-            drafted[i] += steps
+        self.num_accepted_tokens += total
         self.num_drafts += steps
         self.num_draft_tokens += k * steps
 
@@ -96,8 +96,8 @@ class SpecDecodeStats:
         for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
                      "num_rejected_drafts"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for mine, theirs in ((self.position_drafts, other.position_drafts),
-                             (self.position_accepted, other.position_accepted)):
+        for mine, theirs in ((self.drafts_of_length, other.drafts_of_length),
+                             (self.drafts_accepting, other.drafts_accepting)):
             mine += [0] * (len(theirs) - len(mine))
             for i, n in enumerate(theirs):
                 mine[i] += n
@@ -111,6 +111,18 @@ class SpecDecodeStats:
         trials = self.num_accepted_tokens + self.num_rejected_drafts
         return self.num_accepted_tokens / trials if trials else prior
 
+    def per_position_acceptance_rates(self) -> list[float | None]:
+        """Position i's (from 0) acceptance rate: the drafts that accepted its token over the
+        drafts that drafted it (those of length > i)."""
+        rates = []
+        drafted = sum(self.drafts_of_length)
+        accepted = sum(self.drafts_accepting)
+        for i in range(len(self.drafts_of_length) - 1):
+            drafted -= self.drafts_of_length[i]  # drafts of length > i
+            accepted -= self.drafts_accepting[i]  # drafts accepting > i tokens
+            rates.append(accepted / drafted if drafted else None)
+        return rates
+
     def metrics(self) -> dict[str, Any]:
         """vLLM's spec_decode_* metrics: acceptance rate (accepted over drafted tokens),
         acceptance length (tokens emitted per draft: 1 + accepted per draft), the counts, and
@@ -122,9 +134,7 @@ class SpecDecodeStats:
             "spec_decode_accepted_tokens": self.num_accepted_tokens,
             "spec_decode_acceptance_rate": self.num_accepted_tokens / drafted if drafted else None,
             "spec_decode_acceptance_length": 1 + self.num_accepted_tokens / n if n else None,
-            "spec_decode_per_position_acceptance_rate": [
-                a / d if d else None
-                for a, d in zip(self.position_accepted, self.position_drafts, strict=True)],
+            "spec_decode_per_position_acceptance_rate": self.per_position_acceptance_rates(),
         }
 
 

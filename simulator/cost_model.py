@@ -269,33 +269,45 @@ def window_draft_times(batch: Batch, draft_step: StepTimeFn) -> list[float]:
     step 1's first draft step. The verify step itself is the target's k + 1-token step
     (``window_shapes``)."""
     k = batch.num_steps
-    out = [0.0] * k
     chunks = [(s.num_query_tokens, s.num_cached_tokens, False) for s in batch.seqs
               if s.is_prefill]
-    for j in range(k):
-        drafting = []  # (its k, its context before the step's draft)
-        for s in batch.seqs:
-            w = s.num_decode_tokens
-            if w > 1 and s.num_steps > j and not s.is_prefill:
-                acc = s.num_accepted
-                grown = sum(acc[:j]) + j if acc is not None else j * w
-                drafting.append((w - 1, s.num_cached_tokens + 1 + grown))
+    # per step, per draft length: [drafting decodes, their contexts summed, the longest]
+    steps: list[dict[int, list[int]]] = [{} for _ in range(k)]
+    for s in batch.seqs:
+        w = s.num_decode_tokens
+        if w == 1 or s.is_prefill:
+            continue
+        acc = s.num_accepted
+        ctx = s.num_cached_tokens + 1
+        for j in range(min(s.num_steps, k)):
+            group = steps[j].get(w - 1)
+            if group is None:
+                steps[j][w - 1] = [1, ctx, ctx]
+            else:
+                group[0] += 1
+                group[1] += ctx
+                if ctx > group[2]:
+                    group[2] = ctx
+            ctx += w if acc is None else acc[j] + 1
+    out = []
+    for j, groups in enumerate(steps):
         first = chunks if j == 0 else ()
-        if not drafting:
-            out[j] = draft_step(0, 0, 0, first) if first else 0.0
+        if not groups:
+            out.append(draft_step(0, 0, 0, first) if first else 0.0)
             continue
         t = 0.0
-        for d in range(max(n for n, _ in drafting)):
-            n = kv = longest = 0
-            for drafts, ctx in drafting:
-                if drafts > d:
-                    c = ctx + d
-                    n += 1
-                    kv += c
-                    if c > longest:
-                        longest = c
-            t += draft_step(n, kv, longest, first if d == 0 else ())
-        out[j] = t
+        lengths = sorted(groups, reverse=True)
+        n = kv = longest = 0
+        g = 0
+        for d in range(lengths[0] - 1, -1, -1):  # draft step d + 1: decodes drafting > d
+            while g < len(lengths) and lengths[g] > d:
+                count, ctx_sum, top = groups[lengths[g]]
+                n += count
+                kv += ctx_sum
+                longest = max(longest, top)
+                g += 1
+            t += draft_step(n, kv + d * n, longest + d, first if d == 0 else ())
+        out.append(t)
     return out
 
 
