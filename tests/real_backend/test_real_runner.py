@@ -130,6 +130,32 @@ def test_kv_blocks_from_profiled_memory(monkeypatch) -> None:
                                     lambda: None)
 
 
+def test_kv_blocks_leave_room_for_drafting_and_graphs(monkeypatch) -> None:
+    """Speculating: each block also holds the draft model's KV, and the budget leaves the
+    profile's peak (its drafting window included) plus the graphed steps' peak (the CUDA
+    graphs' pool) outside the cache."""
+    spec = load_spec("llama3_8b")
+    cuda, peaks, state = torch.cuda, iter([5e9, 1e9]), {"peak": 0.0}
+    monkeypatch.setattr(cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(cuda, "reset_peak_memory_stats", lambda *a: state.update(peak=0.0))
+    monkeypatch.setattr(cuda, "memory_allocated", lambda *a: 20e9)
+    monkeypatch.setattr(cuda, "max_memory_allocated", lambda *a: 20e9 + state["peak"])
+    monkeypatch.setattr(cuda, "mem_get_info", lambda *a: (60e9, 100e9))
+    ran = []
+
+    def phase(name):
+        return lambda: (ran.append(name), state.update(peak=next(peaks)))
+
+    draft = 512 * 1024  # llama3_2_1b's block of 16
+    n = kv_cache.profile_num_blocks(spec, torch.device("cuda", 0), torch.bfloat16, 0.9, 16,
+                                    phase("profile"), draft, phase("graphs"))
+    assert ran == ["profile", "graphs"]
+    assert n == int((90e9 - 40e9 - 5e9 - 1e9) // (2 * 1024 * 1024 + draft))
+    assert kv_cache.kv_blocks_that_fit(spec, torch.bfloat16, 16, 100e9, 40e9, 6e9, 0.9,
+                                       draft) == n
+
+
 def test_weights_that_do_not_fit_are_refused(monkeypatch) -> None:
     _fake_gpu(monkeypatch, total=143e9, free=139e9, activations=0)
     with pytest.raises(ValueError, match=r"model llama3_70b needs 141 GB of weights but "
