@@ -498,3 +498,42 @@ def test_catch_up_runs_in_forwards_of_at_most_max_tokens(monkeypatch) -> None:
     c = runner.spec.counters
     assert c.num_draft_tokens == c.num_accepted_tokens > 0
     assert forwards[:5] == [5, 5, 5, 5, 2]  # the prompts' 22 tokens, 5 at most a forward
+
+
+def test_a_run_releases_its_runner(monkeypatch) -> None:
+    """A run that does not keep its runner leaves none of it alive (weights, both KV caches,
+    graphs): a next run in the process builds its own in the memory this one held."""
+    import gc
+    import weakref
+
+    from common.spec_acceptance import acceptance_process
+    from policies import Scheduler, SchedulerConfig, make_policy
+    from policies.speculation import make_speculation
+    from real_backend import engine, run_real
+
+    built = []
+
+    def build_runner(*args, **kwargs):
+        runner = build(*args, **kwargs)
+        built.append((weakref.ref(runner), weakref.ref(runner.spec.draft_cache.k[0])))
+        return runner
+
+    build = engine.build_runner
+    monkeypatch.setattr(engine, "build_runner", build_runner)
+    section = {"method": "draft", "num_tokens": 2, "draft_model": "tiny", "policy": "spec_fixed"}
+    cfg = SchedulerConfig(block_size=BLOCK, max_num_batched_tokens=64)
+
+    def new(n: int) -> Scheduler:
+        return Scheduler(make_policy("multi_step", num_steps=2), cfg, n, SPEC.max_model_len,
+                         None, make_speculation(section, acceptance_process({"rate": 0.7}, 3),
+                                                None, SPEC))
+
+    reqs = [Request(i, 0.0, 0, 6, prompt_token_ids=[1 + i] * 8) for i in range(3)]
+    gc.disable()  # freed by the run's own release, not whenever the collector next runs
+    try:
+        run_real(reqs, new, SPEC, {"device": "cpu", "num_blocks": 32,
+                                   "spec": {"method": "draft", "num_tokens": 2,
+                                            "draft_model": "tiny"}}, progress=False)
+        assert len(built) == 1 and all(ref() is None for ref in built[0])
+    finally:
+        gc.enable()
