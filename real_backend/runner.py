@@ -200,10 +200,17 @@ class ModelRunner:
 
     @torch.inference_mode()
     def profile_graph_steps(self, num_seqs: int) -> None:
-        """Eagerly, on scratch caches, the largest steps captured as CUDA graphs (a num_seqs
-        decode; speculating, the verify of num_seqs rows and the draft's steps): the transient
-        memory their graphs' pool keeps, which the KV cache must leave room for."""
+        """Eagerly, on scratch caches, the largest steps captured as CUDA graphs (a prefill of
+        the most tokens a prefill or piecewise graph takes, a num_seqs decode; speculating,
+        the verify of num_seqs rows and the draft's steps): the transient memory their graphs'
+        pool keeps (the peak of the largest), which the KV cache must leave room for."""
+        cfg = self.cfg
+        tokens = min(max(cfg.prefill_graph_max_tokens, cfg.piecewise_graph_max_tokens),
+                     self.model.spec.max_model_len - 2)
         with self._profile_caches(True):
+            if tokens > 0:
+                prefill = [ScheduledSeq(self._block0_request(0, tokens), tokens, 0, 1, True)]
+                self.run_window(Batch(prefill, 1))
             decode = [ScheduledSeq(self._block0_request(i, 1), 1, 0, 1, False)
                       for i in range(num_seqs)]
             self.run_window(Batch(decode, 1))

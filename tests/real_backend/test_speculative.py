@@ -467,8 +467,13 @@ def test_memory_profile_runs_the_largest_drafting_window(monkeypatch) -> None:
     assert runner.kv_cache is real and spec.draft_cache is real_draft
     assert spec.counters.num_drafts == 0 and not spec.draft_lens
     seen["verify"].clear()
+    windows, run_window = [], runner.run_window
+    monkeypatch.setattr(runner, "run_window", lambda b: (
+        windows.append([(s.num_query_tokens, s.is_prefill) for s in b.seqs]), run_window(b))[1])
     runner.profile_graph_steps(8)  # the graphed steps: the same verify, a token of catch-up
     assert seen["verify"] == [8 * 4] and seen["catch_up"][-1] == 8
+    biggest = min(runner.cfg.piecewise_graph_max_tokens, SPEC.max_model_len - 2)
+    assert windows[:2] == [[(biggest, True)], [(1, False)] * 8]  # the largest prefill graph's
 
 
 def test_catch_up_runs_in_forwards_of_at_most_max_tokens(monkeypatch) -> None:
