@@ -156,6 +156,37 @@ def test_kv_blocks_leave_room_for_drafting_and_graphs(monkeypatch) -> None:
                                        draft) == n
 
 
+def test_decode_graphs_share_one_output(monkeypatch) -> None:
+    """Every decode graph's logits are a view of the runner's one graph output (allocated
+    before the memory profile), not an output of its own kept alive in the graph pool."""
+    from real_backend import runner as runner_module
+    from real_backend.config import BackendConfig
+    from real_backend.cuda_graphs import DecodeGraphs
+    from real_backend.runner import ModelRunner
+    from real_backend.weights import random_model
+
+    spec = load_spec("tiny")
+    monkeypatch.setattr(BackendConfig, "use_cuda_graphs", property(lambda self: True))
+
+    def capture(step, sizes):
+        return DecodeGraphs({b: None for b in sizes}, {b: step(b) for b in sizes})
+
+    monkeypatch.setattr(runner_module, "capture_decode_graphs", capture)
+    model = random_model(spec, "cpu", torch.float32, seed=5)
+    cfg = BackendConfig(device="cpu", num_blocks=16, prefill_graph_max_tokens=0,
+                        piecewise_graph_max_tokens=0)
+    runner = ModelRunner(model, cfg, block_size=4, max_num_seqs=8, max_lookahead=16)
+    assert runner.graph_logits is None  # on the CPU: no graphs, no output for them
+    runner.cuda = True  # what a GPU runner allocates and captures
+    runner.graph_logits = torch.empty((8, spec.vocab_size))
+    runner.allocate_kv_cache(16)
+    runner.capture_graphs()
+    logits = runner.graphs.logits
+    assert sorted(logits) == [1, 2, 4, 8]
+    assert {t.data_ptr() for t in logits.values()} == {runner.graph_logits.data_ptr()}
+    assert all(t.shape == (b, spec.vocab_size) for b, t in logits.items())
+
+
 def test_weights_that_do_not_fit_are_refused(monkeypatch) -> None:
     _fake_gpu(monkeypatch, total=143e9, free=139e9, activations=0)
     with pytest.raises(ValueError, match=r"model llama3_70b needs 141 GB of weights but "
