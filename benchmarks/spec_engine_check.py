@@ -6,7 +6,8 @@ the CUDA graphs of the verify and of the draft step, and the Triton kernels at s
    and, under a given acceptance rate, the same ids and drafts with CUDA graphs as eagerly;
 2. speed (``--speed``): output tokens a second of a target with a draft model of another
    shape (random weights, the workload's acceptance rate), without speculation and drafting
-   k tokens, offline.
+   k tokens, offline; each run's runner is released before the next, and the device memory
+   still in use after it is printed (it should fall back to what the process held before).
 
     python benchmarks/spec_engine_check.py [--speed --model llama3_8b --draft llama3_2_1b]
 """
@@ -19,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,6 +30,7 @@ from common.spec_acceptance import acceptance_process  # noqa: E402
 from policies import Request, Scheduler, SchedulerConfig, make_policy  # noqa: E402
 from policies.speculation import make_speculation  # noqa: E402
 from real_backend import run_real  # noqa: E402
+from real_backend.engine import release_kept_runner  # noqa: E402
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 DEVICE = {"device": "cuda"}  # --device cpu: a smoke run of the same code without a GPU
@@ -102,10 +105,22 @@ def check_ids() -> None:
     print("given acceptance 0.7: CUDA graphs == eager;", graphed[2].metrics())
 
 
+def device_memory() -> str:
+    """The device memory in use now: torch's tensors, its cache, and the device as a whole."""
+    if not torch.cuda.is_available():
+        return "no GPU"
+    free, total = torch.cuda.mem_get_info()
+    return (f"allocated {torch.cuda.memory_allocated() / 2**30:.2f} GiB, reserved "
+            f"{torch.cuda.memory_reserved() / 2**30:.2f} GiB, device in use "
+            f"{(total - free) / 2**30:.2f} of {total / 2**30:.2f} GiB")
+
+
 def speed(args: argparse.Namespace) -> None:
     model = model_spec(args.model)
     print(f"{args.model} target, {args.draft} draft, {args.requests} requests "
           f"prompt {args.prompt} output {args.output}, acceptance rate {args.rate}")
+    release_kept_runner()
+    print("before the runs:", device_memory())
     for k in [0] + args.k:
         spec = None if k == 0 else {"method": "draft", "num_tokens": k,
                                     "draft_model": args.draft}
@@ -120,6 +135,9 @@ def speed(args: argparse.Namespace) -> None:
               f" (setup {out.stats['setup_s']:.0f} s, wall {time.perf_counter() - t:.0f} s), "
               f"blocks {out.stats['num_blocks']}, acceptance length "
               f"{m.get('spec_decode_acceptance_length')}")
+        del out
+        release_kept_runner()  # the next run builds its runner in what this one leaves
+        print(f"after k={k}, runner released:", device_memory())
 
 
 def main() -> None:

@@ -83,18 +83,20 @@ def build_rank_runner(spec: ModelSpec, cfg: BackendConfig, shape: RunnerShape,
         width = -(-(spec.max_model_len + shape.max_lookahead * k1) // shape.block_size)
         runner.spec = build_speculator(cfg.spec, model, runner.kernels, shape.block_size,
                                        shape.max_num_seqs, shape.max_num_batched_tokens, width,
-                                       cfg.seed)
+                                       cfg.seed, cfg.use_cuda_graphs and device.type == "cuda")
         if runner.spec.draft is not None:
             draft_bytes = block_bytes(runner.spec.draft.spec, shape.block_size, dtype)
     num_blocks = cfg.num_blocks
     if device.type == "cuda":
         # Also the warm-up: every Triton kernel is compiled before the clock starts.
         fits, error = 0, None
+        graphed = cfg.use_cuda_graphs  # the graphs' pool keeps their largest step's memory
         try:
             fits = profile_num_blocks(
                 local, device, dtype, cfg.gpu_memory_utilization, shape.block_size,
                 lambda: runner.profile_run(shape.max_num_batched_tokens, shape.max_num_seqs),
-                draft_bytes)
+                draft_bytes,
+                (lambda: runner.profile_graph_steps(shape.max_num_seqs)) if graphed else None)
         except ValueError as err:
             if tp is None:
                 raise

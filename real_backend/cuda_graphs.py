@@ -59,8 +59,9 @@ def capture_graph(run: Callable[[], torch.Tensor | None], pool: object
 
 def capture_decode_graphs(decode_step: Callable[[int], torch.Tensor],
                           sizes: list[int]) -> DecodeGraphs:
-    """Capture ``decode_step(b)`` (reading static buffers' first b rows, returning logits) for
-    each size, largest first so the smaller graphs reuse the first one's memory pool."""
+    """Capture ``decode_step(b)`` (reading static buffers' first b rows, returning logits: a
+    view of one buffer shared by every size) for each size, largest first so the smaller
+    graphs reuse the first one's memory pool."""
     out = DecodeGraphs(pool=torch.cuda.graph_pool_handle())
     for b in sorted(sizes, reverse=True):
         out.graphs[b], out.logits[b] = capture_graph(partial(decode_step, b), out.pool)

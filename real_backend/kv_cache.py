@@ -79,20 +79,39 @@ def host_available_bytes() -> int | None:
 
 def profile_num_blocks(spec: ModelSpec, device: torch.device, dtype: torch.dtype,
                        utilization: float, block_size: int,
-                       profile: Callable[[], None], draft_block_bytes: int = 0) -> int:
+                       profile: Callable[[], None], draft_block_bytes: int = 0,
+                       graph_profile: Callable[[], None] | None = None) -> int:
     """Blocks that fit in total memory x utilization once weights, the peak activations of
-    ``profile`` (the largest eager step) and memory held by others are taken out; each block
-    also holds ``draft_block_bytes`` of a draft model's cache (speculative decoding)."""
+    ``profile`` (the largest eager steps, drafting windows included), the CUDA graphs' pool
+    (the peak of ``graph_profile``: the largest captured steps run eagerly, whose transient
+    memory the pool keeps beside the allocator's own) and memory held by others are taken
+    out; each block also holds ``draft_block_bytes`` of a draft model's cache (speculative
+    decoding)."""
+    activations = _profiled_peak(device, profile)
+    graph_pool = _profiled_peak(device, graph_profile) if graph_profile is not None else 0
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    used = total - free  # weights, static buffers, CUDA context, other processes
+    return kv_blocks_that_fit(spec, dtype, block_size, total, used, activations + graph_pool,
+                              utilization, draft_block_bytes, device)
+
+
+def _profiled_peak(device: torch.device, run: Callable[[], None]) -> int:
+    """Bytes ``run`` allocates at its peak beyond what was allocated before it."""
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
-    profile()
+    run()
     torch.cuda.synchronize(device)
-    activations = torch.cuda.max_memory_allocated(device) - before
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info(device)
-    used = total - free  # weights, CUDA context, other processes
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+def kv_blocks_that_fit(spec: ModelSpec, dtype: torch.dtype, block_size: int, total: float,
+                       used: float, activations: float, utilization: float,
+                       draft_block_bytes: int = 0, device: torch.device | str = "cuda") -> int:
+    """KV blocks (the target's, plus ``draft_block_bytes`` each of a draft model's) in
+    ``total`` x ``utilization`` less ``used`` and the profiled ``activations``."""
     budget = total * utilization - used - activations
     num_blocks = int(budget // (block_bytes(spec, block_size, dtype) + draft_block_bytes))
     if num_blocks < 1:

@@ -223,12 +223,17 @@ def forward(model: Llama, input_ids: torch.Tensor, positions: torch.Tensor,
     return _decoder(model, input_ids, positions, attend, kernels)
 
 
-def compute_logits(model: Llama, hidden: torch.Tensor) -> torch.Tensor:
-    """fp32 logits [N, vocab]; with tp each rank's vocabulary columns, gathered on every rank."""
+def compute_logits(model: Llama, hidden: torch.Tensor,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 logits [N, vocab]; with tp each rank's vocabulary columns, gathered on every rank.
+    ``out`` [N, vocab] fp32 receives them: CUDA graphs of every padded size write one shared
+    buffer rather than each keeping an output of its own in the graph pool."""
     logits = F.linear(hidden, model.lm_head)
     if model.tp is not None:
         logits = model.tp.gather_vocab(logits, model.spec.vocab_size)
-    return logits.float()
+    if out is None:
+        return logits.float()
+    return out.copy_(logits)
 
 
 def forward_dense(model: Llama, token_ids: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,8 @@ overlap scheduling, launched before the previous window's ids are known (the tok
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from time import perf_counter
 
@@ -98,6 +99,12 @@ class ModelRunner:
         rows = max(max_num_seqs, decode_graph_sizes(max_num_seqs)[-1])  # room for graph padding
 
         self.inputs = DeviceInputs(self.device, rows, width, self.token_map, self.penalties)
+        # The decode graphs' one output: allocated before the memory profile, so that the KV
+        # cache is sized around it (an output per graph would hold sum(sizes) rows of logits).
+        self.graph_logits: torch.Tensor | None = None
+        if cfg.use_cuda_graphs and self.cuda:
+            self.graph_logits = torch.empty((rows, model.spec.vocab_size), dtype=torch.float32,
+                                            device=self.device)
         self.prefill_graphs = PrefillGraphs()
         self.prefill_graph_replays = 0
         self.piecewise = PiecewiseGraphs()
@@ -143,7 +150,8 @@ class ModelRunner:
         b.seq_lens.zero_()  # rows of length 0 read nothing; slot -1 writes nothing
         b.slot_mapping.fill_(PAD_SLOT_ID)
         sizes = [s for s in decode_graph_sizes(self.max_num_seqs) if s <= b.input_ids.shape[0]]
-        self.graphs = capture_decode_graphs(self._decode_eager, sizes)
+        logits = self.graph_logits
+        self.graphs = capture_decode_graphs(lambda n: self._decode_eager(n, logits[:n]), sizes)
         if self.spec is not None:
             self.spec.capture_graphs(self.kv_cache, self.max_num_seqs, self.graphs.pool)
         self.prefill_graphs = PrefillGraphs()
@@ -174,21 +182,75 @@ class ModelRunner:
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, num_seqs: int, scratch: bool = True) -> None:
         """The largest eager steps the scheduler can form (num_tokens of prefill over num_seqs
-        sequences, then a num_seqs decode), on a one-block scratch cache (memory profiling) or
-        on block 0 of the real one (warm-up)."""
-        spec = self.model.spec
-        saved = self.kv_cache
-        if scratch:
-            self.kv_cache = allocate_kv_cache(spec, 1, self.block_size, self.model.dtype,
-                                              self.device)
+        sequences, then a num_seqs decode, then, speculating, a drafting window of num_seqs
+        rows: the draft's catch-up over num_tokens, its k + 1 steps and the verify over
+        num_seqs x (k + 1) positions with their logits), on one-block scratch caches (memory
+        profiling) or on block 0 of the real ones (warm-up)."""
         num_seqs = max(1, min(num_seqs, num_tokens))
         lens = [num_tokens // num_seqs + (i < num_tokens % num_seqs) for i in range(num_seqs)]
-        prefill = [ScheduledSeq(self._block0_request(i, n), n, 0, 1, True)
-                   for i, n in enumerate(lens)]
-        self.run_window(Batch(prefill, 1))
-        decode = [ScheduledSeq(self._block0_request(i, 1), 1, 0, 2, False) for i in range(num_seqs)]
-        self.run_window(Batch(decode, 2))  # two steps: advance_step is compiled here too
-        self.kv_cache = saved
+        with self._profile_caches(scratch):
+            prefill = [ScheduledSeq(self._block0_request(i, n), n, 0, 1, True)
+                       for i, n in enumerate(lens)]
+            self.run_window(Batch(prefill, 1))
+            decode = [ScheduledSeq(self._block0_request(i, 1), 1, 0, 2, False)
+                      for i in range(num_seqs)]
+            self.run_window(Batch(decode, 2))  # two steps: advance_step is compiled here too
+            if self.spec is not None:
+                self._drafting_window(lens)
+
+    @torch.inference_mode()
+    def profile_graph_steps(self, num_seqs: int) -> None:
+        """Eagerly, on scratch caches, the largest steps captured as CUDA graphs (a prefill of
+        the most tokens a prefill or piecewise graph takes, a num_seqs decode; speculating,
+        the verify of num_seqs rows and the draft's steps): the transient memory their graphs'
+        pool keeps (the peak of the largest), which the KV cache must leave room for."""
+        cfg = self.cfg
+        tokens = min(max(cfg.prefill_graph_max_tokens, cfg.piecewise_graph_max_tokens),
+                     self.model.spec.max_model_len - 2)
+        with self._profile_caches(True):
+            if tokens > 0:
+                prefill = [ScheduledSeq(self._block0_request(0, tokens), tokens, 0, 1, True)]
+                self.run_window(Batch(prefill, 1))
+            decode = [ScheduledSeq(self._block0_request(i, 1), 1, 0, 1, False)
+                      for i in range(num_seqs)]
+            self.run_window(Batch(decode, 1))
+            if self.spec is not None:
+                self._drafting_window([1] * num_seqs)
+
+    def _drafting_window(self, lens: list[int]) -> None:
+        """A one-step drafting window on block 0: row i caught up over lens[i] positions (cut
+        to the model's length), then drafting k tokens and verifying k + 1; then a fresh
+        start for the run (no draft KV known valid, nothing counted)."""
+        k1 = self.spec.width
+        room = self.model.spec.max_model_len - 2 * k1
+        seqs = []
+        for i, n in enumerate(lens):
+            n = max(1, min(n, room))
+            req = Request(-1 - i, 0.0, n + 1, 1, prompt_token_ids=[0] * (n + 1),
+                          block_table=[0] * (-(-(n + 2 * k1) // self.block_size)))
+            seqs.append(ScheduledSeq(req, k1, n, 1, False, 0, k1))
+        self.run_window(Batch(seqs, 1))
+        self.spec.start_run()
+
+    @contextmanager
+    def _profile_caches(self, scratch: bool) -> Iterator[None]:
+        """With ``scratch``: one-block KV caches for the target and the draft model in place of
+        the real ones (allocated later, to what the profile leaves) for the block's duration."""
+        spec = self.spec
+        saved, saved_draft = self.kv_cache, spec.draft_cache if spec else None
+        if scratch:
+            m = self.model
+            self.kv_cache = allocate_kv_cache(m.spec, 1, self.block_size, m.dtype, self.device)
+            if spec is not None and spec.draft is not None:
+                d = spec.draft
+                spec.draft_cache = allocate_kv_cache(d.spec, 1, self.block_size, d.dtype,
+                                                     self.device)
+        try:
+            yield
+        finally:
+            self.kv_cache = saved
+            if spec is not None:
+                spec.draft_cache = saved_draft
 
     @torch.inference_mode()
     def warm_up(self, num_tokens: int, num_seqs: int) -> None:
@@ -415,11 +477,11 @@ class ModelRunner:
             return self.graphs.replay(b.padded_rows)[:n]
         return self._decode_eager(b.padded_rows)[:n]
 
-    def _decode_eager(self, rows: int) -> torch.Tensor:
+    def _decode_eager(self, rows: int, out: torch.Tensor | None = None) -> torch.Tensor:
         b = self.buffers
         hidden = forward(self.model, b.input_ids[:rows], b.positions[:rows], b.meta(rows),
                          self.kv_cache, self.kernels)
-        return compute_logits(self.model, hidden)
+        return compute_logits(self.model, hidden, out)
 
     def _prefill_static(self, tokens: int, seqs: int) -> torch.Tensor:
         """A prefill step over the static prefill buffers (what a prefill graph captures):

@@ -322,7 +322,7 @@ class Speculator:
 
     def __init__(self, settings: SpecSettings, target: Llama, draft: Llama | None,
                  kernels: Kernels, block_size: int, max_rows: int, max_tokens: int,
-                 table_width: int) -> None:
+                 table_width: int, graphs: bool = False) -> None:
         self.settings, self.target, self.kernels = settings, target, kernels
         self.draft = draft  # None for n-gram lookup; the target itself for draft_model same
         self.block_size = block_size
@@ -350,6 +350,14 @@ class Speculator:
         self.drafts = DraftBuffers(buf(max_rows), buf(max_rows), buf(max_rows).fill_(PAD_SLOT_ID),
                                    buf(max_rows, dtype=torch.int32),
                                    buf(max_rows, table_width, dtype=torch.int32))
+        self.max_tokens = max_tokens  # the most tokens of one catch-up forward
+        # The verify graphs' one output (``graphs``: they will be captured), allocated before
+        # the memory profile sizes the KV cache around it: an output per padded row count
+        # would hold sum(sizes) x (k + 1) rows of fp32 logits (6 GB at k=2, vocab 128k).
+        self.verify_out: torch.Tensor | None = None
+        if graphs:
+            self.verify_out = torch.empty((max_rows * self.width, target.spec.vocab_size),
+                                          dtype=torch.float32, device=dev)
 
     def allocate_draft_cache(self, num_blocks: int) -> None:
         """The draft model's cache: as many blocks as the target's, read by the same tables."""
@@ -360,12 +368,12 @@ class Speculator:
 
     # -------------------------------------------------------------- the forwards (graphed)
     def verify_forward(self, kv: KVCache, tokens: int, rows: int, max_query_len: int,
-                       num_logits: int) -> torch.Tensor:
-        """Target logits at the buffers' first ``num_logits`` logits indices."""
+                       num_logits: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Target logits at the buffers' first ``num_logits`` logits indices (into ``out``)."""
         v = self.verify
         hidden = forward(self.target, v.input_ids[:tokens], v.positions[:tokens],
                          v.meta(tokens, rows, max_query_len), kv, self.kernels)
-        return compute_logits(self.target, hidden[v.logits_indices[:num_logits]])
+        return compute_logits(self.target, hidden[v.logits_indices[:num_logits]], out)
 
     def draft_forward(self, rows: int) -> torch.Tensor:
         """The draft model's greedy next token for the buffers' first ``rows`` rows."""
@@ -376,9 +384,14 @@ class Speculator:
 
     @torch.inference_mode()
     def capture_graphs(self, kv: KVCache, max_num_seqs: int, pool: object) -> None:
-        """CUDA graphs of the uniform verify (every row k + 1 tokens, k = spec.num_tokens) and
-        of the draft model's step, per padded row count, in the runner's graph pool."""
+        """CUDA graphs of the uniform verify (every row k + 1 tokens, k = spec.num_tokens;
+        their logits a view of ``verify_out``) and of the draft model's step, per padded row
+        count, in the runner's graph pool."""
         k1 = self.width
+        if self.verify_out is None:
+            raise ValueError("the verify graphs write verify_out: build the Speculator with "
+                             "graphs=True")
+        out = self.verify_out
         v, b = self.verify, self.drafts
         v.seq_lens.zero_()
         v.slot_mapping.fill_(PAD_SLOT_ID)
@@ -390,7 +403,7 @@ class Speculator:
             v.query_start_loc[:r + 1].zero_()  # empty rows: capture computes no attention
             v.logits_indices[:r * k1].copy_(self._arange[:r * k1])
             self.verify_graphs[r], self.verify_logits[r] = capture_graph(
-                lambda r=r: self.verify_forward(kv, r * k1, r, k1, r * k1), pool)
+                lambda r=r: self.verify_forward(kv, r * k1, r, k1, r * k1, out[:r * k1]), pool)
             if self.draft is not None:
                 self.draft_graphs[r], self.draft_ids[r] = capture_graph(
                     lambda r=r: self.draft_forward(r), pool)
@@ -500,8 +513,14 @@ class Speculator:
 
     def _catch_up(self, plan: SpecPlan, tables: torch.Tensor,
                   to: Callable[[np.ndarray], torch.Tensor]) -> None:
-        """One flat draft forward over the positions each drafting request's draft KV lacks."""
-        spans = plan.catch_up
+        """Flat draft forwards over the positions each drafting request's draft KV lacks, at
+        most ``max_tokens`` tokens each (the memory profile's bound: a window may owe whole
+        histories, e.g. after preemptions)."""
+        for spans in catch_up_chunks(plan.catch_up, self.max_tokens):
+            self._catch_up_forward(spans, tables, to)
+
+    def _catch_up_forward(self, spans: list[tuple[int, int, list[int]]], tables: torch.Tensor,
+                          to: Callable[[np.ndarray], torch.Tensor]) -> None:
         lens = np.array([len(ids) for _, _, ids in spans], dtype=np.int64)
         seq = np.array([i for i, _, _ in spans], dtype=np.int64)
         first = np.array([a for _, a, _ in spans], dtype=np.int64)
@@ -622,7 +641,8 @@ class Speculator:
         if self.draft is None:
             return
         if len(self.draft_lens) > 4 * max(len(seqs), 64):  # forget requests long gone
-            self.draft_lens.clear()
+            here = {s.request.request_id for s in seqs}
+            self.draft_lens = {r: v for r, v in self.draft_lens.items() if r in here}
         for i, a, ids_ in plan.catch_up:
             req = seqs[i].request
             self.draft_lens[req.request_id] = (req.num_preemptions, a + len(ids_))
@@ -632,11 +652,32 @@ class Speculator:
                 self.draft_lens[s.request.request_id] = (
                     s.request.num_preemptions, base + sum(accepted[i]) + len(accepted[i]))
 
+def catch_up_chunks(spans: list[tuple[int, int, list[int]]], max_tokens: int
+                    ) -> list[list[tuple[int, int, list[int]]]]:
+    """``spans`` (sequence, first position, ids) packed into forwards of at most
+    ``max_tokens`` tokens, in order; a span too long for the room left is split, and its later
+    part starts the next forward (a position's KV is written before a later forward reads it)."""
+    chunks: list[list[tuple[int, int, list[int]]]] = [[]]
+    room = max_tokens
+    for i, first, ids in spans:
+        while ids:
+            if room == 0:
+                chunks.append([])
+                room = max_tokens
+            part = ids[:room]
+            chunks[-1].append((i, first, part))
+            first, ids, room = first + len(part), ids[len(part):], room - len(part)
+            if ids:
+                room = 0
+    return [c for c in chunks if c]
+
+
 def build_speculator(settings: SpecSettings, target: Llama, kernels: Kernels, block_size: int,
                      max_num_seqs: int, max_num_batched_tokens: int, table_width: int,
-                     seed: int) -> Speculator:
+                     seed: int, graphs: bool = False) -> Speculator:
     """The drafter of ``settings`` beside ``target``: the target itself (draft_model same),
-    or a conf/model shape with its own weights (draft_weights, else seeded random ones)."""
+    or a conf/model shape with its own weights (draft_weights, else seeded random ones);
+    ``graphs``: its verify and draft steps will be captured as CUDA graphs."""
     from real_backend.weights import load_hf_model, random_model
 
     draft: Llama | None = None
@@ -649,4 +690,4 @@ def build_speculator(settings: SpecSettings, target: Llama, kernels: Kernels, bl
         else:
             draft = random_model(shape, target.device, target.dtype, seed + 1)
     return Speculator(settings, target, draft, kernels, block_size, max_num_seqs,
-                      max_num_batched_tokens, table_width)
+                      max_num_batched_tokens, table_width, graphs)

@@ -130,6 +130,63 @@ def test_kv_blocks_from_profiled_memory(monkeypatch) -> None:
                                     lambda: None)
 
 
+def test_kv_blocks_leave_room_for_drafting_and_graphs(monkeypatch) -> None:
+    """Speculating: each block also holds the draft model's KV, and the budget leaves the
+    profile's peak (its drafting window included) plus the graphed steps' peak (the CUDA
+    graphs' pool) outside the cache."""
+    spec = load_spec("llama3_8b")
+    cuda, peaks, state = torch.cuda, iter([5e9, 1e9]), {"peak": 0.0}
+    monkeypatch.setattr(cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(cuda, "reset_peak_memory_stats", lambda *a: state.update(peak=0.0))
+    monkeypatch.setattr(cuda, "memory_allocated", lambda *a: 20e9)
+    monkeypatch.setattr(cuda, "max_memory_allocated", lambda *a: 20e9 + state["peak"])
+    monkeypatch.setattr(cuda, "mem_get_info", lambda *a: (60e9, 100e9))
+    ran = []
+
+    def phase(name):
+        return lambda: (ran.append(name), state.update(peak=next(peaks)))
+
+    draft = 512 * 1024  # llama3_2_1b's block of 16
+    n = kv_cache.profile_num_blocks(spec, torch.device("cuda", 0), torch.bfloat16, 0.9, 16,
+                                    phase("profile"), draft, phase("graphs"))
+    assert ran == ["profile", "graphs"]
+    assert n == int((90e9 - 40e9 - 5e9 - 1e9) // (2 * 1024 * 1024 + draft))
+    assert kv_cache.kv_blocks_that_fit(spec, torch.bfloat16, 16, 100e9, 40e9, 6e9, 0.9,
+                                       draft) == n
+
+
+def test_decode_graphs_share_one_output(monkeypatch) -> None:
+    """Every decode graph's logits are a view of the runner's one graph output (allocated
+    before the memory profile), not an output of its own kept alive in the graph pool."""
+    from real_backend import runner as runner_module
+    from real_backend.config import BackendConfig
+    from real_backend.cuda_graphs import DecodeGraphs
+    from real_backend.runner import ModelRunner
+    from real_backend.weights import random_model
+
+    spec = load_spec("tiny")
+    monkeypatch.setattr(BackendConfig, "use_cuda_graphs", property(lambda self: True))
+
+    def capture(step, sizes):
+        return DecodeGraphs({b: None for b in sizes}, {b: step(b) for b in sizes})
+
+    monkeypatch.setattr(runner_module, "capture_decode_graphs", capture)
+    model = random_model(spec, "cpu", torch.float32, seed=5)
+    cfg = BackendConfig(device="cpu", num_blocks=16, prefill_graph_max_tokens=0,
+                        piecewise_graph_max_tokens=0)
+    runner = ModelRunner(model, cfg, block_size=4, max_num_seqs=8, max_lookahead=16)
+    assert runner.graph_logits is None  # on the CPU: no graphs, no output for them
+    runner.cuda = True  # what a GPU runner allocates and captures
+    runner.graph_logits = torch.empty((8, spec.vocab_size))
+    runner.allocate_kv_cache(16)
+    runner.capture_graphs()
+    logits = runner.graphs.logits
+    assert sorted(logits) == [1, 2, 4, 8]
+    assert {t.data_ptr() for t in logits.values()} == {runner.graph_logits.data_ptr()}
+    assert all(t.shape == (b, spec.vocab_size) for b, t in logits.items())
+
+
 def test_weights_that_do_not_fit_are_refused(monkeypatch) -> None:
     _fake_gpu(monkeypatch, total=143e9, free=139e9, activations=0)
     with pytest.raises(ValueError, match=r"model llama3_70b needs 141 GB of weights but "

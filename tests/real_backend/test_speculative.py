@@ -16,6 +16,7 @@ from real_backend.runner import ModelRunner
 from real_backend.speculative import (
     SpecSettings,
     Speculator,
+    catch_up_chunks,
     check_draft,
     draft_spec,
     ngram_propose,
@@ -28,7 +29,7 @@ BLOCKS_EACH = 24
 
 
 def _runner(settings: SpecSettings, draft_shape=None, kernels: str = "torch",
-            num_blocks: int = 128) -> ModelRunner:
+            num_blocks: int = 128, max_tokens: int = 256, graphs: bool = False) -> ModelRunner:
     model = random_model(SPEC, "cpu", torch.float32, seed=5)
     cfg = BackendConfig(device="cpu", num_blocks=num_blocks, kernels=kernels)
     runner = ModelRunner(model, cfg, block_size=BLOCK, max_num_seqs=8, max_lookahead=16)
@@ -36,8 +37,8 @@ def _runner(settings: SpecSettings, draft_shape=None, kernels: str = "torch",
     if settings.method == "draft":
         draft = model if draft_shape is None else random_model(draft_shape, "cpu",
                                                                torch.float32, seed=11)
-    runner.spec = Speculator(settings, model, draft, runner.kernels, BLOCK, 8, 256,
-                             BLOCKS_EACH)
+    runner.spec = Speculator(settings, model, draft, runner.kernels, BLOCK, 8, max_tokens,
+                             BLOCKS_EACH, graphs)
     runner.allocate_kv_cache(num_blocks)
     return runner
 
@@ -134,8 +135,15 @@ def test_graph_shaped_steps_pad_rows_without_changing_ids(monkeypatch) -> None:
 
     monkeypatch.setattr(speculative, "capture_graph", capture)
     runner = _runner(SpecSettings("draft", 2, "same"))
+    with pytest.raises(ValueError, match="the verify graphs write verify_out"):
+        runner.spec.capture_graphs(runner.kv_cache, 8, None)
+    runner = _runner(SpecSettings("draft", 2, "same"), graphs=True)
     runner.spec.capture_graphs(runner.kv_cache, 8, None)
     assert sorted(runner.spec.verify_graphs) == sorted(runner.spec.draft_graphs) == [1, 2, 4, 8]
+    # one output for every padded row count: 8 x (k + 1) rows of logits, not 15 x (k + 1)
+    out = runner.spec.verify_out
+    assert out.shape == (8 * 3, SPEC.vocab_size)
+    assert {g.out.data_ptr() for g in graphs[::2]} == {out.data_ptr()}
     reqs = _requests((9, 3, 14), 26)
     want = [greedy_dense(runner.model, r.prompt_token_ids, 26) for r in reqs]
     for _ in range(3):
@@ -422,3 +430,115 @@ def test_warm_up_runs_a_drafting_window_and_starts_afresh() -> None:
     runner.warm_up(64, 4)
     assert runner.spec.draft_cache.k[0][0].any()
     assert runner.spec.counters.num_drafts == 0 and not runner.spec.draft_lens
+
+
+def test_memory_profile_runs_the_largest_drafting_window(monkeypatch) -> None:
+    """The profiled peak (what the KV cache is sized around) includes a drafting window of
+    max_num_seqs rows: the draft's catch-up over max_num_batched_tokens, its k + 1 steps and the
+    verify's max_num_seqs x (k + 1) positions with their logits, on scratch caches; the real
+    caches come back and nothing is counted or marked valid afterwards."""
+    runner = _runner(SpecSettings("draft", 3, "tiny"), load_spec("tiny"), max_tokens=64)
+    spec, real, real_draft = runner.spec, runner.kv_cache, runner.spec.draft_cache
+    seen = {"verify": [], "logits": [], "catch_up": [], "draft_rows": [], "draft_cache": set()}
+    verify, catch_up, draft = spec.verify_forward, spec._catch_up_forward, spec.draft_forward
+
+    def verify_forward(kv, tokens, rows, max_query_len, num_logits, out=None):
+        seen["verify"].append(tokens)
+        logits = verify(kv, tokens, rows, max_query_len, num_logits, out)
+        seen["logits"].append(tuple(logits.shape))
+        return logits
+
+    def catch_up_forward(spans, tables, to):
+        seen["catch_up"].append(sum(len(ids) for _, _, ids in spans))
+        seen["draft_cache"].add(spec.draft_cache.num_blocks)
+        return catch_up(spans, tables, to)
+
+    def draft_forward(rows):
+        seen["draft_rows"].append(rows)
+        return draft(rows)
+
+    monkeypatch.setattr(spec, "verify_forward", verify_forward)
+    monkeypatch.setattr(spec, "_catch_up_forward", catch_up_forward)
+    monkeypatch.setattr(spec, "draft_forward", draft_forward)
+    runner.profile_run(64, 8)
+    assert seen["verify"] == [8 * 4] and seen["logits"] == [(8 * 4, SPEC.vocab_size)]
+    assert seen["catch_up"] == [64] and seen["draft_cache"] == {1}  # a one-block scratch
+    assert seen["draft_rows"] == [8] * 4  # k + 1 draft steps over every row
+    assert runner.kv_cache is real and spec.draft_cache is real_draft
+    assert spec.counters.num_drafts == 0 and not spec.draft_lens
+    seen["verify"].clear()
+    windows, run_window = [], runner.run_window
+    monkeypatch.setattr(runner, "run_window", lambda b: (
+        windows.append([(s.num_query_tokens, s.is_prefill) for s in b.seqs]), run_window(b))[1])
+    runner.profile_graph_steps(8)  # the graphed steps: the same verify, a token of catch-up
+    assert seen["verify"] == [8 * 4] and seen["catch_up"][-1] == 8
+    biggest = min(runner.cfg.piecewise_graph_max_tokens, SPEC.max_model_len - 2)
+    assert windows[:2] == [[(biggest, True)], [(1, False)] * 8]  # the largest prefill graph's
+
+
+def test_catch_up_runs_in_forwards_of_at_most_max_tokens(monkeypatch) -> None:
+    """A catch-up owed over whole prompts runs in forwards of at most max_num_batched_tokens
+    (the profiled bound), a long span split across them in order: the self-draft's KV is still
+    exact (every draft accepted, greedy ids)."""
+    spans = [(0, 0, list(range(5))), (1, 3, [7, 8]), (2, 0, list(range(12)))]
+    chunks = catch_up_chunks(spans, 4)
+    assert all(sum(len(ids) for _, _, ids in c) <= 4 for c in chunks)
+    for i, first, ids in spans:  # each span's pieces, in order, make the span again
+        pieces = [(a, p) for c in chunks for j, a, p in c if j == i]
+        assert [t for _, p in pieces for t in p] == ids
+        assert [a for a, _ in pieces] == [first + sum(len(p) for _, p in pieces[:m])
+                                          for m in range(len(pieces))]
+        assert all(sum(j == i for j, _, _ in c) <= 1 for c in chunks)  # one piece a forward
+    assert catch_up_chunks([], 4) == []
+    runner = _runner(SpecSettings("draft", 2, "same"), max_tokens=5)  # 22 prompt tokens owed
+    forwards, catch_up = [], runner.spec._catch_up_forward
+    monkeypatch.setattr(runner.spec, "_catch_up_forward", lambda spans, *a: (
+        forwards.append(sum(len(ids) for _, _, ids in spans)), catch_up(spans, *a)))
+    reqs = _requests((9, 3, 10), 20)
+    want = [greedy_dense(runner.model, r.prompt_token_ids, 20) for r in reqs]
+    while min(len(r.output_token_ids) for r in reqs) < 12:
+        _run(runner, [(r, 2) for r in reqs], 2, 2)
+    for r, w in zip(reqs, want, strict=True):
+        assert r.output_token_ids == w[:len(r.output_token_ids)]
+    c = runner.spec.counters
+    assert c.num_draft_tokens == c.num_accepted_tokens > 0
+    assert forwards[:5] == [5, 5, 5, 5, 2]  # the prompts' 22 tokens, 5 at most a forward
+
+
+def test_a_run_releases_its_runner(monkeypatch) -> None:
+    """A run that does not keep its runner leaves none of it alive (weights, both KV caches,
+    graphs): a next run in the process builds its own in the memory this one held."""
+    import gc
+    import weakref
+
+    from common.spec_acceptance import acceptance_process
+    from policies import Scheduler, SchedulerConfig, make_policy
+    from policies.speculation import make_speculation
+    from real_backend import engine, run_real
+
+    built = []
+
+    def build_runner(*args, **kwargs):
+        runner = build(*args, **kwargs)
+        built.append((weakref.ref(runner), weakref.ref(runner.spec.draft_cache.k[0])))
+        return runner
+
+    build = engine.build_runner
+    monkeypatch.setattr(engine, "build_runner", build_runner)
+    section = {"method": "draft", "num_tokens": 2, "draft_model": "tiny", "policy": "spec_fixed"}
+    cfg = SchedulerConfig(block_size=BLOCK, max_num_batched_tokens=64)
+
+    def new(n: int) -> Scheduler:
+        return Scheduler(make_policy("multi_step", num_steps=2), cfg, n, SPEC.max_model_len,
+                         None, make_speculation(section, acceptance_process({"rate": 0.7}, 3),
+                                                None, SPEC))
+
+    reqs = [Request(i, 0.0, 0, 6, prompt_token_ids=[1 + i] * 8) for i in range(3)]
+    gc.disable()  # freed by the run's own release, not whenever the collector next runs
+    try:
+        run_real(reqs, new, SPEC, {"device": "cpu", "num_blocks": 32,
+                                   "spec": {"method": "draft", "num_tokens": 2,
+                                            "draft_model": "tiny"}}, progress=False)
+        assert len(built) == 1 and all(ref() is None for ref in built[0])
+    finally:
+        gc.enable()
