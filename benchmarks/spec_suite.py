@@ -8,7 +8,7 @@ Llama-3-8B (random bf16 weights) with Llama-3.2-1B as the draft model on the sam
 a fixed speculation length of 2 and of 4 (spec_fixed) and SmartSpec (up to 4), each under two
 acceptance rates of the workload's acceptance process (workload.acceptance={rate: r}), so that
 both backends apply the same accepted counts. smartspec prices its choices with
-hardware=h200_calibrated. Each run's directory goes under OUT_DIR/<spec>_acc<r>_rate<q>; a
+hardware=h200_calibrated (--hardware: another profile taken before the runs). Each run's directory goes under OUT_DIR/<spec>_acc<r>_rate<q>; a
 short table last (the speculation-off run once per rate).
 --smoke: the tiny model on the CPU drafting for itself, 16 short synthetic prompts.
 """
@@ -35,11 +35,11 @@ SPECS = {
 
 
 def overrides(spec: str, acceptance: str, rate: str, prompts: int, smoke: bool,
-              backend: str = "real") -> list[str]:
+              backend: str = "real", hardware: str = "h200_calibrated") -> list[str]:
     model = ["model=tiny", "hardware=cpu", "workload=synthetic",
              "workload.lengths.dist=fixed", "workload.lengths.prompt_len=32",
              "workload.lengths.output_len=16"] if smoke else \
-        ["model=llama3_8b", "hardware=h200_calibrated", "workload=sharegpt"]
+        ["model=llama3_8b", f"hardware={hardware}", "workload=sharegpt"]
     draft = [] if spec == "off" else \
         [f"spec.draft_model={'same' if smoke else 'llama3_2_1b'}",
          f"workload.acceptance={{rate: {acceptance}}}"]
@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts", type=int, default=1000)
     ap.add_argument("--backend", default="real", choices=["real", "sim"])
     ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU, 16 prompts")
+    ap.add_argument("--hardware", default="h200_calibrated",
+                    help="the profile smartspec prices its choices with (and, with --backend sim, "
+                         "the simulated GPU): one taken before the runs")
     args = ap.parse_args(argv)
     out = Path(args.out)
     prompts = 16 if args.smoke else args.prompts
@@ -71,7 +74,8 @@ def main(argv: list[str] | None = None) -> None:
                 tag = f"{spec}_rate{rate}" if spec == "off" else f"{spec}_acc{acc}_rate{rate}"
                 t0 = time.perf_counter()
                 try:
-                    res = run_one(overrides(spec, acc, rate, prompts, args.smoke, args.backend),
+                    res = run_one(overrides(spec, acc, rate, prompts, args.smoke, args.backend,
+                                         args.hardware),
                                   out / tag)
                 except SystemExit as err:  # run_one's InputError: one line, the rest go on
                     print(f"{tag}: failed: {getattr(err, 'message', err)}", flush=True)
