@@ -39,7 +39,8 @@ def window_record(window: int, t_start: float, k: int, num_seqs: int, num_prefil
 
 def stage_cells(schedule_prepare_s: float, gpu_step_s: Sequence[float]) -> tuple:
     """STAGE_COLUMNS' values, from the CPU's time before the GPU and each step's GPU time."""
-    return (schedule_prepare_s, sum(gpu_step_s), ";".join(f"{g:.6f}" for g in gpu_step_s))
+    return (schedule_prepare_s, sum(gpu_step_s),
+            ";".join(["%.6f"] * len(gpu_step_s)) % tuple(gpu_step_s))  # (one format, in C)
 
 
 def window_row(record: tuple, stages: tuple | None = None, **own: Any) -> dict[str, Any]:

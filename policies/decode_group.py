@@ -15,6 +15,7 @@ per-sequence windows: tests/test_decode_group.py)."""
 from __future__ import annotations
 
 import heapq
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import mul
@@ -66,7 +67,7 @@ class DecodeGroup:
         # the leads negated as a heap, with the leads of members gone since (a count each):
         # the longest member is the top once those are popped
         self._longest: list[int] = []
-        self._left: dict[int, int] = {}
+        self._left: defaultdict[int, int] = defaultdict(int)
         # end position -> (join order, request) of the members whose last token it is
         self._ends: dict[int, list[tuple[int, Request]]] = {}
         self._joined = 0
@@ -120,7 +121,7 @@ class DecodeGroup:
         self.size -= 1
         self._by_lead[lead % self.block_size] -= 1
         self._lead_sum -= lead
-        self._left[lead] = self._left.get(lead, 0) + 1
+        self._left[lead] += 1
 
     def clear(self) -> None:
         """Every member has left (each one caught up by the caller)."""
@@ -181,7 +182,7 @@ class DecodeGroup:
             lead = req.num_computed_tokens - joined
             by_lead[lead % bs] -= 1
             leads += lead
-            left[lead] = left.get(lead, 0) + 1
+            left[lead] += 1
             req.group_offset = None
             owed = end - pos
             req.num_computed_tokens = lead + pos + k

@@ -760,7 +760,8 @@ class Scheduler:
         if finished:
             for req in finished:
                 self._free(req, RequestState.FINISHED)
-            self.running = [r for r in self.running if r.state is _RUNNING]
+            # every running request is a member: those still members are the running list
+            self.running = [r for r in self.running if r.group_offset is not None]
         batch.num_wasted_steps = wasted
         self.stats.num_wasted_steps += wasted
         return finished
