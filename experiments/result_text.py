@@ -48,8 +48,9 @@ _PYARROW_LOW, _PYARROW_HIGH = 1e-4, 1e10
 # back, where pyarrow's default (mimalloc) keeps a heap a thread resident (BENCHMARKS.md)
 _POOL = pa.system_memory_pool()
 _OPTIONS = pacsv.WriteOptions(include_header=False, quoting_style="none")
-# one cell a line, each line ending ", ": a JSON list's items
-_ITEMS = pacsv.WriteOptions(include_header=False, quoting_style="none", delimiter=";", eol=", ")
+# one cell a line: a JSON list's items once the line ends become ", " (WriteOptions' own eol
+# would do it, but an older pyarrow, as a GPU host may have, has no such option)
+_ITEMS = pacsv.WriteOptions(include_header=False, quoting_style="none", delimiter=";")
 
 
 def _arrow(x: np.ndarray, null: np.ndarray | None = None) -> pa.Array:
@@ -225,7 +226,7 @@ def _items(text: pa.Array) -> str:
     buf = io.BytesIO()
     pacsv.write_csv(pa.RecordBatch.from_arrays([text], names=["items"]), buf, _ITEMS,
                     memory_pool=_POOL)
-    return buf.getvalue()[:-2].decode()
+    return buf.getvalue()[:-1].replace(b"\n", b", ").decode()
 
 
 def json_numbers(values: np.ndarray) -> str:
