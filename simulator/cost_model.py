@@ -333,10 +333,10 @@ def window_draft_times(batch: Batch, draft_step: StepTimeFn, num_tokens: int,
     if not steps[0]:
         return [0.0] * k
     chunks = draft_kv.catch_up(batch)
+    first = draft_step(0, 0, 0, chunks) if chunks else 0.0
     out = [draft_steps_time(draft_step, num_tokens, groups) if groups else 0.0
            for groups in steps]
-    if chunks:
-        out[0] += draft_step(0, 0, 0, chunks)
+    out[0] += first
     return out
 
 
