@@ -61,8 +61,8 @@ from common.step_sizes import (
     decode_splits,
 )
 from policies.base import StepTimeFn
-from policies.speculation import draft_steps_time
 from policies.batch import Batch
+from policies.speculation import draft_steps_time
 from simulator.hardware import HardwareSpec
 from simulator.step_shape import StepShape, graph_tokens, piecewise_tokens, window_shapes  # noqa: F401
 
