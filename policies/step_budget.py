@@ -8,6 +8,10 @@ from typing import TYPE_CHECKING
 from policies.speculation import draft_steps_time
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from policies.base import StepTimeFn
+    from policies.batch import ScheduledSeq
     from policies.request import Request
     from policies.scheduler import Scheduler
 
@@ -39,7 +43,8 @@ def step_seconds(sched: Scheduler, extra: tuple[int, int, bool] | None = None) -
     return sched.step_time_fn(decodes, decode_kv, longest, chunks)
 
 
-def _draft_seconds(forming, draft_step, num_tokens: int) -> float:
+def _draft_seconds(forming: Sequence[ScheduledSeq], draft_step: StepTimeFn,
+                   num_tokens: int) -> float:
     """The draft model's steps before the first verify step of the window being formed: what
     the window's time is, and the budget bounds, besides the verify step."""
     groups: dict[int, list[int]] = {}

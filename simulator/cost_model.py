@@ -62,6 +62,7 @@ from common.step_sizes import (
 )
 from policies.base import StepTimeFn
 from policies.batch import Batch
+from policies.request import Request
 from policies.speculation import draft_steps_time
 from simulator.hardware import HardwareSpec
 from simulator.step_shape import StepShape, graph_tokens, piecewise_tokens, window_shapes  # noqa: F401
@@ -295,7 +296,7 @@ class DraftKV:
             lengths[req.request_id] = (req.num_preemptions, p + grown)
         return chunks
 
-    def forget(self, finished: Sequence) -> None:
+    def forget(self, finished: Sequence[Request]) -> None:
         """Drop finished requests."""
         lengths = self.lengths
         for req in finished:
