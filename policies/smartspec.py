@@ -1,15 +1,16 @@
 """smartspec (Liu et al. 2024, "Optimizing Speculative Decoding for Serving LLMs Using
 Goodput"): per window, the speculation length k (0 to spec.num_tokens) that maximises the
 estimated goodput, tokens emitted per second: n running decodes emit n (1 - a^(k+1)) / (1 - a)
-tokens a step at acceptance rate a (the running estimate), in k draft steps plus a verify step
-of k + 1 tokens each, priced by the run's cost model."""
+tokens a step at acceptance rate a (the running estimate), in the draft model's steps
+(spec.num_tokens + 1 of them whatever k is, as the engine runs them) plus a verify step of
+k + 1 tokens each, priced by the run's cost model."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from common.checks import check_int, check_number
-from policies.speculation import SpeculationPolicy, register_speculation
+from policies.speculation import SpeculationPolicy, draft_steps_time, register_speculation
 
 
 def expected_tokens(rate: float, k: int) -> float:
@@ -45,11 +46,10 @@ class SmartSpec(SpeculationPolicy):
                 longest = c
         target, draft = sched.step_time_fn, sched.speculation.draft_step_time
         best, best_goodput = 0, n / target(n, kv, longest, ())
-        drafting = 0.0
         for k in range(1, self.num_tokens + 1):
-            if draft is not None:  # the k-th draft step, over contexts one token longer
-                drafting += draft(n, kv + (k - 1) * n, longest + k - 1, ())
-            seconds = drafting + target(n, kv + k * n, longest + k, (), n * (k + 1))
+            seconds = target(n, kv + k * n, longest + k, (), n * (k + 1))
+            if draft is not None:  # the engine's draft steps for a k-token draft
+                seconds += draft_steps_time(draft, self.num_tokens, {k: (n, kv, longest)})
             goodput = n * expected_tokens(rate, k) / seconds
             if goodput > best_goodput:
                 best, best_goodput = k, goodput

@@ -5,7 +5,7 @@ in vLLM's metric names). docs/speculative_decoding.md is the reference."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -138,13 +138,39 @@ class SpecDecodeStats:
         }
 
 
+def draft_steps_time(draft_step: StepTimeFn, num_tokens: int,
+                     groups: Mapping[int, Sequence[int]]) -> float:
+    """Seconds the draft model takes to draft for one verify step, as the engine runs it
+    (real_backend/speculative.py): ``num_tokens`` + 1 one-token steps (spec.num_tokens, the
+    longest draft, whatever k each row drafts; the last step keeps the draft's KV whole when all
+    are accepted) over every drafting row, each priced by ``draft_step`` (the draft model's
+    step time); at step i a row drafting k attends over its context and its first min(k, i)
+    drafts. ``groups``: per k, (rows, their contexts summed, the longest context), a row's
+    context being its tokens through its newest."""
+    n = ctx = 0
+    for count, ctx_sum, _ in groups.values():
+        n += count
+        ctx += ctx_sum
+    t = 0.0
+    for i in range(num_tokens + 1):
+        kv, longest = ctx, 0
+        for k, (count, _, top) in groups.items():
+            d = k if k < i else i
+            kv += count * d
+            if top + d > longest:
+                longest = top + d
+        t += draft_step(n, kv, longest, ())
+    return t
+
+
 @dataclass(frozen=True)
 class Speculation:
     """The ``spec`` section of a run with speculation on: the method (``draft``: a draft model
     on the same GPU, ``ngram``: prompt lookup), the longest draft, the draft model's config
     name (``same``: the target), the policy, and the workload's acceptance process (None: the
     engine verifies for real; the simulator refuses that). ``draft_step_time``: the cost
-    model's price of one draft-model step (None for ngram, whose lookup is on the CPU)."""
+    model's price of one draft-model step (None for ngram: its lookup is a few dozen small
+    device ops a step, left unpriced; docs/speculative_decoding.md)."""
 
     method: str
     num_tokens: int

@@ -62,6 +62,8 @@ from common.step_sizes import (
 )
 from policies.base import StepTimeFn
 from policies.batch import Batch
+from policies.request import Request
+from policies.speculation import draft_steps_time
 from simulator.hardware import HardwareSpec
 from simulator.step_shape import StepShape, graph_tokens, piecewise_tokens, window_shapes  # noqa: F401
 
@@ -261,17 +263,57 @@ def window_gpu_times(batch: Batch, model: ModelSpec, hw: HardwareSpec) -> list[f
     return window_stage_times(window_shapes(batch), model, hw)
 
 
-def window_draft_times(batch: Batch, draft_step: StepTimeFn) -> list[float]:
+class DraftKV:
+    """How far each request's draft-model KV is computed, as the engine keeps it
+    (real_backend/speculative.py): a request's draft KV is whole through its accepted tokens
+    after a window in which it drafted, and nothing of it is valid after a preemption; the
+    positions in between (its prompt, tokens decoded without drafting) are caught up by one
+    draft forward when a window next drafts for it."""
+
+    __slots__ = ("lengths",)
+
+    def __init__(self) -> None:
+        self.lengths: dict[int, tuple[int, int]] = {}  # request id -> (preemptions, valid)
+
+    def catch_up(self, batch: Batch) -> list[tuple[int, int, bool]]:
+        """The window's catch-up chunks, (tokens, cached tokens, samples) per drafting decode
+        whose draft KV lacks positions before its newest token; records each one's draft KV as
+        whole through the tokens the window accepts."""
+        chunks = []
+        lengths = self.lengths
+        for s in batch.seqs:
+            w = s.num_decode_tokens
+            if w == 1 or s.is_prefill:
+                continue
+            req = s.request
+            p = s.num_cached_tokens  # the newest token's position
+            known = lengths.get(req.request_id)
+            valid = known[1] if known is not None and known[0] == req.num_preemptions else 0
+            if valid < p:
+                chunks.append((p - valid, valid, False))
+            acc = s.num_accepted
+            grown = s.num_steps * w if acc is None else sum(acc) + s.num_steps
+            lengths[req.request_id] = (req.num_preemptions, p + grown)
+        return chunks
+
+    def forget(self, finished: Sequence[Request]) -> None:
+        """Drop finished requests."""
+        lengths = self.lengths
+        for req in finished:
+            lengths.pop(req.request_id, None)
+
+
+def window_draft_times(batch: Batch, draft_step: StepTimeFn, num_tokens: int,
+                       draft_kv: DraftKV) -> list[float]:
     """Seconds the draft model (``draft_step``: its step time on this GPU) runs before each of
-    the window's steps: a decode drafting k tokens (``num_decode_tokens`` - 1) takes part in k
-    draft steps of one token each, over its context so far (the accepted tokens of the steps
-    before), and the window's prefill chunks are computed by the draft too (its own KV) in
-    step 1's first draft step. The verify step itself is the target's k + 1-token step
-    (``window_shapes``)."""
+    the window's verify steps, as the engine runs it: before step 1, one prefill-like forward
+    over the positions the drafting decodes' draft KV lacks (``DraftKV.catch_up``: a chunk per
+    request over its cached context; no logits); before each step, ``num_tokens`` + 1
+    one-token steps over the decodes drafting at it (``policies.speculation.draft_steps_time``).
+    A window in which nothing drafts runs no draft at all. The verify step itself is the
+    target's k + 1-token step (``window_shapes``)."""
     k = batch.num_steps
-    chunks = [(s.num_query_tokens, s.num_cached_tokens, False) for s in batch.seqs
-              if s.is_prefill]
-    # per step, per draft length: [drafting decodes, their contexts summed, the longest]
+    # per step, per draft length k: [drafting decodes, their contexts summed, the longest]
     steps: list[dict[int, list[int]]] = [{} for _ in range(k)]
     for s in batch.seqs:
         w = s.num_decode_tokens
@@ -289,25 +331,13 @@ def window_draft_times(batch: Batch, draft_step: StepTimeFn) -> list[float]:
                 if ctx > group[2]:
                     group[2] = ctx
             ctx += w if acc is None else acc[j] + 1
-    out = []
-    for j, groups in enumerate(steps):
-        first = chunks if j == 0 else ()
-        if not groups:
-            out.append(draft_step(0, 0, 0, first) if first else 0.0)
-            continue
-        t = 0.0
-        lengths = sorted(groups, reverse=True)
-        n = kv = longest = 0
-        g = 0
-        for d in range(lengths[0] - 1, -1, -1):  # draft step d + 1: decodes drafting > d
-            while g < len(lengths) and lengths[g] > d:
-                count, ctx_sum, top = groups[lengths[g]]
-                n += count
-                kv += ctx_sum
-                longest = max(longest, top)
-                g += 1
-            t += draft_step(n, kv + d * n, longest + d, first if d == 0 else ())
-        out.append(t)
+    if not steps[0]:
+        return [0.0] * k
+    chunks = draft_kv.catch_up(batch)
+    first = draft_step(0, 0, 0, chunks) if chunks else 0.0
+    out = [draft_steps_time(draft_step, num_tokens, groups) if groups else 0.0
+           for groups in steps]
+    out[0] += first
     return out
 
 

@@ -31,7 +31,7 @@ from policies.routers import ReplicaLoad, RoundRobin, Router
 from policies.scheduler import Scheduler, SchedulerStats
 from policies.speculation import SpecDecodeStats
 from simulator.clock import PowerClock
-from simulator.cost_model import step_time_fn, window_draft_times, window_shapes
+from simulator.cost_model import DraftKV, step_time_fn, window_draft_times, window_shapes
 from simulator.disaggregation import Disaggregation, HandoffLog, check_roles
 from simulator.events import At, call_at
 from simulator.front_end import apply_delivery_times, arrivals, client_finished, deliver
@@ -252,7 +252,9 @@ def _replica(shared: Shared, index: int, spec: ReplicaSpec, steps: StepRows,
                       schedulers, spec.model, spec.hw, overhead, spec.stream_per_step,
                       [None] * pp, PowerClock(spec.model, spec.hw), time_scale,
                       ReplicaLoad(pool_index, schedulers, spec.group), num_blocks, [0] * pp,
-                      steps=steps, group_delivery=[np.zeros(0)] * pp, role=spec.role)
+                      steps=steps, group_delivery=[np.zeros(0)] * pp, role=spec.role,
+                      draft_kv=DraftKV() if speculation is not None
+                      and speculation.draft_step_time is not None else None)
 
 
 def _result(sim: ReplicaSim, requests: list[Request], wall: float) -> SimResult:
@@ -418,11 +420,10 @@ def _open_window(sim: ReplicaSim, batch: Batch, v: int, now: float,
     # with overlap once the window before it is done too
     start = now + cost if not overlap else max(now + cost, gpu_free)
     gpu = sim.clock.window_times(shapes, start, sim.time_scale)
-    spec = sim.schedulers[v].speculation
-    if spec is not None and spec.draft_step_time is not None:  # the draft model's steps
-        scale = sim.time_scale
-        gpu = [t + d * scale for t, d in zip(gpu, window_draft_times(batch, spec.draft_step_time),
-                                             strict=True)]
+    if sim.draft_kv is not None:  # the draft model's forwards
+        spec, scale = sim.schedulers[v].speculation, sim.time_scale
+        draft = window_draft_times(batch, spec.draft_step_time, spec.num_tokens, sim.draft_kv)
+        gpu = [t + d * scale for t, d in zip(gpu, draft, strict=True)]
     win = Window(batch, cost, gpu, out_cost, delivered, chunks, shapes[0], now, engine=v)
     if overlap:
         for dt in gpu:
@@ -488,6 +489,8 @@ def _close_window(sim: ReplicaSim, sched: Scheduler, win: Window) -> None:
             load = sim.load
             load.outstanding -= len(finished)
             load.outstanding_tokens -= sum(r.prompt_len + r.max_tokens for r in finished)
+        if sim.draft_kv is not None:
+            sim.draft_kv.forget(finished)
     win.finished = finished
     if sim.sends_kv is not None:  # a prefill replica: its prefilled requests leave
         sim.sends_kv.hand_off(sim, sched, win)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
@@ -22,6 +22,9 @@ from simulator.hardware import HardwareSpec
 from simulator.outcome import StepRows
 from simulator.overhead import OverheadSpec
 from simulator.step_shape import StepShape
+
+if TYPE_CHECKING:
+    from simulator.cost_model import DraftKV
 
 # Called with a window's finished requests once their token times are final (delivery times),
 # their replica, and None or, for a decode group's window, (log, runs): request i's times are
@@ -97,6 +100,8 @@ class ReplicaSim:
     sends_kv: Any = None
     takes_kv: Any = None
     role: str = "mixed"
+    # speculative decoding with a draft model: how far each request's draft KV is computed
+    draft_kv: DraftKV | None = None
 
     def stall(self, until: float) -> None:
         """Hold the engine thread until ``until`` (a user's process: a replica that fails and

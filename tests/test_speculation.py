@@ -424,3 +424,105 @@ def test_vllms_backend_refuses_speculation_rather_than_running_without_it(tmp_pa
                                          r"decoding to vLLM's engine"):
         run_config(tmp_path, "backend=vllm", "model=tiny", "spec=spec_fixed",
                    "workload.acceptance={rate: 0.8}")
+
+
+# ------------------------------------------------------------------ the draft model's price
+class Recorder:
+    """A draft step time that records each call's arguments and costs 1 s."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, decodes, kv, longest, chunks, decode_tokens=None):
+        self.calls.append((decodes, kv, longest, list(chunks)))
+        return 1.0
+
+
+def drafting(rid, cached, k, accepted, prompt=8, preemptions=0):
+    from policies.batch import ScheduledSeq
+
+    req = Request(rid, 0.0, prompt, 100)
+    req.num_preemptions = preemptions
+    s = ScheduledSeq(req, k + 1, cached, len(accepted), False, 0, k + 1)
+    s.num_accepted = accepted
+    return s
+
+
+def test_the_draft_runs_num_tokens_plus_one_steps_over_every_drafting_decode():
+    """As the engine does: spec.num_tokens + 1 one-token draft steps before each verify step,
+    every drafting decode in each (one drafting fewer than num_tokens attends over its own
+    drafts only), contexts growing by the accepted tokens; draft KV already whole: no
+    catch-up."""
+    from policies.batch import Batch
+    from simulator.cost_model import DraftKV, window_draft_times
+
+    a, b = drafting(0, 20, 3, [2, 0]), drafting(1, 30, 1, [1, 1])
+    kv = DraftKV()
+    kv.lengths = {0: (0, 20), 1: (0, 30)}
+    rec = Recorder()
+    assert window_draft_times(Batch([a, b], 2), rec, 3, kv) == [4.0, 4.0]
+    # step 1: contexts 21 and 31; step 2: 21 + 3 and 31 + 2
+    assert rec.calls == [(2, 21 + 31 + min(3, i) + min(1, i), max(21 + i, 31 + min(1, i)), [])
+                         for i in range(4)] + [
+                        (2, 24 + 33 + min(3, i) + min(1, i), max(24 + i, 33 + min(1, i)), [])
+                        for i in range(4)]
+    assert kv.lengths == {0: (0, 20 + 4), 1: (0, 30 + 4)}  # whole through the accepted tokens
+
+
+def test_a_fresh_request_catches_its_draft_kv_up_once():
+    """A decode drafting for the first time (its prompt and first token never seen by the
+    draft) costs one prefill-like draft forward over them in step 1, no logits; the next
+    window drafts from where it left off; a request that decoded without drafting in between
+    catches up just those tokens, and a preempted one all of its context again."""
+    from policies.batch import Batch
+    from simulator.cost_model import DraftKV, window_draft_times
+
+    kv, rec = DraftKV(), Recorder()
+    assert window_draft_times(Batch([drafting(0, 9, 2, [1])], 1), rec, 2, kv) == [4.0]
+    assert rec.calls[0] == (0, 0, 0, [(9, 0, False)])  # positions 0..8 before its newest
+    assert len(rec.calls) == 4
+    rec.calls.clear()
+    assert window_draft_times(Batch([drafting(0, 11, 2, [2])], 1), rec, 2, kv) == [3.0]
+    assert all(not c[3] for c in rec.calls)  # nothing to catch up
+    rec.calls.clear()  # three tokens decoded without drafting, at 14..16
+    window_draft_times(Batch([drafting(0, 17, 2, [0])], 1), rec, 2, kv)
+    assert rec.calls[0] == (0, 0, 0, [(3, 14, False)])
+    rec.calls.clear()
+    window_draft_times(Batch([drafting(0, 18, 2, [0], preemptions=1)], 1), rec, 2, kv)
+    assert rec.calls[0] == (0, 0, 0, [(18, 0, False)])
+
+
+def test_a_window_that_does_not_draft_runs_no_draft():
+    from policies.batch import Batch, ScheduledSeq
+    from simulator.cost_model import DraftKV, window_draft_times
+
+    req = Request(0, 0.0, 8, 100)
+    kv, rec = DraftKV(), Recorder()
+    batch = Batch([ScheduledSeq(req, 8, 0, 3, True), ScheduledSeq(Request(1, 0.0, 8, 9), 1, 8,
+                                                                   3, False)], 3)
+    assert window_draft_times(batch, rec, 4, kv) == [0.0, 0.0, 0.0]
+    assert not rec.calls and not kv.lengths
+
+
+def test_a_step_budget_counts_the_draft_steps():
+    """sarathi's and slo_adaptive's chunk: the window's first step is the draft model's steps
+    plus the verify step, so a draft model leaves less of the budget to the chunk."""
+    from types import SimpleNamespace
+
+    from policies.speculation import draft_steps_time
+    from policies.step_budget import largest_chunk, step_seconds
+
+    target = step_time_fn(MODEL, HW)
+    forming = [drafting(i, 500, 3, [0]) for i in range(8)]
+
+    def sched(draft):
+        spec = SimpleNamespace(draft_step_time=draft, num_tokens=3)
+        return SimpleNamespace(forming=forming, step_time_fn=target, speculation=spec)
+
+    plain = step_seconds(sched(None), (64, 0, True))
+    draft = step_seconds(sched(target), (64, 0, True))
+    assert draft == pytest.approx(plain + draft_steps_time(target, 3, {3: (8, 8 * 501, 501)}))
+    req = Request(9, 0.0, 4096, 10)
+    budget = plain + 0.5 * (draft - plain)
+    assert largest_chunk(sched(target), req, 4096, 4096, budget) \
+        < largest_chunk(sched(None), req, 4096, 4096, budget)

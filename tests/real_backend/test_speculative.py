@@ -260,9 +260,12 @@ def test_bad_settings_fail_in_one_line() -> None:
 
 
 
-def _both_backends(policy: str, params: dict, acceptance: dict | None, method: str = "draft"):
+def _both_backends(policy: str, params: dict, acceptance: dict | None, method: str = "draft",
+                   spec_policy: dict | None = None):
     """A run of 12 requests at t = 0 on each backend with speculation (k = 3, the target as its
-    own draft, or n-gram lookup) under ``policy``: (window rows, spec_decode metrics, outputs)."""
+    own draft, or n-gram lookup) under ``policy`` (and the speculation policy ``spec_policy``,
+    its settings beside its name; spec_fixed by default): (window rows, spec_decode metrics,
+    outputs)."""
     import random
 
     import yaml
@@ -278,7 +281,8 @@ def _both_backends(policy: str, params: dict, acceptance: dict | None, method: s
     conf = rb_conf()
     hw = HardwareSpec.from_dict(yaml.safe_load((conf / "hardware" / "h100_sxm.yaml").read_text()))
     fn = step_time_fn(SPEC, hw)
-    section = {"method": method, "num_tokens": 3, "draft_model": "same", "policy": "spec_fixed"}
+    section = {"method": method, "num_tokens": 3, "draft_model": "same",
+               **(spec_policy or {"policy": "spec_fixed"})}
     cfg = SchedulerConfig(block_size=BLOCK, max_num_batched_tokens=64)
 
     def new(n: int) -> Scheduler:
@@ -542,3 +546,61 @@ def test_a_run_releases_its_runner(monkeypatch) -> None:
         assert len(built) == 1 and all(ref() is None for ref in built[0])
     finally:
         gc.enable()
+
+ALTERNATE = """
+from policies.speculation import SpeculationPolicy
+
+
+class Alternate(SpeculationPolicy):
+    name = "alternate"
+
+    def window_tokens(self, sched):
+        return self.num_tokens if len(sched.running) % 2 == 0 else 0
+"""
+
+
+def test_the_simulator_prices_the_draft_forwards_the_engine_runs(monkeypatch, tmp_path) -> None:
+    """Over a run whose requests decode both with and without drafting (a policy drafting
+    while an even number of requests run), the simulator's draft forwards are the engine's:
+    per drafting window the same catch-up spans (tokens, first position), and before each
+    verify step spec.num_tokens + 1 one-token draft steps over the same number of rows."""
+    from real_backend.speculative import Speculator
+    from simulator import cost_model
+
+    real: dict[str, list] = {"catch_up": [], "draft": []}
+    sim: dict[str, list] = {"catch_up": [], "draft": []}
+    plan, draft = Speculator.plan, Speculator._draft
+    catch_up, steps = cost_model.DraftKV.catch_up, cost_model.draft_steps_time
+
+    def real_plan(self, batch, sampling):
+        p = plan(self, batch, sampling)
+        real["catch_up"].append([(len(ids), a) for _, a, ids in p.catch_up])
+        return p
+
+    def real_draft(self, last, start, tables, k, max_k):
+        real["draft"].append((last.shape[0], max_k + 1))
+        return draft(self, last, start, tables, k, max_k)
+
+    def sim_catch_up(self, batch):
+        chunks = catch_up(self, batch)
+        sim["catch_up"].append([(q, c) for q, c, _ in chunks])
+        return chunks
+
+    def sim_steps(draft_step, num_tokens, groups):
+        sim["draft"].append((sum(g[0] for g in groups.values()), num_tokens + 1))
+        return steps(draft_step, num_tokens, groups)
+
+    monkeypatch.setattr(Speculator, "plan", real_plan)
+    monkeypatch.setattr(Speculator, "_draft", real_draft)
+    monkeypatch.setattr(cost_model.DraftKV, "catch_up", sim_catch_up)
+    monkeypatch.setattr(cost_model, "draft_steps_time", sim_steps)
+    policy = tmp_path / "alternate.py"
+    policy.write_text(ALTERNATE)
+    (real_rows, sim_rows), *_ = _both_backends("multi_step", {"num_steps": 4}, {"rate": 0.6},
+                                               "draft", {"policy": str(policy)})
+    assert real_rows == sim_rows
+    assert real == sim
+    spans = [span for window in real["catch_up"] for span in window]
+    assert any(a == 0 for _, a in spans)  # a prompt seen by the draft for the first time
+    assert any(a > 0 for _, a in spans)  # tokens decoded while not drafting
+    assert {n for _, n in real["draft"]} == {4}
