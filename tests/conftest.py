@@ -41,12 +41,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     collection order and an idle one takes the rest of another's queue, so the long tests are
     spread over both workers early; one left to start last kept a worker busy for its whole
     length while the other had nothing left to take. Only the order changes: every test runs."""
-    modules: dict[str, bool] = {}
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    slow: dict[str, bool] = {}
     for item in items:
-        slow = item.get_closest_marker("slow") is not None
-        modules[item.module.__name__] = modules.get(item.module.__name__, False) or slow
-    rank = {name: (not slow, i) for i, (name, slow) in enumerate(modules.items())}
-    items.sort(key=lambda item: rank[item.module.__name__])
+        slow[module(item)] = slow.get(module(item), False) or bool(item.get_closest_marker("slow"))
+    rank = {name: (not has_slow, i) for i, (name, has_slow) in enumerate(slow.items())}
+    items.sort(key=lambda item: rank[module(item)])
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
