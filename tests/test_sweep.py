@@ -260,12 +260,11 @@ def test_simulated_repeats_average_runs_over_time_scales(tmp_path):
 def test_overlap_run_says_so_in_the_aggregate(tmp_path):
     """A run with scheduler.overlap=true is marked as such in its aggregate row, so figures draw
     overlap on and off as two series (tests/test_plot.py checks the drawing)."""
-    out = subprocess.run([sys.executable, "-m", "experiments.run", "policy=single_step",
-                          "scheduler.overlap=true", "workload=synthetic", "workload.num_prompts=4",
-                          "model=tiny", "hardware=cpu", "overhead=none", "progress=false",
-                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
     from experiments.aggregate import aggregate
+    from experiments.run import run as run_in_process
+
+    run_in_process(composed("policy=single_step", "scheduler.overlap=true", "workload=synthetic",
+                            "workload.num_prompts=4", "model=tiny", "hardware=cpu",
+                            "overhead=none", "progress=false"), tmp_path / "run")
 
     assert aggregate(tmp_path / "run")["overlap"].tolist() == [True]
