@@ -321,22 +321,35 @@ def test_a_routers_numpy_index_is_taken(bad_router):
 ])
 def test_a_run_whose_router_breaks_its_contract_ends_in_one_line(tmp_path, bad_router, value,
                                                                   message):
-    """Through the command line: exit code 2, the one line on stderr, no requests.csv saying
-    replica -1."""
+    """Through the command line (the first case): exit code 2, the one line on stderr, no
+    requests.csv saying replica -1; the other through run() in this process (the command's line
+    is the message of the error run() raises)."""
     import subprocess
     import sys
 
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.run", "model=tiny", "hardware=cpu", "overhead=none",
-         "workload=synthetic", "workload.num_prompts=8", "progress=false",
-         f"hydra.run.dir={out}", "cluster.num_replicas=2", "router.name=bad_router",
-         f"router.module={bad_router}", f"+router.value={value}"],
-        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
+    settings = ["model=tiny", "hardware=cpu", "overhead=none", "workload=synthetic",
+                "workload.num_prompts=8", "progress=false", "cluster.num_replicas=2",
+                "router.name=bad_router", f"router.module={bad_router}", f"+router.value={value}"]
+    if value == "-1":
+        proc = subprocess.run(
+            [sys.executable, "-m", "experiments.run", *settings, f"hydra.run.dir={out}"],
+            cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
+            timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+    else:
+        from hydra import compose, initialize_config_dir
+
+        from experiments.run import CONF_DIR, run
+
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            cfg = compose("config", overrides=settings)
+        with pytest.raises(ValueError) as err:
+            run(cfg, out)
+        lines = f"error: {err.value}".splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: " + message.format(bad_router)), \
-        proc.stderr
+        lines
     assert not (out / "requests.csv").exists()
 
 

@@ -75,14 +75,26 @@ def test_bad_policy_settings(name, params, message):
     ("policy=adaptive policy.overhead_steps=nan", "policy.overhead_steps must be a finite number"),
 ])
 def test_run_refuses_bad_settings_in_one_line(tmp_path, override, message):
-    """Through the CLI: exit 2, one line on stderr, and no result written."""
+    """The first through the CLI: exit 2, one line on stderr, and no result written; the others
+    through run() in this process (the CLI's line is the message of the error run() raises)."""
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.run", "workload=synthetic", "workload.num_prompts=4",
-         "model=tiny", "hardware=cpu", "overhead=none", "progress=false",
-         f"hydra.run.dir={out}", *override.split()],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], proc.stderr
+    settings = ["workload=synthetic", "workload.num_prompts=4", "model=tiny", "hardware=cpu",
+                "overhead=none", "progress=false", *override.split()]
+    if override == "model.num_layers=1.5":
+        proc = subprocess.run(
+            [sys.executable, "-m", "experiments.run", *settings, f"hydra.run.dir={out}"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], proc.stderr
+    else:
+        from hydra import compose, initialize_config_dir
+
+        from experiments.run import CONF_DIR, run
+
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            cfg = compose("config", overrides=settings)
+        with pytest.raises((ValueError, TypeError)) as err:
+            run(cfg, out)
+        assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
     assert not (out / "result.json").exists()

@@ -109,32 +109,50 @@ def test_every_experiment_takes_every_launcher():
     assert not refused, "\n".join(refused)
 
 
-def test_a_joblib_sweep_prints_and_logs_each_run_once(tmp_path):
+# the two-run sweep both tests below read: a joblib sweep of two worker processes (n_jobs=2 on
+# any number of cores), run once for the module
+TWO_RUNS = [*SWEEP[:3], "policy.num_steps=1,2", "progress=false", "model=tiny", "hardware=cpu",
+            "overhead=none"]
+
+
+def _two_run_sweep(sweep: Path, launcher: str) -> subprocess.CompletedProcess:
+    extra = ["hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
+    return _sweep(ROOT, *TWO_RUNS, f"hydra/launcher={launcher}", *extra,
+                  f"hydra.sweep.dir={sweep}")
+
+
+@pytest.fixture(scope="module")
+def joblib_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    sweep = tmp_path_factory.mktemp("launchers") / "joblib"
+    return sweep, _two_run_sweep(sweep, "joblib")
+
+
+def test_a_joblib_sweep_prints_and_logs_each_run_once(joblib_sweep):
     """A joblib worker's copy of the run's logger passed each line on to the root logger's
     console and file handlers too: each run's line was printed two or three times."""
-    sweep = tmp_path / "sweep"
-    p = _sweep(ROOT, *SWEEP[:3], "policy.num_steps=1,2", "progress=false", "model=tiny",
-               "hardware=cpu", "overhead=none", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-               f"hydra.sweep.dir={sweep}")
+    sweep, p = joblib_sweep
     assert p.returncode == 0, p.stderr[-2000:]
     lines = [line for line in p.stdout.splitlines() if "req/s" in line]
     assert len(lines) == 2 and not any("[schedlab.run]" in line for line in lines), p.stdout
     assert "Serving Benchmark Result" not in p.stdout  # each summary is in its run.log only
-    for log in sweep.glob("*/run.log"):
+    logs = list(sweep.glob("*/run.log"))
+    assert len(logs) == 2
+    for log in logs:
         assert log.read_text().count("Serving Benchmark Result") == 1
 
 
 @pytest.mark.slow
-def test_every_launcher_prints_one_line_per_run_and_the_aggregate(tmp_path):
+def test_every_launcher_prints_one_line_per_run_and_the_aggregate(tmp_path, joblib_sweep):
     """basic, joblib and submitit_local print the same: each run's line (submitit's jobs print
     into their log files, so the sweep process prints their lines), the aggregate's path, and
     nothing else on stdout; submitit leaves no empty folder for its %j pattern."""
     outputs = {}
     for launcher in ("basic", "joblib", "submitit_local"):
-        sweep = tmp_path / launcher
-        p = _sweep(ROOT, *SWEEP[:3], "policy.num_steps=1,2", "progress=false", "model=tiny",
-                   "hardware=cpu", "overhead=none", f"hydra/launcher={launcher}",
-                   f"hydra.sweep.dir={sweep}")
+        if launcher == "joblib":
+            sweep, p = joblib_sweep
+        else:
+            sweep = tmp_path / launcher
+            p = _two_run_sweep(sweep, launcher)
         assert p.returncode == 0, p.stderr[-2000:]
         lines = p.stdout.strip().splitlines()
         assert len(lines) == 3, (launcher, lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 FORBIDDEN = {"simpy", "torch", "triton", "hydra", "omegaconf", "simulator", "real_backend",
@@ -37,11 +38,13 @@ LAYERS = {"common": 0, "policies": 1, "simulator": 2, "real_backend": 2, "vllm_b
           "experiments": 3, "benchmarks": 4}
 
 
+@functools.cache
 def import_graph(typing: bool = False) -> dict[str, set[str]]:
     """Module -> the project modules it imports (at any depth in the module; TYPE_CHECKING
     blocks aside, as those imports never run, unless ``typing``). A benchmark's import of a
     module beside it (``from op_timing import ...``: benchmarks/ runs its scripts with their
-    directory on the path) is the import of that module."""
+    directory on the path) is the import of that module. Built once per test process (the
+    tests only read it): each build parses every module of the project."""
     root = Path(__file__).resolve().parent.parent
     modules = {}
     for pkg in LAYERS:

@@ -65,12 +65,22 @@ def _build_tree(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fixture_tree(tmp_path_factory) -> Path:
+def built_tree(tmp_path_factory) -> Path:
+    """The fixture runs, made once for the module and never changed: a test that changes its
+    runs works on a copy."""
     return _build_tree(tmp_path_factory.mktemp("measured"))
 
 
+@pytest.fixture(scope="module")
+def fixture_tree(built_tree, tmp_path_factory) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(built_tree, tmp_path_factory.mktemp("measured") / "tree"))
+
+
 @pytest.mark.slow
-def test_calibrate_ops_fits_the_operator_profile_on_served_windows(tmp_path, capsys):
+def test_calibrate_ops_fits_the_operator_profile_on_served_windows(built_tree, tmp_path,
+                                                                    capsys):
     """`experiments.calibrate --ops --data TABLES` on served runs made at known factors writes a
     profile with those factors, the tables it fitted with and the engine's graph settings; a fit
     that cannot price the runs is flagged."""
@@ -78,7 +88,7 @@ def test_calibrate_ops_fits_the_operator_profile_on_served_windows(tmp_path, cap
 
     from experiments import calibrate
 
-    root = _build_tree(tmp_path / "measured")
+    root = Path(shutil.copytree(built_tree, tmp_path / "measured"))
     conf = tmp_path / "conf"
     tables = conf / "calibration" / "mine"  # outside conf/: the profile names it absolutely
     shutil.copytree(ROOT / "conf" / "calibration" / "h200_ops", tables)
@@ -259,7 +269,10 @@ def test_time_split_compares_gpu_time_and_the_cpu_time_between_windows(tmp_path)
     assert split["cpu_share"] == pytest.approx(0.004 / 0.034)
 
 
-def test_cli_errors_are_one_line(tmp_path):
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    """The command's bad inputs are one line on stderr and exit 2: the first from the command
+    line itself, the rest through main() in this process (the same lines, without a new
+    interpreter's imports each)."""
     out = subprocess.run([sys.executable, "-m", "experiments.leave_one_out", "--models", "nope",
                           "--out", str(tmp_path / "m"), "--runs", str(tmp_path / "r")],
                          capture_output=True, text=True, cwd=ROOT)
@@ -267,34 +280,27 @@ def test_cli_errors_are_one_line(tmp_path):
     assert out.stderr.strip().splitlines() == [
         "error: --models: nope not in the spec's models llama3_2_1b, llama3_2_3b, llama3_8b, "
         "llama2_13b, llama_30b"]
+
+    def error_lines(*args: str) -> list[str]:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exc:
+            loo.main([*args, "--out", str(tmp_path / "m"), "--runs", str(tmp_path / "r")])
+        assert exc.value.code == 2
+        return capsys.readouterr().err.strip().splitlines()
+
     (tmp_path / "runs_of" / "gpt2").mkdir(parents=True)
-    out = subprocess.run([sys.executable, "-m", "experiments.leave_one_out", "--predict",
-                          str(tmp_path / "runs_of"), "--out", str(tmp_path / "m"), "--runs",
-                          str(tmp_path / "r")], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [
+    assert error_lines("--predict", str(tmp_path / "runs_of")) == [
         f"error: --predict {tmp_path / 'runs_of'}: gpt2 is not a conf/model name"]
     (tmp_path / "runs_of" / "gpt2").rmdir()
     (tmp_path / "runs_of" / "llama3_2_1b" / "t0").mkdir(parents=True)
-    out = subprocess.run([sys.executable, "-m", "experiments.leave_one_out", "--predict",
-                          str(tmp_path / "runs_of"), "--out", str(tmp_path / "m"), "--runs",
-                          str(tmp_path / "r")], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [
+    assert error_lines("--predict", str(tmp_path / "runs_of")) == [
         f"error: llama3_2_1b: no steps file (steps.csv.gz) of its runs in "
         f"{tmp_path / 'runs_of' / 'llama3_2_1b' / 't0'}"]
     bad = tmp_path / "spec.yaml"
     bad.write_text("- model: x\n  colour: red\n")
-    out = subprocess.run([sys.executable, "-m", "experiments.leave_one_out", "--spec", str(bad),
-                          "--out", str(tmp_path / "m"), "--runs", str(tmp_path / "r")],
-                         capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 2 and out.stderr.startswith(f"error: --spec {bad}: ")
-    assert len(out.stderr.strip().splitlines()) == 1
-    out = subprocess.run([sys.executable, "-m", "experiments.leave_one_out", "--no-host-speed",
-                          "--out", str(tmp_path / "m"), "--runs", str(tmp_path / "r")],
-                         capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [
+    lines = error_lines("--spec", str(bad))
+    assert len(lines) == 1 and lines[0].startswith(f"error: --spec {bad}: ")
+    assert error_lines("--no-host-speed") == [
         "error: --no-host-speed is gone: no per-run host factor is the default "
         "(--per-run-host-factor is the diagnostic that reads it)"]
 

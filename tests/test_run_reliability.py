@@ -633,9 +633,17 @@ def test_a_killed_joblib_sweep_leaves_no_workers(tmp_path):
 ])
 def test_sim_backend_and_switch_settings_are_checked(tmp_path, override, message):
     """A word where a number goes, or 'maybe' for a switch: one line naming the setting (before,
-    'maybe' ran as true and 2.5 blocks failed with no setting named)."""
-    p = cli("-m", "experiments.run", *SMALL, f"hydra.run.dir={tmp_path / 'r'}", override)
-    assert message in one_line_error(p)
+    'maybe' ran as true and 2.5 blocks failed with no setting named). The first through the
+    command line (exit 2, its one line), the others through run() in this process: the
+    command's line is the message of the error run() raises."""
+    if override == "backend.stream_per_step=maybe":
+        p = cli("-m", "experiments.run", *SMALL, f"hydra.run.dir={tmp_path / 'r'}", override)
+        assert message in one_line_error(p)
+        return
+    with pytest.raises((ValueError, TypeError)) as err:
+        run(composed(*SMALL, override), tmp_path / "r")
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert not (tmp_path / "r" / "result.json").exists()
 
 
 def test_hydra_config_path_that_is_a_file_is_one_line(tmp_path):

@@ -34,22 +34,51 @@ def test_steps_sweep_aggregates_skips_and_plots(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     assert {p: p.stat().st_mtime_ns for p in sweep.rglob("result.json")} == stamp
     assert "skipping" in p.stdout
-    p = run("-m", "experiments.plot", str(sweep / "aggregate.csv"), "--out", str(tmp_path / "f"))
-    assert p.returncode == 0, p.stderr[-2000:]
+    from experiments import plot  # its command line: tests/test_run_reliability.py
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "argv", ["plot", str(sweep / "aggregate.csv"), "--out",
+                                 str(tmp_path / "f")])
+        plot.main()
     assert list((tmp_path / "f").glob("reqs_vs_k_*.png")) and list((tmp_path / "f").glob("*.svg"))
 
 
+def composed(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from common.paths import conf_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        return compose("config", overrides=list(overrides))
+
+
+def run_error(*overrides: str, run_dir: Path) -> str:
+    """What the command line prints for a bad setting (its "error: " line: the message of the
+    error run() raises, which must be one line), from run() in this process."""
+    from experiments.run import RunDirError
+    from experiments.run import run as run_in_process
+
+    with pytest.raises((ValueError, OSError, TypeError, RunDirError)) as err:
+        run_in_process(composed(*overrides), run_dir)
+    assert "\n" not in str(err.value), str(err.value)
+    return f"error: {err.value}"
+
+
 def test_bad_settings_are_one_line_errors(tmp_path):
-    for override, needle in [("policy.num_steps=0", "policy.num_steps"),
-                             ("workload.request_rate=-1", "workload.request_rate"),
+    """The first through the command line (its exit status and stderr), the others through
+    run() in this process: the command prints the error run() raises as its one line."""
+    p = run("-m", "experiments.run", "policy.num_steps=0", f"hydra.run.dir={tmp_path / 'r'}",
+            "workload.num_prompts=10", "progress=false")
+    assert p.returncode != 0
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "policy.num_steps" in err[0], err
+    assert "Traceback" not in p.stderr
+    for override, needle in [("workload.request_rate=-1", "workload.request_rate"),
                              ("scheduler.max_num_batched_tokens=0", "scheduler.max_num_batched_tokens"),
                              ("model=llama3_70b", "llama3_70b")]:
-        p = run("-m", "experiments.run", override, f"hydra.run.dir={tmp_path / 'r'}",
-                "workload.num_prompts=10", "progress=false")
-        assert p.returncode != 0, override
-        err = p.stderr.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("error:") and needle in err[0], (override, err)
-        assert "Traceback" not in p.stderr
+        line = run_error(override, "workload.num_prompts=10", "progress=false",
+                         run_dir=tmp_path / "r")
+        assert needle in line, (override, line)
 
 
 def _strip_wall(res: dict) -> dict:
@@ -137,11 +166,9 @@ def test_a_sweep_s_size_is_the_product_of_its_swept_settings(monkeypatch):
 
 
 def test_model_too_big_for_cpu_is_a_one_line_error(tmp_path):
-    p = run("-m", "experiments.run", "backend=real", "model=llama3_70b", "backend.device=cpu",
-            "workload.num_prompts=2", "progress=false", f"hydra.run.dir={tmp_path}")
-    assert p.returncode == 2
-    err = p.stderr.strip().splitlines()
-    assert len(err) == 1 and "llama3_70b needs" in err[0] and "Traceback" not in p.stderr
+    line = run_error("backend=real", "model=llama3_70b", "backend.device=cpu",
+                     "workload.num_prompts=2", "progress=false", run_dir=tmp_path)
+    assert "llama3_70b needs" in line
 
 
 def test_measured_repeats_are_averaged_and_their_spread_kept(tmp_path):
@@ -233,12 +260,11 @@ def test_simulated_repeats_average_runs_over_time_scales(tmp_path):
 def test_overlap_run_says_so_in_the_aggregate(tmp_path):
     """A run with scheduler.overlap=true is marked as such in its aggregate row, so figures draw
     overlap on and off as two series (tests/test_plot.py checks the drawing)."""
-    out = subprocess.run([sys.executable, "-m", "experiments.run", "policy=single_step",
-                          "scheduler.overlap=true", "workload=synthetic", "workload.num_prompts=4",
-                          "model=tiny", "hardware=cpu", "overhead=none", "progress=false",
-                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
     from experiments.aggregate import aggregate
+    from experiments.run import run as run_in_process
+
+    run_in_process(composed("policy=single_step", "scheduler.overlap=true", "workload=synthetic",
+                            "workload.num_prompts=4", "model=tiny", "hardware=cpu",
+                            "overhead=none", "progress=false"), tmp_path / "run")
 
     assert aggregate(tmp_path / "run")["overlap"].tolist() == [True]

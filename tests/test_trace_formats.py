@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
 import tracemalloc
 from pathlib import Path
 
@@ -390,16 +388,20 @@ def test_read_trace_takes_the_same_settings(tmp_path):
 # --------------------------------------------------------------------------- through the CLI
 
 def test_cli_replays_a_burstgpt_trace(tmp_path):
+    """The command line's settings, composed as Hydra composes them and run in this process."""
     rows = [f"{i * 0.25},{'GPT-4' if i % 3 else 'ChatGPT'},{20 + i},{(i % 4) * 3},0,"
             f"Conversation log\n" for i in range(40)]
     path = write(tmp_path, "burst.csv", BURST_HEADER + "".join(rows))
+    from hydra import compose, initialize_config_dir
+
+    from experiments.run import CONF_DIR, run
+
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.run", "workload=trace", "workload.format=burstgpt",
-         f"workload.trace_path={path}", "workload.num_prompts=20", "progress=false",
-         f"hydra.run.dir={run_dir}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose("config", overrides=["workload=trace", "workload.format=burstgpt",
+                                           f"workload.trace_path={path}",
+                                           "workload.num_prompts=20", "progress=false"])
+    run(cfg, run_dir)
     result = json.loads((run_dir / "result.json").read_text())
     assert result["completed"] == 20
     assert result["schedlab"]["workload"]["format"] == "burstgpt"

@@ -253,6 +253,7 @@ def test_a_comparison_prints_its_table_not_each_simulated_run(tmp_path, capsys):
 VLLM_CLIENT_FILE = Path(__file__).resolve().parent / "data" / "vllm_bench_serve.json"
 
 
+@pytest.mark.slow  # the validation's run, table and figures
 def test_a_vllm_bench_serve_file_is_a_measured_run_replayed_on_the_simulator(tmp_path):
     import shutil
 

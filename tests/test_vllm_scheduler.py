@@ -184,6 +184,7 @@ def first_difference(a: list[dict], b: list[dict]) -> str:
     return f"{len(a)} steps in vLLM, {len(b)} in schedlab"
 
 
+@pytest.mark.slow  # vLLM's engine start, then nine policies on each trace
 @pytest.mark.parametrize("trace_name", ["all_at_t0.csv", "by_step.csv"])
 def test_every_mapped_policy_schedules_as_schedlab_step_for_step(engine, trace_name):
     rows = trace(trace_name)

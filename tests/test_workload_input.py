@@ -194,7 +194,7 @@ def test_estimate_covers_what_the_requests_hold(with_ids):
     """run_bytes bounds the specs and Requests of a workload with every output token's
     delivery time recorded, as a run leaves them (the run's other per-request state, metrics
     rows, is what the margin per request is for)."""
-    n, plen, olen = 5000, 100, 50
+    n, plen, olen = 1000, 100, 50  # per request: held / bound is the same at 5000
     cfg = {**SYN, "num_prompts": n, "request_rate": 100,
            "lengths": {"dist": "fixed", "prompt_len": plen, "output_len": olen}}
     tracemalloc.start()

@@ -254,22 +254,35 @@ def test_an_exception_in_a_user_policys_hook_names_the_hook_and_the_users_line(
                                      ["backend=real", "backend.device=cpu"]], ids=["sim", "real"])
 def test_a_run_whose_policy_answers_outside_the_contract_ends_in_one_line(
         tmp_path, bad_hooks, backend):
-    """Through the command line: exit code 2, the one line on stderr, no result written."""
+    """Through the command line on the simulator: exit code 2, the one line on stderr, no
+    result written; on the real engine through run() in this process (the command's line is
+    the message of the error run() raises, as the simulator's case shows)."""
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.run", *backend, "model=tiny", "workload=synthetic",
-         "workload.num_prompts=8", "progress=false", f"hydra.run.dir={out}",
-         "policy.name=bad_hooks", f"+policy.module={bad_hooks}", "+policy.hook=window_steps",
-         "+policy.value=0"],
-        cwd=root, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        "error: policy BadHooks.window_steps returned 0; it must return an int from 1 to "
-        "max_steps = 8 (the longest window the policy runs: decodes reserve its slots)"]
+    settings = [*backend, "model=tiny", "workload=synthetic", "workload.num_prompts=8",
+                "progress=false", "policy.name=bad_hooks", f"+policy.module={bad_hooks}",
+                "+policy.hook=window_steps", "+policy.value=0"]
+    line = ("error: policy BadHooks.window_steps returned 0; it must return an int from 1 to "
+            "max_steps = 8 (the longest window the policy runs: decodes reserve its slots)")
+    if "backend=sim" in backend:
+        proc = subprocess.run(
+            [sys.executable, "-m", "experiments.run", *settings, f"hydra.run.dir={out}"],
+            cwd=root, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().splitlines() == [line]
+    else:
+        from hydra import compose, initialize_config_dir
+
+        from experiments.run import CONF_DIR, run
+
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            cfg = compose("config", overrides=settings)
+        with pytest.raises(ValueError) as err:
+            run(cfg, out)
+        assert f"error: {err.value}".splitlines() == [line]
     assert not (out / "result.json").exists()
 
 
