@@ -4,6 +4,8 @@ KV rolled back, n-gram lookup drafts from the prompt, and bad settings fail in o
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -604,3 +606,46 @@ def test_the_simulator_prices_the_draft_forwards_the_engine_runs(monkeypatch, tm
     assert any(a == 0 for _, a in spans)  # a prompt seen by the draft for the first time
     assert any(a > 0 for _, a in spans)  # tokens decoded while not drafting
     assert {n for _, n in real["draft"]} == {4}
+
+
+@functools.cache
+def _fixed_length_metrics(method: str) -> dict:
+    """The spec_decode metrics of the same runs under spec_fixed (k = 3 for every decode)."""
+    return _both_backends("multi_step", {"num_steps": 4}, {"rate": 0.6}, method)[1] \
+        .spec_decode.metrics()
+
+
+EVERY_OTHER = ("from dataclasses import dataclass\n"
+               "from policies.speculation import SpeculationPolicy\n\n\n"
+               "@dataclass(frozen=True)\n"
+               "class EveryOther(SpeculationPolicy):\n"
+               "    name = 'every_other'\n\n"
+               "    def request_tokens(self, req, k, sched):\n"
+               "        return k if req.request_id % 2 else 0\n")
+
+
+@pytest.mark.parametrize("spec_policy", ["smartspec", "spec_off_under_load", "user"])
+def test_every_speculation_policy_runs_alike_in_both_backends(spec_policy, tmp_path) -> None:
+    """smartspec, spec_off_under_load (its batch limit crossed as the 12 requests finish) and a
+    user's own policy from a file decide the same draft lengths in the real engine and the
+    simulator: the same windows, drafts and acceptances (smartspec's choices themselves:
+    tests/test_speculation.py)."""
+    if spec_policy == "user":
+        mine = tmp_path / "every_other.py"
+        mine.write_text(EVERY_OTHER)
+        section = {"policy": str(mine)}
+    else:
+        section = {"smartspec": {"policy": "smartspec", "min_drafts": 4},
+                   "spec_off_under_load": {"policy": "spec_off_under_load",
+                                           "max_batch_size": 6}}[spec_policy]
+    # smartspec with n-gram lookup: a draft as large as the target (the self-draft) never pays
+    method = "ngram" if spec_policy == "smartspec" else "draft"
+    (real_rows, sim_rows), real, sim, reqs = _both_backends("multi_step", {"num_steps": 4},
+                                                            {"rate": 0.6}, method, section)
+    assert real_rows == sim_rows
+    assert real.spec_decode.metrics() == sim.spec_decode.metrics()
+    assert real.spec_decode.metrics()["spec_decode_num_drafts"] > 0
+    if spec_policy != "smartspec":  # (a free draft: smartspec's best k is the longest here)
+        fixed = _fixed_length_metrics(method)  # the policy decided: not what a fixed k drafts
+        assert real.spec_decode.metrics() != fixed
+    assert all(len(r.output_token_ids) == r.max_tokens for r in reqs)
