@@ -163,15 +163,7 @@ class BlockManager:
         keep = self.blocks_for(num_tokens)
         if len(table) <= keep:
             return
-        refs = self._refs
-        for block in reversed(table[keep:]):
-            n = refs.pop(block)
-            if n > 1:
-                refs[block] = n - 1
-            elif block in self._hash_of:
-                self._evictable[block] = None
-            else:
-                self._returned.append(block)
+        self._release(table[keep:])
         del table[keep:]
 
     def free(self, req: Request) -> None:
@@ -195,7 +187,13 @@ class BlockManager:
         for block in table:
             if block not in refs:
                 raise RuntimeError(f"block {block} of request {req.request_id} freed twice")
-        for block in reversed(table):
+        self._release(table)
+
+    def _release(self, blocks: list[int]) -> None:
+        """One reference less on each of ``blocks``, the last first: a block no table holds any
+        more stays cached if it is indexed (evictable), else goes back to the free stack."""
+        refs = self._refs
+        for block in reversed(blocks):
             n = refs.pop(block)
             if n > 1:
                 refs[block] = n - 1

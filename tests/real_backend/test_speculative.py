@@ -390,16 +390,12 @@ def test_server_metrics_show_the_spec_counters() -> None:
         assert line in text
 
 
-def test_a_kept_runner_starts_each_run_afresh() -> None:
-    """backend.keep_runner: a second run on the same runner (its draft cache holding the first
-    run's KV under the same request ids) gives the first run's ids and counts."""
-    import random
-
+def _tiny_draft_schedulers():
+    """A scheduler factory for the engine: multi_step windows of 2 steps, a draft of the tiny
+    shape drafting 2 tokens under spec_fixed, acceptance rate 0.7 (seed 3)."""
     from common.spec_acceptance import acceptance_process
     from policies import Scheduler, SchedulerConfig, make_policy
     from policies.speculation import make_speculation
-    from real_backend import run_real
-    from real_backend.engine import release_kept_runner
 
     section = {"method": "draft", "num_tokens": 2, "draft_model": "tiny", "policy": "spec_fixed"}
     cfg = SchedulerConfig(block_size=BLOCK, max_num_batched_tokens=64)
@@ -408,6 +404,19 @@ def test_a_kept_runner_starts_each_run_afresh() -> None:
         return Scheduler(make_policy("multi_step", num_steps=2), cfg, n, SPEC.max_model_len,
                          None, make_speculation(section, acceptance_process({"rate": 0.7}, 3),
                                                 None, SPEC))
+
+    return new
+
+
+def test_a_kept_runner_starts_each_run_afresh() -> None:
+    """backend.keep_runner: a second run on the same runner (its draft cache holding the first
+    run's KV under the same request ids) gives the first run's ids and counts."""
+    import random
+
+    from real_backend import run_real
+    from real_backend.engine import release_kept_runner
+
+    new = _tiny_draft_schedulers()
 
     def run():
         r = random.Random(5)
@@ -517,9 +526,6 @@ def test_a_run_releases_its_runner(monkeypatch) -> None:
     import gc
     import weakref
 
-    from common.spec_acceptance import acceptance_process
-    from policies import Scheduler, SchedulerConfig, make_policy
-    from policies.speculation import make_speculation
     from real_backend import engine, run_real
 
     built = []
@@ -531,13 +537,7 @@ def test_a_run_releases_its_runner(monkeypatch) -> None:
 
     build = engine.build_runner
     monkeypatch.setattr(engine, "build_runner", build_runner)
-    section = {"method": "draft", "num_tokens": 2, "draft_model": "tiny", "policy": "spec_fixed"}
-    cfg = SchedulerConfig(block_size=BLOCK, max_num_batched_tokens=64)
-
-    def new(n: int) -> Scheduler:
-        return Scheduler(make_policy("multi_step", num_steps=2), cfg, n, SPEC.max_model_len,
-                         None, make_speculation(section, acceptance_process({"rate": 0.7}, 3),
-                                                None, SPEC))
+    new = _tiny_draft_schedulers()
 
     reqs = [Request(i, 0.0, 0, 6, prompt_token_ids=[1 + i] * 8) for i in range(3)]
     gc.disable()  # freed by the run's own release, not whenever the collector next runs
