@@ -78,7 +78,6 @@ class Scheduler:
         # draft tokens it accepts are drawn as the window is formed (policies/speculation.py)
         self.speculation = speculation
         self.spec_stats = SpecDecodeStats()
-        self.spec_tokens = 0  # the window being formed's k
         self._spec_hooks = None
         if speculation is not None:
             self._spec_hooks = SpeculationHooks(speculation.policy)
@@ -492,7 +491,7 @@ class Scheduler:
         running = self.running
         spec = self._spec_hooks
         if spec is not None:
-            drafts = self.spec_tokens = spec.window_tokens(self)
+            drafts = spec.window_tokens(self)
         used = sum(s.num_query_tokens for s in out)  # the window's tokens reserved so far
         for req in decoders:
             if len(out) >= budget:
