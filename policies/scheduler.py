@@ -78,6 +78,10 @@ class Scheduler:
         # draft tokens it accepts are drawn as the window is formed (policies/speculation.py)
         self.speculation = speculation
         self.spec_stats = SpecDecodeStats()
+        # KV slots a decode window may take past a request's tokens: one a step of the policy's
+        # longest window, k + 1 a step where speculation drafts k (read for every request added)
+        self.lookahead_slots = policy.max_steps * (
+            1 if speculation is None else speculation.num_tokens + 1)
         self._spec_hooks = None
         if speculation is not None:
             self._spec_hooks = SpeculationHooks(speculation.policy)
@@ -166,13 +170,6 @@ class Scheduler:
         if self._grouped:
             bm.unassigned -= bm.blocks_for(req.num_computed_tokens) - len(req.block_table)
         bm.free(req)
-
-    @property
-    def lookahead_slots(self) -> int:
-        """KV slots a decode window may take past a request's tokens: one a step of the
-        policy's longest window, k + 1 a step where speculation drafts k."""
-        spec = self.speculation
-        return self.policy.max_steps * (1 if spec is None else spec.num_tokens + 1)
 
     @property
     def has_unfinished(self) -> bool:
