@@ -263,13 +263,13 @@ def _clock_design(data: pd.DataFrame, timeline: pd.DataFrame, clock: pd.DataFram
 
     if clock.empty or timeline.empty or "max_sm_mhz" not in data:
         return None
-    share = {}  # window id -> tensor-core share of its GPU time at full clock
-    for wid, rows in data.groupby("window"):
-        busy = total = 0.0
-        for r in rows.itertuples():
-            t, b = step_cost(_shape(r), spec, hw)
-            busy, total = busy + b, total + t
-        share[wid] = busy / total if total > 0 else 0.0
+    sums: dict[Any, list[float]] = {}  # window id -> [busy, total], summed in row order
+    for r in data[data["window"].notna()].itertuples():  # one pass: per-group itertuples cost
+        t, b = step_cost(_shape(r), spec, hw)                # seconds on a calibration's rows
+        acc = sums.setdefault(r.window, [0.0, 0.0])
+        acc[0], acc[1] = acc[0] + b, acc[1] + t
+    # window id -> tensor-core share of its GPU time at full clock
+    share = {wid: busy / total if total > 0 else 0.0 for wid, (busy, total) in sums.items()}
     tl = timeline.sort_values("end_s")
     starts = (tl["end_s"] - tl["gpu_s"]).to_numpy()
     ends = tl["end_s"].to_numpy()

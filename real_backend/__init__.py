@@ -11,7 +11,16 @@ import os
 # Set before torch creates the context; a value the user exported wins.
 os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 
-from real_backend.config import BackendConfig  # noqa: E402
-from real_backend.engine import RealResult, run_real  # noqa: E402
-
 __all__ = ["BackendConfig", "RealResult", "run_real"]
+
+
+def __getattr__(name: str):
+    """The engine's names, imported at first use: a process that needs only part of the
+    package (the server's front end: HTTP and tokenization) never imports torch."""
+    if name == "BackendConfig":
+        from real_backend.config import BackendConfig
+        return BackendConfig
+    if name in ("RealResult", "run_real"):
+        from real_backend import engine
+        return getattr(engine, name)
+    raise AttributeError(f"module 'real_backend' has no attribute {name!r}")

@@ -50,7 +50,7 @@ def test_calibrate_validate_plot_on_cpu(tmp_path):
 
     df = validate.main(["--model", "tiny", "--device", "cpu", "--hardware", str(hw_file),
                         "--overhead", str(oh_file), "--workload", "synthetic",
-                        "--num-prompts", "6", "--rates", "inf,50",
+                        "--num-prompts", "6", "--rates", "inf,50", "--sim-repeats", "2",
                         "--policies", "single_step,multi_step:4", "--runs", str(tmp_path / "runs"),
                         "--out", str(tmp_path / "val"),
                         "--real-override", "backend.num_blocks=256"])

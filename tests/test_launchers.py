@@ -30,34 +30,6 @@ def _results(sweep_dir: Path) -> dict[str, tuple[int, int]]:
             for p in sweep_dir.rglob("result.json")}
 
 
-@pytest.mark.slow
-def test_submitit_local_sweep_aggregates_and_a_rerun_skips_every_run(tmp_path):
-    sweep_dir = tmp_path / "sweep"
-    # timeout_min: a job that hangs is killed within a minute instead of holding CI
-    args = ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=1",
-            f"hydra.sweep.dir={sweep_dir}", "+skip_existing=true", *SWEEP]
-    first = _sweep(tmp_path, *args)
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "aggregated 3 runs" in first.stdout
-    table = pd.read_csv(sweep_dir / "aggregate.csv")
-    assert len(table) == 3 and sorted(table["k"]) == [1, 2, 4]
-    assert set(table["policy"]) == {"multi_step"} and (table["completed"] == 10).all()
-    # each run ran in a submitit job of its own (its log below the sweep dir), not in-process
-    logs = sorted((sweep_dir / ".submitit").glob("*/*_0_log.out"))
-    assert len(logs) == 3
-    done = _results(sweep_dir)
-    assert len(done) == 3
-
-    again = _sweep(tmp_path, *args)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert _results(sweep_dir) == done  # no result rewritten
-    logs = sorted((sweep_dir / ".submitit").glob("*/*_0_log.out"))
-    skipped = [p for p in logs if "skipping" in p.read_text()]
-    assert len(logs) == 6 and len(skipped) == 3
-    table = pd.read_csv(sweep_dir / "aggregate.csv")
-    assert len(table) == 3 and sorted(table["k"]) == [1, 2, 4]
-
-
 def test_slurm_launcher_config_reaches_sbatch(tmp_path):
     """hydra/launcher=slurm on a host without SLURM: stand-ins for srun (which submitit looks
     for) and sbatch (which keeps the job script and refuses it) show what a cluster gets."""
@@ -115,8 +87,8 @@ TWO_RUNS = [*SWEEP[:3], "policy.num_steps=1,2", "progress=false", "model=tiny", 
             "overhead=none"]
 
 
-def _two_run_sweep(sweep: Path, launcher: str) -> subprocess.CompletedProcess:
-    extra = ["hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
+def _two_run_sweep(sweep: Path, launcher: str, *extra: str) -> subprocess.CompletedProcess:
+    extra = (*extra, "hydra.launcher.n_jobs=2") if launcher == "joblib" else extra
     return _sweep(ROOT, *TWO_RUNS, f"hydra/launcher={launcher}", *extra,
                   f"hydra.sweep.dir={sweep}")
 
@@ -125,6 +97,20 @@ def _two_run_sweep(sweep: Path, launcher: str) -> subprocess.CompletedProcess:
 def joblib_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     sweep = tmp_path_factory.mktemp("launchers") / "joblib"
     return sweep, _two_run_sweep(sweep, "joblib")
+
+
+# timeout_min: a job that hangs is killed within a minute instead of holding CI;
+# skip_existing: for the re-run (neither names a run directory nor changes what is printed)
+SUBMITIT = ["hydra.launcher.timeout_min=1", "+skip_existing=true"]
+
+
+@pytest.fixture(scope="module")
+def submitit_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, list[str]]:
+    """The two-run sweep under submitit_local, run once for the module (the re-run test runs
+    it again): the sweep dir, the command's outcome and what .submitit held after it."""
+    sweep = tmp_path_factory.mktemp("launchers") / "submitit_local"
+    p = _two_run_sweep(sweep, "submitit_local", *SUBMITIT)
+    return sweep, p, sorted(q.name for q in (sweep / ".submitit").iterdir())
 
 
 def test_a_joblib_sweep_prints_and_logs_each_run_once(joblib_sweep):
@@ -142,7 +128,8 @@ def test_a_joblib_sweep_prints_and_logs_each_run_once(joblib_sweep):
 
 
 @pytest.mark.slow
-def test_every_launcher_prints_one_line_per_run_and_the_aggregate(tmp_path, joblib_sweep):
+def test_every_launcher_prints_one_line_per_run_and_the_aggregate(tmp_path, joblib_sweep,
+                                                                  submitit_sweep):
     """basic, joblib and submitit_local print the same: each run's line (submitit's jobs print
     into their log files, so the sweep process prints their lines), the aggregate's path, and
     nothing else on stdout; submitit leaves no empty folder for its %j pattern."""
@@ -150,6 +137,8 @@ def test_every_launcher_prints_one_line_per_run_and_the_aggregate(tmp_path, jobl
     for launcher in ("basic", "joblib", "submitit_local"):
         if launcher == "joblib":
             sweep, p = joblib_sweep
+        elif launcher == "submitit_local":
+            sweep, p, submitit_dirs = submitit_sweep
         else:
             sweep = tmp_path / launcher
             p = _two_run_sweep(sweep, launcher)
@@ -164,5 +153,28 @@ def test_every_launcher_prints_one_line_per_run_and_the_aggregate(tmp_path, jobl
         assert lines[2] == f"aggregated 2 runs -> {sweep / 'aggregate.csv'} (and .parquet)"
         outputs[launcher] = sorted(line.replace(str(sweep), "SWEEP") for line in lines)
     assert outputs["basic"] == outputs["joblib"] == outputs["submitit_local"]
-    assert not list((tmp_path / "submitit_local" / ".submitit").glob("%j"))
-    assert len(list((tmp_path / "submitit_local" / ".submitit").iterdir())) == 2  # a job each
+    assert "%j" not in submitit_dirs and len(submitit_dirs) == 2  # a job each
+
+
+@pytest.mark.slow
+def test_submitit_local_sweep_aggregates_and_a_rerun_skips_every_run(submitit_sweep):
+    sweep_dir, first, _ = submitit_sweep
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "aggregated 2 runs" in first.stdout
+    table = pd.read_csv(sweep_dir / "aggregate.csv")
+    assert len(table) == 2 and sorted(table["k"]) == [1, 2]
+    assert set(table["policy"]) == {"multi_step"} and (table["completed"] == 10).all()
+    # each run ran in a submitit job of its own (its log below the sweep dir), not in-process
+    logs = sorted((sweep_dir / ".submitit").glob("*/*_0_log.out"))
+    assert len(logs) == 2
+    done = _results(sweep_dir)
+    assert len(done) == 2
+
+    again = _two_run_sweep(sweep_dir, "submitit_local", *SUBMITIT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _results(sweep_dir) == done  # no result rewritten
+    logs = sorted((sweep_dir / ".submitit").glob("*/*_0_log.out"))
+    skipped = [p for p in logs if "skipping" in p.read_text()]
+    assert len(logs) == 4 and len(skipped) == 2
+    table = pd.read_csv(sweep_dir / "aggregate.csv")
+    assert len(table) == 2 and sorted(table["k"]) == [1, 2]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -45,12 +44,12 @@ def load(name: str) -> ModelSpec:
                                               .read_text()))
 
 
-def test_operators_smoke_writes_every_table(tmp_path):
+def test_operators_smoke_writes_every_table(tmp_path, capsys):
     out = tmp_path / "ops"
-    proc = subprocess.run([sys.executable, "benchmarks/operators.py", str(out), "--smoke",
-                           "--reps", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert "estimated time on an H200" in proc.stdout
+    code = operators.main([str(out), "--smoke", "--reps", "2"])  # in this process: no imports
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "estimated time on an H200" in printed.out
     for table, cols in COLUMNS.items():
         df = pd.read_csv(out / f"{table}.csv")
         assert cols <= set(df.columns), (table, cols - set(df.columns))
@@ -153,21 +152,22 @@ def test_llama2_13b_sharegpt_ids_fit_its_vocabulary():
 
 
 @pytest.mark.slow
-def test_suite_models_part_writes_runs_validate_reads(tmp_path):
+def test_suite_models_part_writes_runs_validate_reads(tmp_path, capsys):
+    import h200_suite  # benchmarks/h200_suite.py, run in this process: no second import of torch
+
     from experiments.measured import measured_from_dir
 
     out = tmp_path / "suite"
     # --rates poisson alone needs an earlier t=0 run in OUT_DIR
-    proc = subprocess.run([sys.executable, "benchmarks/h200_suite.py", str(out), "--smoke",
-                           "--model", "tiny", "--parts", "models", "--rates", "poisson"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "--rates poisson needs" in proc.stderr
-    proc = subprocess.run([sys.executable, "benchmarks/h200_suite.py", str(out), "--smoke",
-                           "--model", "tiny", "--parts", "models,synthetic", "--prompts", "3",
-                           "--extra", "workload.fixed_output_len=3"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "estimated on an H200" in proc.stdout and "FAILED" not in proc.stdout
+    with pytest.raises(SystemExit) as exc:
+        h200_suite.main([str(out), "--smoke", "--model", "tiny", "--parts", "models",
+                         "--rates", "poisson"])
+    assert exc.value.code == 2 and "--rates poisson needs" in capsys.readouterr().err
+    h200_suite.main([str(out), "--smoke", "--model", "tiny", "--parts", "models,synthetic",
+                     "--prompts", "3", "--extra", "workload.fixed_output_len=3"])
+    printed = capsys.readouterr()
+    assert "estimated on an H200" in printed.out and "FAILED" not in printed.out, \
+        printed.err[-3000:]
     base = out / "models" / "tiny"
     thr = json.loads((base / "t0/single_step_k1/result.json").read_text())["request_throughput"]
     rate = max(1, round(0.6 * thr))

@@ -464,19 +464,21 @@ def test_sim_overlap_off_is_unchanged_and_overlap_is_refused_with_pipeline_stage
 
 
 @pytest.mark.slow
-def test_overlap_suite_smoke(tmp_path):
+def test_overlap_suite_smoke(tmp_path, monkeypatch, capsys):
     """benchmarks/overlap_suite.py --smoke: every run of the H200 script on the tiny model,
-    each recorded with its overlap setting, then the table and the acceptance checks."""
+    each recorded with its overlap setting, then the table and the acceptance checks (its
+    main() in this process: a command of its own re-imported torch)."""
     import json
-    import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "overlap_suite.py"), str(tmp_path), "--smoke",
-         "--prompts", "3", "--poisson-prompts", "3", "--rates", "40"],
-        capture_output=True, text=True, timeout=600, cwd=root)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    monkeypatch.syspath_prepend(str(root / "benchmarks"))
+    import overlap_suite
+
+    monkeypatch.setattr(sys, "argv", ["overlap_suite.py", str(tmp_path), "--smoke", "--prompts",
+                                      "3", "--poisson-prompts", "3", "--rates", "40"])
+    overlap_suite.main()
+    printed = capsys.readouterr().out
     runs = {p.parent.relative_to(tmp_path).as_posix(): json.loads(p.read_text())
             for p in tmp_path.rglob("result.json")}
     assert len(runs) == 12 and "poisson/multi_step_k8_rate40" in runs
@@ -486,6 +488,6 @@ def test_overlap_suite_smoke(tmp_path):
         assert res["schedlab"]["overlap"] == tag.split("_rate")[0].endswith(
             "overlap"), tag
     assert runs["grid/multi_step_k4_overlap"]["schedlab"]["k"] == 4
-    table = proc.stdout[proc.stdout.index("req/s"):]
+    table = printed[printed.index("req/s"):]
     assert "FAILED" not in table and "single_step+overlap / multi_step k=8 req/s" in table
     assert "rate 40: median TTFT" in table

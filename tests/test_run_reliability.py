@@ -150,7 +150,7 @@ def test_a_rerun_with_a_bad_setting_keeps_the_previous_results(tmp_path):
     unknown sim backend key) is one line and the previous run's results stay as they were (its
     result.json keeps its own config's stamp, so skip_existing is not fooled)."""
     out = tmp_path / "run"
-    assert cli("-m", "experiments.run", *SMALL, f"hydra.run.dir={out}").returncode == 0
+    run(composed(*SMALL), out)  # the previous run (in this process: only the re-run is the CLI's)
     before = {name: (out / name).read_bytes() for name in RESULTS}
     p = cli("-m", "experiments.run", *SMALL, "+backend.time_scal=2", f"hydra.run.dir={out}")
     line = one_line_error(p)
@@ -302,7 +302,7 @@ def test_aggregate_tables_are_written_as_a_pair(tmp_path, monkeypatch):
 
 def test_ctrl_c_is_one_line_and_leaves_no_result(tmp_path):
     out = tmp_path / "run"
-    assert cli("-m", "experiments.run", *SMALL, f"hydra.run.dir={out}").returncode == 0
+    run(composed(*SMALL), out)  # the earlier results the interrupted run must remove
     # Ctrl-C's default action in the run, even where the suite itself was started with SIGINT
     # ignored (a shell's background job), which a child would inherit
     p = popen("-m", "experiments.run", *LONG, f"hydra.run.dir={out}",

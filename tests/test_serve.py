@@ -269,12 +269,12 @@ def test_metrics_count_windows_and_latencies(server):
 
 @pytest.mark.slow
 def test_guidellm_drives_the_server(server, tmp_path):
+    from experiments import loadgen
+
     out = tmp_path / "client"
-    p = subprocess.run([sys.executable, "-m", "experiments.loadgen", "--url", server.url,
-                        "--num-prompts", "24", "--request-rate", "inf", "--out", str(out),
-                        "--fixed-output-len", "16", "--processes", "1"],
-                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    # in this process: guidellm itself runs as a command of its own
+    loadgen.main(["--url", server.url, "--num-prompts", "24", "--request-rate", "inf",
+                  "--out", str(out), "--fixed-output-len", "16", "--processes", "1"])
     result = json.loads((out / "result.json").read_text())
     assert result["completed"] == result["num_prompts"] == 24
     assert result["total_output_tokens"] == 24 * 16
@@ -414,25 +414,31 @@ def test_sigterm_ends_open_streams_and_exits_0(server):
     assert len(rows) > 1 and {"num_seqs", "schedule_s", "launch_s"} <= set(rows[0].split(","))
 
 
+@pytest.fixture(scope="module")
+def overlap_server(tmp_path_factory) -> Iterator[Server]:
+    """A server under overlap, in a session of its own: the overlap test serves on it, then the
+    Ctrl-C test stops it (one start-up for both)."""
+    s = start(tmp_path_factory.mktemp("overlap"), "policy=single_step", "scheduler.overlap=true",
+              new_session=True)
+    yield s
+    stop(s)
+
+
 @pytest.mark.slow
-def test_overlap_streams_per_token_and_aborts_in_flight(tmp_path):
-    s = start(tmp_path, "policy=single_step", "scheduler.overlap=true")
-    try:
-        events = stream(s, {"prompt": "one two three", "max_tokens": 6, "ignore_eos": True})
-        chunks = [e for e in events if e != "[DONE]" and e["choices"]]
-        assert len(chunks) == 6  # one token per chunk
-        disconnect_mid_stream(s)
-        m = wait_for(s, lambda m: m["schedlab_requests_aborted_total"] == 1
-                     and m["schedlab_num_requests_running"] == 0)
-        assert m["schedlab_requests_aborted_total"] == 1
-        assert m["schedlab_kv_cache_free_blocks"] == BLOCKS
-        r = s.http.post("/v1/completions", json={"prompt": [3, 4], "max_tokens": 4,
-                                                  "ignore_eos": True})
-        assert r.json()["usage"]["completion_tokens"] == 4  # the engine goes on serving
-        s.proc.send_signal(signal.SIGINT)
-        assert s.proc.wait(timeout=15) == 0
-    finally:
-        stop(s)
+def test_overlap_streams_per_token_and_aborts_in_flight(overlap_server):
+    s = overlap_server
+    events = stream(s, {"prompt": "one two three", "max_tokens": 6, "ignore_eos": True})
+    chunks = [e for e in events if e != "[DONE]" and e["choices"]]
+    assert len(chunks) == 6  # one token per chunk
+    before = s.metrics()["schedlab_requests_aborted_total"]
+    disconnect_mid_stream(s)
+    m = wait_for(s, lambda m: m["schedlab_requests_aborted_total"] == before + 1
+                 and m["schedlab_num_requests_running"] == 0)
+    assert m["schedlab_requests_aborted_total"] == before + 1
+    assert m["schedlab_kv_cache_free_blocks"] == BLOCKS
+    r = s.http.post("/v1/completions", json={"prompt": [3, 4], "max_tokens": 4,
+                                              "ignore_eos": True})
+    assert r.json()["usage"]["completion_tokens"] == 4  # the engine goes on serving
 
 
 def front_end_pid(pid: int, timeout: float = 30) -> int:
@@ -455,16 +461,15 @@ needs_proc = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Li
 
 @pytest.mark.slow
 @needs_proc
-def test_ctrl_c_from_a_terminal_reaches_both_processes_and_exits_0(tmp_path):
-    s = start(tmp_path, new_session=True)
-    try:
-        front = front_end_pid(s.proc.pid)
-        os.killpg(s.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-        assert s.proc.wait(timeout=20) == 0, s.output()
-        assert not Path(f"/proc/{front}").exists() or b"zombie" in Path(
-            f"/proc/{front}/status").read_bytes().lower()
-    finally:
-        stop(s)
+def test_ctrl_c_from_a_terminal_reaches_both_processes_and_exits_0(overlap_server):
+    """SIGINT to the server's process group (a terminal's Ctrl-C; the server's own handler is
+    the one SIGINT to it alone reaches), here under overlap: both processes end, exit 0."""
+    s = overlap_server
+    front = front_end_pid(s.proc.pid)
+    os.killpg(s.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    assert s.proc.wait(timeout=20) == 0, s.output()
+    assert not Path(f"/proc/{front}").exists() or b"zombie" in Path(
+        f"/proc/{front}/status").read_bytes().lower()
 
 
 @needs_proc

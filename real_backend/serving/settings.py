@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from real_backend.sampling import SamplingParams
+from policies.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
