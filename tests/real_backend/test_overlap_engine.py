@@ -54,9 +54,25 @@ def serve(requests, policy, params, budget, *, overlap: bool, spec=SPEC, **backe
 
 
 @pytest.fixture(scope="module")
-def reference() -> dict[int, list[int]]:
+def served():
+    """``served(policy, params, budget, overlap)``: that run of make_requests() as (requests,
+    result), served once for the module (the ids and the windows tests read the same runs)."""
+    runs = {}
+
+    def run(policy, params, budget, overlap: bool):
+        key = (policy, repr(params), budget, overlap)
+        if key not in runs:
+            requests = make_requests()
+            runs[key] = requests, serve(requests, policy, params, budget, overlap=overlap)
+        return runs[key]
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def reference(served) -> dict[int, list[int]]:
     """single_step without overlap: the ids every overlapped run must give."""
-    return serve(make_requests(), "single_step", {}, None, overlap=False).token_ids
+    return served("single_step", {}, None, False)[1].token_ids
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +87,9 @@ def stopped(ids: list[int], eos: int | None) -> list[int]:
 
 
 @pytest.mark.parametrize(("policy", "params", "budget"), POLICIES, ids=IDS)
-def test_overlap_greedy_ids_equal_single_step(reference, eos_ids, policy, params, budget) -> None:
-    requests = make_requests()
-    res = serve(requests, policy, params, budget, overlap=True)
+def test_overlap_greedy_ids_equal_single_step(served, reference, eos_ids, policy, params,
+                                              budget) -> None:
+    requests, res = served(policy, params, budget, True)
     assert res.stats["num_preemptions"] > 0
     assert res.token_ids == reference
     assert all(r.token_times == sorted(r.token_times) for r in requests)
@@ -122,10 +138,10 @@ def test_a_window_formed_with_overlap_needs_the_overlap_launch() -> None:
 @pytest.mark.parametrize(("policy", "params", "budget"),
                          [POLICIES[0], POLICIES[1], POLICIES[3], POLICIES[5]],
                          ids=["single_step", "multi_step4", "chunked_prefill", "cp24"])
-def test_sim_and_real_make_the_same_windows(policy, params, budget, overlap) -> None:
+def test_sim_and_real_make_the_same_windows(served, policy, params, budget, overlap) -> None:
     """Offline, decisions depend on the scheduler's state alone: both backends must form the
     same windows, one for one (preemptions included)."""
-    real = serve(make_requests(), policy, params, budget, overlap=overlap)
+    real = served(policy, params, budget, overlap)[1]
     conf = Path(__file__).resolve().parents[2] / "conf"
     hw = HardwareSpec.from_dict(yaml.safe_load((conf / "hardware" / "h100_sxm.yaml").read_text()))
     cfg = SchedulerConfig(block_size=BLOCK_SIZE, max_num_batched_tokens=budget, overlap=overlap)
