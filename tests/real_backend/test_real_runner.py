@@ -231,7 +231,7 @@ def test_padded_prefill_graph_inputs_equal_oracle(kernels: str) -> None:
     cfg = BackendConfig(device="cpu", num_blocks=96, kernels=kernels, prefill_graph_max_tokens=64)
     runner = ModelRunner(model, cfg, block_size=4, max_num_seqs=8, max_lookahead=4)
     runner.allocate_kv_cache(96)
-    runner.warm_up(64, 4)  # scribbles on block 0, which a request below then owns
+    runner.warm_up(16, 4)  # scribbles on block 0, which a request below then owns
     fake = _EagerPrefillGraphs(runner)
     runner.prefill_graphs = fake
     reqs = _random_requests(1, 96, (11, 5, 23, 40, 70), 19, 6)
