@@ -86,10 +86,11 @@ def test_greedy_tokens_equal_oracle(oracle, policy, params, budget) -> None:
                          [("cp2", {"num_steps": 4}, 16), ("multi_step", {"num_steps": 4}, None)])
 def test_triton_kernels_in_engine(policy, params, budget) -> None:
     """The Triton path (interpreted on CPU) through prefill chunks, gathers, advance_step and a
-    preemption: four requests in 16 blocks (each window costs the interpreter ~0.2 s a layer).
-    One layer: every layer runs the same kernels on its own cache tensors (which layer's
-    cache is picked on the torch side, checked by the two-layer runs above)."""
-    requests = make_requests()[:4]
+    preemption: four requests of up to 8 output tokens in 16 blocks, on one layer (the
+    interpreter is slow; every layer runs the same kernels on its own cache tensors, and which
+    layer's cache is picked on the torch side, checked by the two-layer runs above)."""
+    requests = [Request(r.request_id, 0.0, 0, min(r.max_tokens, 8),
+                        prompt_token_ids=r.prompt_token_ids) for r in make_requests()[:4]]
     res = serve(requests, policy, params, budget, spec=ONE_LAYER, kernels="triton",
                 num_blocks=16, device=DEVICE, dtype="float32", cuda_graphs=False)
     assert res.stats["kernels"] == "triton" and res.stats["num_preemptions"] > 0
