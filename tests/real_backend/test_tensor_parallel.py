@@ -1,5 +1,5 @@
-"""Tensor parallelism on the CPU (gloo, 2 ranks): every policy's greedy ids, with overlap and
-without, equal one process's, KV heads replicated too; the ranks' shares put together are the
+"""Tensor parallelism on the CPU (gloo, 2 ranks): greedy ids through every kind of window, with
+overlap and without, equal one process's, KV heads replicated too; the ranks' shares put together are the
 whole model, from random weights and from a checkpoint; bad settings are one line; a run ended
 early (SIGTERM, a worker killed, rank 0 killed) ends in one line and leaves no process or
 rendezvous directory."""
