@@ -7,13 +7,15 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
-from rb_util import DEVICE, load_spec
+from rb_util import DEVICE, greedy_dense, load_spec
 
 from policies import Request, SchedulerConfig, make_scheduler
 from real_backend import run_real
 from real_backend.config import BackendConfig
 from real_backend.engine import build_runner
+from real_backend.weights import random_model
 from simulator import OverheadSpec, simulate
 from simulator.hardware import HardwareSpec
 
@@ -44,17 +46,33 @@ def make_requests(n: int = 16, seed: int = 1, eos: dict[int, int] | None = None)
             for i in range(n)]
 
 
-def serve(requests, policy, params, budget, *, overlap: bool, **backend):
+def serve(requests, policy, params, budget, *, overlap: bool, spec=SPEC, **backend):
     cfg = SchedulerConfig(block_size=BLOCK_SIZE, max_num_batched_tokens=budget, overlap=overlap)
     backend = {"device": "cpu", "num_blocks": NUM_BLOCKS, "save_token_ids": True, **backend}
-    return run_real(requests, lambda n: make_scheduler(policy, params, cfg, n, SPEC.max_model_len),
-                    SPEC, backend, progress=False)
+    return run_real(requests, lambda n: make_scheduler(policy, params, cfg, n, spec.max_model_len),
+                    spec, backend, progress=False)
 
 
 @pytest.fixture(scope="module")
-def reference() -> dict[int, list[int]]:
+def served():
+    """``served(policy, params, budget, overlap)``: that run of make_requests() as (requests,
+    result), served once for the module (the ids and the windows tests read the same runs)."""
+    runs = {}
+
+    def run(policy, params, budget, overlap: bool):
+        key = (policy, repr(params), budget, overlap)
+        if key not in runs:
+            requests = make_requests()
+            runs[key] = requests, serve(requests, policy, params, budget, overlap=overlap)
+        return runs[key]
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def reference(served) -> dict[int, list[int]]:
     """single_step without overlap: the ids every overlapped run must give."""
-    return serve(make_requests(), "single_step", {}, None, overlap=False).token_ids
+    return served("single_step", {}, None, False)[1].token_ids
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +87,9 @@ def stopped(ids: list[int], eos: int | None) -> list[int]:
 
 
 @pytest.mark.parametrize(("policy", "params", "budget"), POLICIES, ids=IDS)
-def test_overlap_greedy_ids_equal_single_step(reference, eos_ids, policy, params, budget) -> None:
-    requests = make_requests()
-    res = serve(requests, policy, params, budget, overlap=True)
+def test_overlap_greedy_ids_equal_single_step(served, reference, eos_ids, policy, params,
+                                              budget) -> None:
+    requests, res = served(policy, params, budget, True)
     assert res.stats["num_preemptions"] > 0
     assert res.token_ids == reference
     assert all(r.token_times == sorted(r.token_times) for r in requests)
@@ -86,14 +104,18 @@ def test_overlap_greedy_ids_equal_single_step(reference, eos_ids, policy, params
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="Triton's interpreter runs only where no GPU is; "
                     "on a GPU the CUDA-graph tests run the Triton kernels")
-def test_overlap_with_triton_kernels(reference) -> None:
-    """The Triton path (interpreted on CPU): advance_step after a token-map gather."""
+def test_overlap_with_triton_kernels() -> None:
+    """The Triton path (interpreted on CPU): advance_step after a token-map gather. Interpreted
+    kernels are slow: a short run, on one layer (every layer runs the same kernels)."""
+    one_layer = load_spec("tiny", num_layers=1)
     requests = [Request(r.request_id, 0.0, 0, 7, prompt_token_ids=r.prompt_token_ids)
-                for r in make_requests()[:3]]  # interpreted kernels are slow: a short run
+                for r in make_requests()[:3]]
     res = serve(requests, "multi_step", {"num_steps": 3}, None, overlap=True, kernels="triton",
-                num_blocks=16, dtype="float32", cuda_graphs=False)
+                num_blocks=16, dtype="float32", cuda_graphs=False, spec=one_layer)
     assert res.stats["kernels"] == "triton" and any(row["k"] == 3 for row in res.steps)
-    assert res.token_ids == {r.request_id: reference[r.request_id][:7] for r in requests}
+    model = random_model(one_layer, "cpu", torch.float32, seed=0)  # the run's weights
+    assert res.token_ids == {r.request_id: greedy_dense(model, r.prompt_token_ids, 7)
+                             for r in requests}
 
 
 def test_overlap_needs_async_output() -> None:
@@ -116,10 +138,10 @@ def test_a_window_formed_with_overlap_needs_the_overlap_launch() -> None:
 @pytest.mark.parametrize(("policy", "params", "budget"),
                          [POLICIES[0], POLICIES[1], POLICIES[3], POLICIES[5]],
                          ids=["single_step", "multi_step4", "chunked_prefill", "cp24"])
-def test_sim_and_real_make_the_same_windows(policy, params, budget, overlap) -> None:
+def test_sim_and_real_make_the_same_windows(served, policy, params, budget, overlap) -> None:
     """Offline, decisions depend on the scheduler's state alone: both backends must form the
     same windows, one for one (preemptions included)."""
-    real = serve(make_requests(), policy, params, budget, overlap=overlap)
+    real = served(policy, params, budget, overlap)[1]
     conf = Path(__file__).resolve().parents[2] / "conf"
     hw = HardwareSpec.from_dict(yaml.safe_load((conf / "hardware" / "h100_sxm.yaml").read_text()))
     cfg = SchedulerConfig(block_size=BLOCK_SIZE, max_num_batched_tokens=budget, overlap=overlap)

@@ -251,7 +251,10 @@ def test_an_exception_in_a_user_policys_hook_names_the_hook_and_the_users_line(
 
 
 @pytest.mark.parametrize("backend", [["backend=sim", "hardware=cpu", "overhead=none"],
-                                     ["backend=real", "backend.device=cpu"]], ids=["sim", "real"])
+                                     # a 20 MiB cache: zeroing the CPU's default 1 GiB
+                                     # would be most of the run's setup
+                                     ["backend=real", "backend.device=cpu",
+                                      "backend.cpu_kv_cache_gib=0.02"]], ids=["sim", "real"])
 def test_a_run_whose_policy_answers_outside_the_contract_ends_in_one_line(
         tmp_path, bad_hooks, backend):
     """Through the command line on the simulator: exit code 2, the one line on stderr, no

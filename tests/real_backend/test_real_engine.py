@@ -9,18 +9,20 @@ import pytest
 import torch
 from rb_util import DEVICE, greedy_dense, load_spec
 
-from policies import Request, SchedulerConfig, make_scheduler
+from policies import ModelSpec, Request, SchedulerConfig, make_scheduler
 from real_backend import run_real
 from real_backend.engine import host_cpu
 from real_backend.weights import random_model
 
 SPEC = load_spec("tiny")
+ONE_LAYER = load_spec("tiny", num_layers=1)  # the Triton interpreter's runs: half the kernels
 BLOCK_SIZE = 4
 NUM_BLOCKS = 24  # 96 token slots for 16 requests of up to 64 tokens: every policy preempts
 
+# multi_step 4 and 8: windows that cross one block boundary and two (k = 2 crosses no more
+# than k = 4 does)
 POLICIES = [
     ("single_step", {}, None),
-    ("multi_step", {"num_steps": 2}, None),
     ("multi_step", {"num_steps": 4}, None),
     ("multi_step", {"num_steps": 8}, None),
     ("chunked_prefill", {}, 16),  # 16-token budget: prompts of up to 40 tokens get chunked
@@ -38,11 +40,12 @@ def make_requests(n: int = 16, seed: int = 1, arrival_gap: float = 0.0) -> list[
             for i in range(n)]
 
 
-def _oracle(device: str) -> dict[int, list[int]]:
+def _oracle(device: str, requests: list[Request] | None = None,
+            spec: ModelSpec = SPEC) -> dict[int, list[int]]:
     # The same seed draws different weights on each device's generator.
-    model = random_model(SPEC, device, torch.float32, seed=0)
+    model = random_model(spec, device, torch.float32, seed=0)
     return {r.request_id: greedy_dense(model, r.prompt_token_ids, r.max_tokens)
-            for r in make_requests()}
+            for r in requests or make_requests()}
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +58,11 @@ def device_oracle(oracle) -> dict[int, list[int]]:
     return oracle if DEVICE == "cpu" else _oracle(DEVICE)
 
 
-def serve(requests, policy, params, budget, **backend):
+def serve(requests, policy, params, budget, spec: ModelSpec = SPEC, **backend):
     cfg = SchedulerConfig(block_size=BLOCK_SIZE, max_num_batched_tokens=budget)
     backend = {"device": "cpu", "num_blocks": NUM_BLOCKS, "save_token_ids": True, **backend}
-    return run_real(requests, lambda n: make_scheduler(policy, params, cfg, n, SPEC.max_model_len),
-                    SPEC, backend, progress=False)
+    return run_real(requests, lambda n: make_scheduler(policy, params, cfg, n, spec.max_model_len),
+                    spec, backend, progress=False)
 
 
 @pytest.mark.parametrize(("policy", "params", "budget"), POLICIES,
@@ -81,16 +84,19 @@ def test_greedy_tokens_equal_oracle(oracle, policy, params, budget) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("policy", "params", "budget"),
                          [("cp2", {"num_steps": 4}, 16), ("multi_step", {"num_steps": 4}, None)])
-def test_triton_kernels_in_engine(device_oracle, policy, params, budget) -> None:
+def test_triton_kernels_in_engine(policy, params, budget) -> None:
     """The Triton path (interpreted on CPU) through prefill chunks, gathers, advance_step and a
-    preemption: four requests in 16 blocks (each window costs the interpreter ~0.4 s)."""
-    requests = make_requests()[:4]
-    res = serve(requests, policy, params, budget, kernels="triton", num_blocks=16, device=DEVICE,
-                dtype="float32", cuda_graphs=False)
+    preemption: four requests of up to 8 output tokens in 16 blocks, on one layer (the
+    interpreter is slow; every layer runs the same kernels on its own cache tensors, and which
+    layer's cache is picked on the torch side, checked by the two-layer runs above)."""
+    requests = [Request(r.request_id, 0.0, 0, min(r.max_tokens, 8),
+                        prompt_token_ids=r.prompt_token_ids) for r in make_requests()[:4]]
+    res = serve(requests, policy, params, budget, spec=ONE_LAYER, kernels="triton",
+                num_blocks=16, device=DEVICE, dtype="float32", cuda_graphs=False)
     assert res.stats["kernels"] == "triton" and res.stats["num_preemptions"] > 0
     assert any(row["k"] == 4 for row in res.steps)
     assert res.stats["host_cpu"] == host_cpu()  # the host the CPU costs were measured on
-    assert res.token_ids == {r.request_id: device_oracle[r.request_id] for r in requests}
+    assert res.token_ids == _oracle(DEVICE, requests, ONE_LAYER)
 
 
 def test_blocking_output_and_online_arrivals(oracle) -> None:
@@ -148,8 +154,8 @@ def test_kept_runner_serves_the_next_run_alike(device_oracle) -> None:
     so greedy ids match that device's oracle."""
     from real_backend import engine
 
-    def run(policy="cp2", params=None, **backend):
-        return serve(make_requests(), policy, params or {"num_steps": 4}, 16, keep_runner=True,
+    def run(policy="cp2", params=None, **backend):  # six requests: the runner's shape is the same
+        return serve(make_requests(6), policy, params or {"num_steps": 4}, 16, keep_runner=True,
                      sampling={"temperature": 0.8, "top_k": 20}, device=DEVICE, **backend)
 
     first, second = run(), run()
@@ -161,10 +167,11 @@ def test_kept_runner_serves_the_next_run_alike(device_oracle) -> None:
     assert not serve(make_requests(2), "single_step", {}, None,
                      device=DEVICE).stats["runner_kept"]
     assert not engine._KEPT  # a run without the setting drops what was kept
-    greedy = serve(make_requests(), "cp2", {"num_steps": 4}, 16, keep_runner=True, device=DEVICE,
-                   dtype="float32")
-    assert serve(make_requests(), "cp2", {"num_steps": 4}, 16, keep_runner=True, device=DEVICE,
-                 dtype="float32").token_ids == greedy.token_ids == device_oracle
+    greedy = serve(make_requests(6), "cp2", {"num_steps": 4}, 16, keep_runner=True,
+                   device=DEVICE, dtype="float32")
+    assert serve(make_requests(6), "cp2", {"num_steps": 4}, 16, keep_runner=True, device=DEVICE,
+                 dtype="float32").token_ids == greedy.token_ids == {
+        i: device_oracle[i] for i in range(6)}
     engine._KEPT.clear()
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from rb_util import greedy_dense, load_spec
 
-from policies import Batch, Request, ScheduledSeq
+from policies import Batch, ModelSpec, Request, ScheduledSeq
 from real_backend.config import BackendConfig
 from real_backend.model import forward_dense
 from real_backend.runner import ModelRunner
@@ -31,8 +31,9 @@ BLOCKS_EACH = 24
 
 
 def _runner(settings: SpecSettings, draft_shape=None, kernels: str = "torch",
-            num_blocks: int = 128, max_tokens: int = 256, graphs: bool = False) -> ModelRunner:
-    model = random_model(SPEC, "cpu", torch.float32, seed=5)
+            num_blocks: int = 128, max_tokens: int = 256, graphs: bool = False,
+            spec: ModelSpec = SPEC) -> ModelRunner:
+    model = random_model(spec, "cpu", torch.float32, seed=5)
     cfg = BackendConfig(device="cpu", num_blocks=num_blocks, kernels=kernels)
     runner = ModelRunner(model, cfg, block_size=BLOCK, max_num_seqs=8, max_lookahead=16)
     draft = None
@@ -100,8 +101,10 @@ def test_self_draft_greedy_is_lossless(k: int, steps: int) -> None:
 
 def test_self_draft_triton_kernels() -> None:
     """The same on the Triton kernels (interpreted on the CPU): the verify's multi-token rows
-    through the prefill attention kernel, the draft steps through the decode one."""
-    runner = _runner(SpecSettings("draft", 2, "same"), kernels="triton")
+    through the prefill attention kernel, the draft steps through the decode one. One layer:
+    every layer runs the same kernels, and the interpreter is slow."""
+    runner = _runner(SpecSettings("draft", 2, "same"), kernels="triton",
+                     spec=load_spec("tiny", num_layers=1))
     reqs = _requests((6, 5), 16)
     want = [greedy_dense(runner.model, r.prompt_token_ids, 16) for r in reqs]
     for _ in range(3):
