@@ -1,5 +1,5 @@
 """A run's result text made by pyarrow from columns: requests.csv's and steps.csv's rows (a
-``CsvFile`` each, written by a process of its own while a long run goes on) and result.json's
+``CsvFile`` each, written on a thread of its own while the run goes on) and result.json's
 per-request lists of numbers.
 
 The text is the csv module's and json's: each number's own ``str()`` (an int 0 reads "0", a
@@ -7,6 +7,7 @@ float its shortest repr, "0.0"), empty for a null. pyarrow formats a float as Py
 does except where repr uses its own notation: a float with no fraction (pyarrow writes 0.0 as
 "0", 3.0 as "3": such a float below 1e10 is written as its int and ".0"), below 1e-4 and from
 1e10 on (exponents: "1e-07" against "1e-7"; these, rare in a run's times, Python formats).
+pyarrow does its work with the GIL released, so a file's thread overlaps the simulation.
 """
 
 from __future__ import annotations
@@ -16,11 +17,8 @@ import io
 import itertools
 import operator
 import os
-import pickle
-import signal
-import subprocess
-import sys
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -150,61 +148,62 @@ def _batch(names: Sequence[str], columns: Sequence[Column]) -> pa.RecordBatch:
 
 
 class CsvFile:
-    """A CSV file written a batch of rows at a time (``write``: its columns) into a temporary
-    copy (``experiments.files.atomic_path``) that ``close`` puts in place once every batch is
-    written; ``discard`` removes it. From the first batch given with ``background`` (a long
-    simulation's rows, as the run goes on) the file is written by a process of its own
-    (``python -c`` running ``serve_writer``), on the CPU the simulation leaves free: a thread
-    here would hold the simulation's GIL for its Python parts and wake it at every pyarrow call.
-    An error is raised naming the file (a background batch's by the next call), and the copy is
-    removed."""
+    """A CSV file written a batch of rows at a time (``write``: its columns) on a thread of its
+    own, into a temporary copy (``experiments.files.atomic_path``) that ``close`` puts in place
+    once every batch is written; ``discard`` removes it. A batch that fails is raised by the
+    next call, naming the file, and the copy is removed."""
 
     def __init__(self, path: str | os.PathLike[str], names: Sequence[str]) -> None:
         self.path, self.names = Path(path), list(names)
         self._stack = contextlib.ExitStack()
-        self._sink: _Sink | None = None  # the copy, open here until a process writes it
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._pending: list[Future[None]] = []
+        self._writer: pacsv.CSVWriter | None = None
         try:
             self._copy = self._stack.enter_context(atomic_path(self.path))
-            self._sink = _Sink(self._copy, self.names, header=True)
+            self._sink = self._stack.enter_context(open(self._copy, "wb"))
+            self._sink.write((",".join(self.names) + "\n").encode())
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"write {self.path.name}")
+            self._stack.callback(self._thread.shutdown, cancel_futures=True)
         except BaseException:
             self.discard()
             raise
 
-    def write(self, columns: Sequence[Column], *, background: bool = False) -> None:
+    def write(self, columns: Sequence[Column]) -> None:
         """A batch of rows, given as its columns (in ``names``' order), to be written after
-        those before it: here, or with ``background`` (and after a background batch) by the
-        file's own process."""
-        try:
-            if background and self._proc is None:
-                self._sink.close()
-                self._sink = None
-                self._proc = _start_writer(self._copy, self.names)
-            if self._proc is None:
-                self._sink.write(columns)
-                return
-            if self._proc.poll() is not None:
-                self._raise_from_writer()
-            try:
-                pickle.dump(list(columns), self._proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
-            except BrokenPipeError:
-                self._raise_from_writer()
-        except BaseException as err:
-            self._fail(err)
+        those before it."""
+        self._raise_failed(wait=False)
+        self._pending.append(self._thread.submit(self._write, columns))
+
+    def _write(self, columns: Sequence[Column]) -> None:
+        batch = _batch(self.names, columns)
+        if self._writer is None:
+            self._writer = pacsv.CSVWriter(self._sink, batch.schema, write_options=_OPTIONS,
+                                           memory_pool=_POOL)
+        self._writer.write_batch(batch)
+
+    def _raise_failed(self, *, wait: bool) -> None:
+        done = [f for f in self._pending if wait or f.done()]
+        self._pending = [f for f in self._pending if f not in done]
+        for future in done:
+            err = future.exception()
+            if err is not None:
+                self.discard()
+                if isinstance(err, OSError):
+                    raise OSError(err.errno, err.strerror, str(self.path)) from err
+                raise type(err)(f"writing {self.path}: {err}") from err
 
     def wait(self) -> None:
-        """Every batch written and on disk; no batch can follow."""
+        """Every batch written and on disk (on an error, the copy removed)."""
         try:
-            if self._sink is not None:
-                self._sink.close()
-                self._sink = None
-            if self._proc is not None:
-                with contextlib.suppress(BrokenPipeError):
-                    self._proc.stdin.close()
-                if self._proc.wait():
-                    self._raise_from_writer()
-        except BaseException as err:
-            self._fail(err)
+            self._raise_failed(wait=True)
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            self._sink.flush()
+            os.fsync(self._sink.fileno())
+        except BaseException:
+            self.discard()
+            raise
 
     def close(self) -> None:
         """Every batch written, the file put in place (or, on an error, removed)."""
@@ -213,95 +212,9 @@ class CsvFile:
 
     def discard(self) -> None:
         """The copy removed, the batches not written dropped; ``path`` left as it was. Once."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
-        if self._sink is not None:
-            self._sink.file.close()
-            self._sink = None
         stack, self._stack = self._stack, contextlib.ExitStack()
         with contextlib.suppress(_Discarded):
             stack.__exit__(_Discarded, _Discarded(), None)
-
-    def _raise_from_writer(self) -> None:
-        """The writer process's error (it has ended, or is ended here)."""
-        if self._proc.poll() is None:
-            self._proc.kill()
-        self._proc.wait()
-        reply = self._proc.stdout.read()
-        try:
-            err = pickle.loads(reply)
-        except Exception:
-            err = None
-        if not isinstance(err, BaseException):
-            err = RuntimeError(f"its writer process ended with exit status {self._proc.returncode}")
-        raise err
-
-    def _fail(self, err: BaseException) -> None:
-        """``err`` raised naming the file (an OSError as one naming it), the copy removed."""
-        self.discard()
-        if not isinstance(err, Exception):
-            raise err
-        if isinstance(err, OSError) and err.errno is not None:
-            raise OSError(err.errno, err.strerror, str(self.path)) from err
-        raise type(err)(f"writing {self.path}: {err}") from err
-
-
-class _Sink:
-    """A CSV file's copy open for appending batches (the header first, with ``header``)."""
-
-    def __init__(self, path: Path, names: list[str], *, header: bool) -> None:
-        self.names = names
-        self.file = open(path, "ab")
-        self._writer: pacsv.CSVWriter | None = None
-        if header:
-            self.file.write((",".join(names) + "\n").encode())
-
-    def write(self, columns: Sequence[Column]) -> None:
-        batch = _batch(self.names, columns)
-        if self._writer is None:
-            self._writer = pacsv.CSVWriter(self.file, batch.schema, write_options=_OPTIONS,
-                                           memory_pool=_POOL)
-        self._writer.write_batch(batch)
-
-    def close(self) -> None:
-        """Everything written on disk (fsync), the file closed."""
-        with self.file:
-            if self._writer is not None:
-                self._writer.close()
-            self.file.flush()
-            os.fsync(self.file.fileno())
-
-
-def _start_writer(copy: Path, names: list[str]) -> subprocess.Popen[bytes]:
-    """A process appending the batches it reads from its stdin to ``copy`` (``serve_writer``)."""
-    root = str(Path(__file__).resolve().parents[1])
-    path = os.environ.get("PYTHONPATH")
-    env = {**os.environ, "PYTHONPATH": root if not path else root + os.pathsep + path}
-    return subprocess.Popen(
-        [sys.executable, "-c", "from experiments.result_text import serve_writer; serve_writer()",
-         str(copy), *names], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-
-
-def serve_writer() -> None:
-    """A writer process's loop (``_start_writer``): each pickled batch of columns read from
-    stdin appended to the copy named by argv, which is on disk once stdin ends (exit 0); an
-    error is pickled to stdout (exit 1)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the run's to handle
-    copy, names = sys.argv[1], sys.argv[2:]
-    try:
-        sink = _Sink(Path(copy), names, header=False)
-        while True:
-            try:
-                columns = pickle.load(sys.stdin.buffer)
-            except EOFError:
-                break
-            sink.write(columns)
-        sink.close()
-    except BaseException as err:
-        sys.stdout.buffer.write(pickle.dumps(err))
-        sys.stdout.flush()
-        sys.exit(1)
 
 
 class _Discarded(Exception):

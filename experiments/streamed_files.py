@@ -1,6 +1,6 @@
 """requests.csv and a simulation's steps.csv written while a long run goes on: their rows given
-to the files' writers (experiments.result_text.CsvFile, a process each) as they become
-final, into the files' temporary copies, which ``write_results`` completes and puts in place with the
+to the files' writers (experiments.result_text.CsvFile, a thread each) as they become final,
+into the files' temporary copies, which ``write_results`` completes and puts in place with the
 other result files."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from experiments.request_rows import RequestRows
+from experiments.request_times import chunk_bounds
 from experiments.result_text import CsvFile
 
 if TYPE_CHECKING:
@@ -54,18 +55,19 @@ class StreamedRows:
                              f"{self.rows_final - 1}")
         self.rows_final = end
         if end - self.rows_given >= self.BATCH_ROWS:
-            self._give_rows(end, background=True)
+            self._give_rows(end)
             if self.steps is not None \
                     and len(self.step_rows) - self.steps_given >= self.BATCH_ROWS // 5:
-                self._give_steps(background=True)
+                self._give_steps()
 
-    def _give_rows(self, end: int, *, background: bool = False) -> None:
-        self.requests.write(self._rows.columns(self.rows_given, end), background=background)
+    def _give_rows(self, end: int) -> None:
+        for a, b in chunk_bounds(end - self.rows_given):
+            self.requests.write(self._rows.columns(self.rows_given + a, self.rows_given + b))
         self.rows_given = end
 
-    def _give_steps(self, *, background: bool = False) -> None:
+    def _give_steps(self) -> None:
         end = len(self.step_rows)
-        self.steps.write(self.step_rows.columns_of(self.steps_given, end), background=background)
+        self.steps.write(self.step_rows.columns_of(self.steps_given, end))
         self.steps_given = end
 
     def finish(self) -> None:

@@ -1,5 +1,5 @@
 """A run's result files written while it goes on (requests.csv's and steps.csv's rows given to
-their writers' processes as they become final) are the files written whole at its end, byte for
+their writers' threads as they become final) are the files written whole at its end, byte for
 byte; a writer's failure is raised naming the file and leaves no file, and the cells are what
 the csv module writes."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -52,15 +53,6 @@ def test_rows_written_as_the_run_goes_are_the_rows_written_at_its_end(tmp_path, 
         steps_given.append(self.steps_given)
 
     monkeypatch.setattr(streamed_files.StreamedRows, "add", add)
-    writers = []
-    start_writer = result_text._start_writer
-
-    def started(copy, names):
-        name = "requests" if "requests" in Path(copy).name else "steps"
-        writers.append((name, start_writer(copy, names)))
-        return writers[-1][1]
-
-    monkeypatch.setattr(result_text, "_start_writer", started)
     there = _run(tmp_path, "streamed", *more)
     assert there == here
     assert 0 < max(given) < 60 and max(given) % 7 == 0  # given during the run, not all
@@ -70,45 +62,36 @@ def test_rows_written_as_the_run_goes_are_the_rows_written_at_its_end(tmp_path, 
         assert 0 < max(steps_given) < windows and steps_given[-1] == max(steps_given)
     else:
         assert not any(steps_given)
-    # a process of its own wrote each streamed file, and has ended
-    assert sorted(name for name, _ in writers) == \
-        (["requests", "steps"] if replicas == 1 else ["requests"])
-    assert all(proc.returncode == 0 for _, proc in writers)
+    assert not [t for t in threading.enumerate() if t.name.startswith("write ")]
     assert here["requests.csv"].splitlines()[1].split(",")[4] == "0"  # the t = 0 clock's int 0
     replica_column = {line.split(",")[11] for line in here["requests.csv"].splitlines()[1:]}
     assert replica_column == ({"0", "1"} if replicas == 2 else {"0"})
 
 
-@pytest.mark.parametrize("background", [False, True])
 @pytest.mark.parametrize("name", ["requests.csv", "steps.csv"])
-def test_a_full_disk_while_streaming_names_the_file(tmp_path, name, background):
-    """A full disk (the copy is /dev/full), here or in the file's writer process (raised by a
-    later call): the error names the file, and no copy is left."""
-    if not os.path.exists("/dev/full"):
-        pytest.skip("no /dev/full")
+def test_a_full_disk_while_streaming_names_the_file(tmp_path, monkeypatch, name):
+    """The writer's thread fails (a full disk): the next call raises it naming the file, and
+    no copy is left."""
     rows = result_files.RequestRows([], None, request_times.TimesRecorder(0).columns())
     streamed = streamed_files.StreamedRows(tmp_path, rows, StepRows(False))
     assert sorted(n.split(".")[1] for n in os.listdir(tmp_path)) == ["requests", "steps"]
     file = streamed.requests if name == "requests.csv" else streamed.steps
-    copy = file._copy
-    copy.unlink()
-    copy.symlink_to("/dev/full")  # (what is open here already is not)
-    if not background:
-        file._sink.file.close()
-        file._sink.file = open(copy, "ab")
-    full = rf"^\[Errno 28\] No space left on device: '.*{name}'$"
-    with pytest.raises(OSError, match=full):
-        file.write([[1]] * len(file.names), background=background)
+
+    def full(columns):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(file, "_write", full)
+    file.write([[]] * len(file.names))
+    with pytest.raises(OSError, match=rf"^\[Errno 28\] No space left on device: '.*{name}'$"):
         streamed.complete(streamed.step_rows)
     assert not os.listdir(tmp_path)
 
 
-@pytest.mark.parametrize("background", [False, True])
-def test_a_bad_cell_is_one_line_naming_file_and_column(tmp_path, background):
+def test_a_bad_cell_in_the_writers_thread_is_one_line_naming_file_and_column(tmp_path):
     file = result_text.CsvFile(tmp_path / "steps.csv", ["window", "note"])
-    file.write([[1, 2], ["a", "b"]], background=background)
+    file.write([[1, 2], ["a", "b"]])
+    file.write([[3], [object()]])
     with pytest.raises(ValueError) as raised:
-        file.write([[3], [object()]], background=background)
         file.close()
     message = str(raised.value)
     assert "\n" not in message and "steps.csv" in message and "column note" in message
