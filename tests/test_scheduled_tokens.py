@@ -10,10 +10,10 @@ from typing import Any, ClassVar
 
 import pytest
 
+from common.spec_acceptance import acceptance_process
 from policies import Policy, Request, SchedulerConfig, make_scheduler
 from policies.batch import Batch, ScheduledSeq
 from policies.scheduler import Scheduler
-from common.spec_acceptance import acceptance_process
 from policies.speculation import Speculation, SpeculationPolicy
 from policies.user_code import HookError
 from simulator.step_shape import window_shapes

@@ -222,8 +222,8 @@ def test_overlap_and_mixed_batches_speculate_too():
         cfg = SchedulerConfig(max_num_seqs=64, overlap=overlap)
         reqs = [Request(i, i / 50, 200, 40) for i in range(20)]
         spec = speculation(k=3)
-        simulate(reqs, lambda b, p=policy, q=params, c=cfg: make_scheduler(
-            p, q, c, b, MODEL.max_model_len, None, spec), MODEL, HW, OVERHEAD, num_blocks=2000,
+        simulate(reqs, lambda b, p=policy, q=params, c=cfg, sp=spec: make_scheduler(
+            p, q, c, b, MODEL.max_model_len, None, sp), MODEL, HW, OVERHEAD, num_blocks=2000,
             progress=False)
         assert all(r.num_output_tokens == 40 == len(r.token_times) for r in reqs)
 
