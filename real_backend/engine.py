@@ -267,15 +267,19 @@ def serve_source(source: RequestSource, sched: Scheduler, runner: ModelRunner, c
     """Serve what ``source`` hands over until it closes and nothing is left (offline runs, the
     calibration and the HTTP server alike), from t = 0, with everything built so far (model,
     graphs, requests) frozen out of the collector's scans: it lives for the whole run, and a
-    collection during a launch-bound step then stays short."""
-    gc.collect()
-    gc.freeze()
+    collection during a launch-bound step then stays short. A process that froze objects of
+    its own is left to its own freezing (``gc.unfreeze`` would undo every freeze, its too)."""
+    ours = gc.get_freeze_count() == 0
+    if ours:
+        gc.collect()
+        gc.freeze()
     clock.start()
     try:
         serve = _serve_overlap if sched.overlap else _serve
         serve(source, sched, runner, clock, steps, on_window)
     finally:
-        gc.unfreeze()
+        if ours:
+            gc.unfreeze()
 
 
 def _serve(source: RequestSource, sched: Scheduler, runner: ModelRunner, clock: Clock,

@@ -17,15 +17,13 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-# Every real-backend run collects garbage three times (real_backend/engine.py), and a full
-# collection scans every object the test process holds: in a worker that has collected the
-# whole suite, ~380k objects and 0.2 s a collection, over a minute in all. What is alive after a
-# full collection is frozen, so that the next collections pass over it; a run's serve_source
-# unfreezes everything when it ends (and its next full collection frees what it left), after
-# which what is alive is frozen again. After every full collection, so during a run too (what it
-# made since serve_source froze stays frozen until the run's end unfreezes everything): freezing
-# is a constant-time list splice, while asking whether anything is frozen already
-# (gc.get_freeze_count()) walks every frozen object.
+# Every real-backend run collects garbage (real_backend/engine.py), and a full collection scans
+# every object the test process holds: in a worker that has collected the whole suite, ~380k
+# objects and 0.2 s or more a collection. What is alive after a full collection is frozen, so
+# that the next collections pass over it (freezing is a constant-time list splice). A run's
+# serve_source leaves a process that froze objects of its own to its own freezing, so a test's
+# run no longer unfreezes the worker and scans it all at its end. What was frozen alive and dies
+# in a reference cycle stays until the worker ends (a little memory a real run, the tiny models').
 def _freeze_after_a_full_collection(phase: str, info: dict) -> None:
     if phase == "stop" and info["generation"] == 2:
         gc.freeze()

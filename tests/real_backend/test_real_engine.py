@@ -109,6 +109,29 @@ def test_blocking_output_and_online_arrivals(oracle) -> None:
     assert res.duration >= requests[-1].arrival_time
 
 
+def test_a_run_leaves_the_process_s_own_freezing_alone() -> None:
+    """A run freezes what exists at its start and unfreezes it at its end only where nothing
+    was frozen before it: a process that froze objects of its own (an embedding program, this
+    test's worker) keeps them frozen, and one that froze nothing is left with nothing."""
+    import gc
+
+    # (without the worker's own freezing after each full collection: tests/conftest.py)
+    own = [c for c in gc.callbacks if getattr(c, "__name__", "") == "_freeze_after_a_full_collection"]
+    for c in own:
+        gc.callbacks.remove(c)
+    try:
+        gc.freeze()
+        before = gc.get_freeze_count()
+        serve(make_requests(4), "single_step", {}, None)
+        assert gc.get_freeze_count() > before // 2 > 0  # (some frozen objects freed since)
+        gc.unfreeze()
+        serve(make_requests(4), "single_step", {}, None)
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.callbacks.extend(own)
+        gc.freeze()
+
+
 def test_length_only_requests_get_seeded_prompts() -> None:
     """Length-only requests get prompt ids drawn from backend.seed: one per prompt token, in the
     vocabulary, the same for the same seed and different for another; a request that came with
