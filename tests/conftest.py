@@ -23,10 +23,31 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # that the next collections pass over it (freezing is a constant-time list splice). A run's
 # serve_source leaves a process that froze objects of its own to its own freezing, so a test's
 # run no longer unfreezes the worker and scans it all at its end. What was frozen alive and dies
-# in a reference cycle stays until the worker ends (a little memory a real run, the tiny models').
+# in a reference cycle stays frozen: once the worker has grown by RECLAIM_BYTES since the last
+# time, everything is unfrozen and collected after the test (one full scan), then frozen again.
 def _freeze_after_a_full_collection(phase: str, info: dict) -> None:
     if phase == "stop" and info["generation"] == 2:
         gc.freeze()
+
+
+RECLAIM_BYTES = 512 << 20
+_reclaimed_at = [0]  # the worker's resident bytes after the last reclaim
+
+
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    if _resident_bytes() > _reclaimed_at[0] + RECLAIM_BYTES:
+        gc.unfreeze()
+        gc.collect()  # (the callback freezes what is alive)
+        _reclaimed_at[0] = _resident_bytes()
 
 
 def pytest_configure(config: pytest.Config) -> None:
