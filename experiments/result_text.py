@@ -109,30 +109,45 @@ def number_text(x: np.ndarray, null: np.ndarray | None = None,
     return pc.replace_with_mask(text, _arrow(python), _strings(own), memory_pool=_POOL)
 
 
-def cells(column: Column, name: str = "") -> pa.Array:
-    """A column's CSV cells (strings; null: empty), each value as the csv module writes it."""
+class _Values(NamedTuple):
+    """A column as numbers for ``number_text``: its values, those written empty (None: none),
+    and the values as given where ints and floats mix (None: they do not)."""
+
+    values: np.ndarray
+    empty: np.ndarray | None = None
+    given: Sequence[Any] | None = None
+
+
+def _values(column: Column, name: str) -> _Values | pa.Array:
+    """A column as numbers (``_Values``), or its cells where they are not numbers."""
     if isinstance(column, pa.Array):
         return column
     if isinstance(column, Numbers):
-        return number_text(column.values, column.empty)
+        return _Values(column.values, column.empty)
     if isinstance(column, np.ndarray):
         if column.dtype == bool:  # str(): "True", "False"
             return pc.take(_strings(["False", "True"]), _arrow(column.astype(np.int64)),
                            memory_pool=_POOL)
-        return number_text(column)
+        return _Values(column)
     types = set(map(type, column))
     if types <= {int}:
-        return number_text(np.fromiter(column, np.int64, len(column)))
+        return _Values(np.fromiter(column, np.int64, len(column)))
     none = np.fromiter(map(operator.is_, column, itertools.repeat(None)), bool, len(column)) \
         if type(None) in types else None
     if types <= {int, float, type(None)}:  # (floats alone: each one's str() is its repr)
-        return number_text(np.array(column, float), none,
-                           column if int in types and float in types else None)
+        return _Values(np.array(column, float), none,
+                       column if int in types and float in types else None)
     if types <= {str, type(None)}:
         return _strings(["" if t is None else t for t in column], none)
     raise ValueError(f"result column {name or '?'} holds values of types "
                      f"{sorted(t.__name__ for t in types)}; a CSV cell holds a number, a "
                      f"string or nothing")
+
+
+def cells(column: Column, name: str = "") -> pa.Array:
+    """A column's CSV cells (strings; null: empty), each value as the csv module writes it."""
+    values = _values(column, name)
+    return values if isinstance(values, pa.Array) else number_text(*values)
 
 
 def csv_text(names: Sequence[str], columns: Sequence[Column]) -> str:
@@ -143,8 +158,35 @@ def csv_text(names: Sequence[str], columns: Sequence[Column]) -> str:
 
 
 def _batch(names: Sequence[str], columns: Sequence[Column]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays([cells(c, n) for n, c in zip(names, columns, strict=True)],
-                                      names=list(names))
+    """The columns' cells as a record batch. The int columns' text is made in one
+    ``number_text`` call, and so is the float columns' (the columns end to end, then cut):
+    each call's numpy and pyarrow steps let the GIL go and take it back, and on a file's thread
+    each taking back waits for the simulation to give it up (BENCHMARKS.md)."""
+    out: list[pa.Array | None] = []
+    kinds: dict[str, list[tuple[int, _Values]]] = {"i": [], "f": []}
+    for name, column in zip(names, columns, strict=True):
+        values = _values(column, name)
+        if not isinstance(values, pa.Array):
+            kind = values.values.dtype.kind
+            if kind == "i" or kind == "f" and values.given is None:
+                kinds["f" if kind == "f" else "i"].append((len(out), values))
+                values = None
+            else:
+                values = number_text(*values)
+        out.append(values)
+    for same in kinds.values():
+        if not same:
+            continue
+        joined = np.concatenate([v.values for _, v in same])
+        empty = None
+        if any(v.empty is not None for _, v in same):
+            empty = np.concatenate([np.zeros(len(v.values), bool) if v.empty is None
+                                    else v.empty for _, v in same])
+        text, at = number_text(joined, empty), 0
+        for i, v in same:
+            out[i] = text.slice(at, len(v.values))
+            at += len(v.values)
+    return pa.RecordBatch.from_arrays(out, names=list(names))
 
 
 class CsvFile:
@@ -160,7 +202,8 @@ class CsvFile:
         self._writer: pacsv.CSVWriter | None = None
         try:
             self._copy = self._stack.enter_context(atomic_path(self.path))
-            self._sink = self._stack.enter_context(open(self._copy, "wb"))
+            # pyarrow's own file: its writes need no GIL (a Python file object's would)
+            self._sink = self._stack.enter_context(pa.OSFile(str(self._copy), "wb"))
             self._sink.write((",".join(self.names) + "\n").encode())
             self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"write {self.path.name}")
             self._stack.callback(self._thread.shutdown, cancel_futures=True)

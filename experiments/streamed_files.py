@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from experiments.request_rows import RequestRows
-from experiments.request_times import chunk_bounds
 from experiments.result_text import CsvFile
 
 if TYPE_CHECKING:
@@ -61,8 +60,8 @@ class StreamedRows:
                 self._give_steps()
 
     def _give_rows(self, end: int) -> None:
-        for a, b in chunk_bounds(end - self.rows_given):
-            self.requests.write(self._rows.columns(self.rows_given + a, self.rows_given + b))
+        for a in range(self.rows_given, end, self.BATCH_ROWS):
+            self.requests.write(self._rows.columns(a, min(a + self.BATCH_ROWS, end)))
         self.rows_given = end
 
     def _give_steps(self) -> None:

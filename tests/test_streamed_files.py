@@ -151,8 +151,15 @@ def test_cells_are_the_csv_modules_whatever_the_values():
                [0.0] * 300 + [-0.0] * 300, spread[:600], [round(x) if abs(x) < 1e15 else x for x in spread[:600]],
                [1e-5, 2.5e-7, 1e16, 123456789012.5, float("inf"), -float("inf")] * 100,
                ["0.100000;0.200000"] * 600]
+    # numpy columns too, among the lists: a batch's int columns and its float columns are
+    # each written end to end in one go and cut apart, so each must keep its own cells
+    ints, floats = np.arange(600) * 7 - 300, np.round(rng.uniform(-3, 3, 600), 1)
+    empty = rng.random(600) < 0.3
+    given = [*columns, ints, result_text.Numbers(floats, empty), np.array([1e-6, 2.0] * 300)]
+    columns += [ints.tolist(), [None if e else x for x, e in zip(floats.tolist(), empty)],
+                [1e-6, 2.0] * 300]
     names = [f"c{i}" for i in range(len(columns))]
-    text = result_text.csv_text(names, columns)
+    text = result_text.csv_text(names, given)
     expected = io.StringIO()
     writer = csv.writer(expected, lineterminator="\n")
     writer.writerow(names)
