@@ -60,6 +60,28 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise
 
 
+# Files this process wrote whole and hashed as it wrote them: path -> (inode, size, mtime in ns,
+# sha256 of the bytes), for the run directory's manifest (experiments/run_dir.py), which then
+# does not read them again
+_WRITTEN: dict[str, tuple[int, int, int, str]] = {}
+
+
+def note_written(path: str | os.PathLike[str], sha256: str) -> None:
+    """``path`` has just been written whole, and ``sha256`` is its bytes' digest."""
+    st = os.stat(path)
+    _WRITTEN[os.path.abspath(path)] = (st.st_ino, st.st_size, st.st_mtime_ns, sha256)
+
+
+def written_sha256(path: str | os.PathLike[str]) -> str | None:
+    """The digest ``note_written`` was given for ``path``, if the file is still the one it was
+    given for (the same inode, size and modification time); else None."""
+    entry = _WRITTEN.get(os.path.abspath(path))
+    if entry is None:
+        return None
+    st = os.stat(path)
+    return entry[3] if entry[:3] == (st.st_ino, st.st_size, st.st_mtime_ns) else None
+
+
 def stale_copies(path: str | os.PathLike[str]) -> list[Path]:
     """The temporary copies of ``path`` that atomic writes left beside it when their process
     was killed (SIGKILL, the OOM killer) before it could remove them: files named as

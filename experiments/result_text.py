@@ -13,6 +13,7 @@ pyarrow does its work with the GIL released, so a file's thread overlaps the sim
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import itertools
 import operator
@@ -27,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from experiments.files import atomic_path
+from experiments.files import atomic_path, note_written
 
 
 # A column: numbers or bools (a numpy array; ``Numbers``: with those written empty) or the
@@ -199,12 +200,14 @@ class CsvFile:
         self.path, self.names = Path(path), list(names)
         self._stack = contextlib.ExitStack()
         self._pending: list[Future[None]] = []
-        self._writer: pacsv.CSVWriter | None = None
+        # the bytes' sha256 as they are written (hashlib lets the GIL go on a batch's), for
+        # the run directory's manifest (experiments.files.note_written)
+        self._sha256 = hashlib.sha256()
         try:
             self._copy = self._stack.enter_context(atomic_path(self.path))
             # pyarrow's own file: its writes need no GIL (a Python file object's would)
             self._sink = self._stack.enter_context(pa.OSFile(str(self._copy), "wb"))
-            self._sink.write((",".join(self.names) + "\n").encode())
+            self._put((",".join(self.names) + "\n").encode())
             self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"write {self.path.name}")
             self._stack.callback(self._thread.shutdown, cancel_futures=True)
         except BaseException:
@@ -218,11 +221,13 @@ class CsvFile:
         self._pending.append(self._thread.submit(self._write, columns))
 
     def _write(self, columns: Sequence[Column]) -> None:
-        batch = _batch(self.names, columns)
-        if self._writer is None:
-            self._writer = pacsv.CSVWriter(self._sink, batch.schema, write_options=_OPTIONS,
-                                           memory_pool=_POOL)
-        self._writer.write_batch(batch)
+        text = pa.BufferOutputStream(memory_pool=_POOL)
+        pacsv.write_csv(_batch(self.names, columns), text, _OPTIONS, memory_pool=_POOL)
+        self._put(text.getvalue())
+
+    def _put(self, data: bytes | pa.Buffer) -> None:
+        self._sha256.update(data)
+        self._sink.write(data)
 
     def _raise_failed(self, *, wait: bool) -> None:
         done = [f for f in self._pending if wait or f.done()]
@@ -239,9 +244,6 @@ class CsvFile:
         """Every batch written and on disk (on an error, the copy removed)."""
         try:
             self._raise_failed(wait=True)
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
             self._sink.flush()
             os.fsync(self._sink.fileno())
         except BaseException:
@@ -252,6 +254,7 @@ class CsvFile:
         """Every batch written, the file put in place (or, on an error, removed)."""
         self.wait()
         self._stack.close()
+        note_written(self.path, self._sha256.hexdigest())
 
     def discard(self) -> None:
         """The copy removed, the batches not written dropped; ``path`` left as it was. Once."""

@@ -17,7 +17,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.files import stale_copies, write_text_atomic
+from experiments.files import stale_copies, write_text_atomic, written_sha256
 
 # Settings that change how a run is driven, never its result. They name no run directory
 # (conf/config.yaml lists them in override_dirname.exclude_keys, a test checks it) and are left
@@ -191,11 +191,14 @@ AGGREGATE_FILES = ("aggregate.csv", "aggregate.parquet")  # a sweep dir's tables
 
 
 def _fingerprint(path: Path) -> dict[str, Any]:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+    sha256 = written_sha256(path)  # (a file hashed as it was written is not read again)
+    if sha256 is None:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        sha256 = digest.hexdigest()
+    return {"size": path.stat().st_size, "sha256": sha256}
 
 
 def _recorded(directory: Path) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,27 @@ def test_a_rerun_removes_only_what_the_previous_run_recorded(tmp_path):
     (tmp_path / "summary.txt").write_text("edited by hand\n")  # changed since: not ours now
     before = files(tmp_path)
     with pytest.raises(RunDirError, match="summary.txt"):
+        run(cfg, tmp_path)
+    assert files(tmp_path) == before
+
+
+def test_the_manifest_holds_each_files_own_digest_and_a_csv_edited_since_is_refused(tmp_path):
+    """requests.csv and steps.csv are hashed as their writers write them, not read again: the
+    manifest's digest is still the file's own, and an edit (the same size) is still seen."""
+    import hashlib
+
+    cfg = composed(*SMALL, *SYNTHETIC)
+    run(cfg, tmp_path)
+    manifest = json.loads((tmp_path / MANIFEST).read_text())["files"]
+    for name, entry in manifest.items():
+        data = (tmp_path / name).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}, name
+    text = (tmp_path / "requests.csv").read_bytes()
+    time.sleep(0.05)  # (a clock tick of the file system's later, as any edit by hand is)
+    (tmp_path / "requests.csv").write_bytes(text[:-2] + (b"0" if text[-2:-1] != b"0" else b"1")
+                                            + text[-1:])
+    before = files(tmp_path)
+    with pytest.raises(RunDirError, match="requests.csv"):
         run(cfg, tmp_path)
     assert files(tmp_path) == before
 
