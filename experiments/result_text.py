@@ -45,6 +45,7 @@ Column = np.ndarray | Numbers | pa.Array | Sequence[Any]
 
 # where pyarrow's text of a float with a fraction is Python's repr (beyond: Python formats it)
 _PYARROW_LOW, _PYARROW_HIGH = 1e-4, 1e10
+_FEW = 4096  # such floats in a column, at most, that Python writes one by one
 # pyarrow's buffers here are a batch's, freed as it is written: the system allocator gives them
 # back, where pyarrow's default (mimalloc) keeps a heap a thread resident (BENCHMARKS.md)
 _POOL = pa.system_memory_pool()
@@ -88,6 +89,19 @@ def number_text(x: np.ndarray, null: np.ndarray | None = None,
     if x.dtype.kind != "f":
         return text
     size = np.abs(x)
+    with np.errstate(invalid="ignore"):
+        # where pyarrow's text may not be str()'s: no fraction, below 1e-4, from 1e10 (and NaN
+        # and the infinities, which both write alike)
+        special = (x == np.floor(x)) | ~((size >= _PYARROW_LOW) & (size < _PYARROW_HIGH))
+        if null is not None:
+            special &= ~null
+    where = np.flatnonzero(special)
+    if not len(where):
+        return text
+    if len(where) <= _FEW:  # Python writes them: fewer numpy steps, so fewer takings of the GIL
+        own = [str(given[i]) for i in where.tolist()] if given is not None \
+            else list(map(repr, x[where].tolist()))
+        return pc.replace_with_mask(text, _arrow(special), _strings(own), memory_pool=_POOL)
     with np.errstate(invalid="ignore"):
         finite = np.isfinite(x) if null is None else np.isfinite(x) & ~null
         integral = finite & (x == np.floor(x))

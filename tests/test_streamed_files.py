@@ -165,6 +165,13 @@ def test_cells_are_the_csv_modules_whatever_the_values():
     writer.writerow(names)
     writer.writerows(zip(*columns))
     assert text == expected.getvalue()
+    # a column of many floats pyarrow writes otherwise (more than Python writes one by one)
+    many = [*(np.arange(6000) * 0.5).tolist(), *(-np.arange(3000) * 1.0).tolist(), 1e-7, 1e12,
+            -0.0, float("nan"), float("inf"), 0.1]
+    assert result_text.number_text(np.array(many)).to_pylist() == list(map(str, many))
+    mixed = [int(v) if i % 3 == 0 and v == int(v) else v for i, v in enumerate(many[:-4])]
+    assert result_text.number_text(np.array(mixed, float), None, mixed).to_pylist() \
+        == list(map(str, mixed))
     tpot = np.array([float("nan"), 0.125])
     assert result_text.number_text(tpot, np.isnan(tpot)).to_pylist() == [None, "0.125"]
     assert text.splitlines()[1].split(",")[3] == ""  # None
