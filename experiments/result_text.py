@@ -80,6 +80,18 @@ def _strings(texts: Sequence[str], null: np.ndarray | None = None) -> pa.Array:
                                                           pa.py_buffer(b"".join(data))])
 
 
+def _written_otherwise(x: np.ndarray, null: np.ndarray | None) -> np.ndarray:
+    """Which floats of ``x`` pyarrow may write otherwise than str() (``null``: none of those
+    written empty): no fraction, below 1e-4, from 1e10 (and NaN and the infinities, which
+    both write alike)."""
+    size = np.abs(x)
+    with np.errstate(invalid="ignore"):
+        other = (x == np.floor(x)) | ~((size >= _PYARROW_LOW) & (size < _PYARROW_HIGH))
+    if null is not None:
+        other &= ~null
+    return other
+
+
 def number_text(x: np.ndarray, null: np.ndarray | None = None,
                 given: Sequence[Any] | None = None) -> pa.Array:
     """Each number of ``x`` (ints or floats) as its ``str()``, a string array; ``null``: those
@@ -88,13 +100,7 @@ def number_text(x: np.ndarray, null: np.ndarray | None = None,
     text = pc.cast(_arrow(x, null), pa.string(), memory_pool=_POOL)
     if x.dtype.kind != "f":
         return text
-    size = np.abs(x)
-    with np.errstate(invalid="ignore"):
-        # where pyarrow's text may not be str()'s: no fraction, below 1e-4, from 1e10 (and NaN
-        # and the infinities, which both write alike)
-        special = (x == np.floor(x)) | ~((size >= _PYARROW_LOW) & (size < _PYARROW_HIGH))
-        if null is not None:
-            special &= ~null
+    special = _written_otherwise(x, null)
     where = np.flatnonzero(special)
     if not len(where):
         return text
@@ -102,6 +108,7 @@ def number_text(x: np.ndarray, null: np.ndarray | None = None,
         own = [str(given[i]) for i in where.tolist()] if given is not None \
             else list(map(repr, x[where].tolist()))
         return pc.replace_with_mask(text, _arrow(special), _strings(own), memory_pool=_POOL)
+    size = np.abs(x)
     with np.errstate(invalid="ignore"):
         finite = np.isfinite(x) if null is None else np.isfinite(x) & ~null
         integral = finite & (x == np.floor(x))
@@ -173,34 +180,37 @@ def csv_text(names: Sequence[str], columns: Sequence[Column]) -> str:
 
 
 def _batch(names: Sequence[str], columns: Sequence[Column]) -> pa.RecordBatch:
-    """The columns' cells as a record batch. The int columns' text is made in one
-    ``number_text`` call, and so is the float columns' (the columns end to end, then cut):
-    each call's numpy and pyarrow steps let the GIL go and take it back, and on a file's thread
-    each taking back waits for the simulation to give it up (BENCHMARKS.md)."""
+    """The columns' cells as a record batch. Int columns, and float columns whose every value
+    pyarrow writes as str() does, stay numbers: the CSV writer formats them itself, in one call
+    that lets the GIL go (on a file's thread each numpy or pyarrow step takes the GIL back, and
+    waits for the simulation to give it up: BENCHMARKS.md). The float columns are checked end
+    to end, in one pass; the others' cells are made here."""
     out: list[pa.Array | None] = []
-    kinds: dict[str, list[tuple[int, _Values]]] = {"i": [], "f": []}
+    floats: list[tuple[int, _Values]] = []
     for name, column in zip(names, columns, strict=True):
         values = _values(column, name)
         if not isinstance(values, pa.Array):
             kind = values.values.dtype.kind
-            if kind == "i" or kind == "f" and values.given is None:
-                kinds["f" if kind == "f" else "i"].append((len(out), values))
+            if kind in "iu":  # (pyarrow writes an int as str() does)
+                values = _arrow(values.values, values.empty)
+            elif kind == "f" and values.given is None:
+                floats.append((len(out), values))
                 values = None
             else:
                 values = number_text(*values)
         out.append(values)
-    for same in kinds.values():
-        if not same:
-            continue
-        joined = np.concatenate([v.values for _, v in same])
+    rows = {len(v.values) for _, v in floats}
+    if len(rows) == 1:  # (columns of unequal lengths: from_arrays says so)
         empty = None
-        if any(v.empty is not None for _, v in same):
+        if any(v.empty is not None for _, v in floats):
             empty = np.concatenate([np.zeros(len(v.values), bool) if v.empty is None
-                                    else v.empty for _, v in same])
-        text, at = number_text(joined, empty), 0
-        for i, v in same:
-            out[i] = text.slice(at, len(v.values))
-            at += len(v.values)
+                                    else v.empty for _, v in floats])
+        other = _written_otherwise(np.concatenate([v.values for _, v in floats]), empty)
+        any_other = other.reshape(len(floats), rows.pop()).any(axis=1).tolist()
+    else:
+        any_other = [True] * len(floats)
+    for (i, v), text in zip(floats, any_other, strict=True):
+        out[i] = number_text(v.values, v.empty) if text else _arrow(v.values, v.empty)
     return pa.RecordBatch.from_arrays(out, names=list(names))
 
 
