@@ -260,8 +260,9 @@ class CsvFile:
             err = future.exception()
             if err is not None:
                 self.discard()
-                if isinstance(err, OSError):
-                    raise OSError(err.errno, err.strerror, str(self.path)) from err
+                if isinstance(err, OSError):  # (pyarrow's words for an errno: the OS's)
+                    reason = os.strerror(err.errno) if err.errno else err.strerror
+                    raise OSError(err.errno, reason, str(self.path)) from err
                 raise type(err)(f"writing {self.path}: {err}") from err
 
     def wait(self) -> None:

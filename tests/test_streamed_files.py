@@ -70,15 +70,16 @@ def test_rows_written_as_the_run_goes_are_the_rows_written_at_its_end(tmp_path, 
 
 @pytest.mark.parametrize("name", ["requests.csv", "steps.csv"])
 def test_a_full_disk_while_streaming_names_the_file(tmp_path, monkeypatch, name):
-    """The writer's thread fails (a full disk): the next call raises it naming the file, and
-    no copy is left."""
+    """The writer's thread fails (a full disk, in pyarrow's words): the next call raises it
+    in the OS's words, naming the file, and no copy is left."""
     rows = result_files.RequestRows([], None, request_times.TimesRecorder(0).columns())
     streamed = streamed_files.StreamedRows(tmp_path, rows, StepRows(False))
     assert sorted(n.split(".")[1] for n in os.listdir(tmp_path)) == ["requests", "steps"]
     file = streamed.requests if name == "requests.csv" else streamed.steps
 
     def full(columns):
-        raise OSError(errno.ENOSPC, "No space left on device")
+        raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space "
+                                    "left on device")
 
     monkeypatch.setattr(file, "_write", full)
     file.write([[]] * len(file.names))
