@@ -35,6 +35,47 @@ class AttentionMetadata:
     decode: DecodeMetadata | None
 
 
+@dataclass(slots=True)
+class RowBuffers:
+    """Static device inputs of a flat batch of rows of several tokens (prompt chunks for the
+    prefill graphs, a verify's drafts and target token), padded: CUDA graphs read them, and an
+    eager forward runs over the same tensors."""
+
+    input_ids: torch.Tensor  # [tokens] int64
+    positions: torch.Tensor  # [tokens] int64
+    slot_mapping: torch.Tensor  # [tokens] int64, -1 on padding tokens
+    query_start_loc: torch.Tensor  # [rows + 1] int32; padding rows start and end at the end
+    seq_lens: torch.Tensor  # [rows] int32, 0 on padding rows
+    block_tables: torch.Tensor  # [rows, max_blocks_per_seq] int32
+    logits_indices: torch.Tensor  # int64: the tokens whose logits are read, 0 on padding
+
+    def meta(self, tokens: int, rows: int, max_query_len: int | None = None
+             ) -> AttentionMetadata:
+        """The first ``tokens`` tokens in ``rows`` rows (``max_query_len``: the longest row's
+        tokens; None: ``tokens``)."""
+        return AttentionMetadata(self.slot_mapping[:tokens], tokens, PrefillMetadata(
+            self.query_start_loc[:rows + 1], self.seq_lens[:rows], self.block_tables[:rows],
+            tokens if max_query_len is None else max_query_len), None)
+
+
+@dataclass(slots=True)
+class DecodeBuffers:
+    """Static device inputs of one-token steps (decode steps, a draft model's steps): CUDA
+    graphs read them, advance_step rewrites a decode step's."""
+
+    input_ids: torch.Tensor  # [rows] int64
+    positions: torch.Tensor  # [rows] int64
+    slot_mapping: torch.Tensor  # [rows] int64
+    seq_lens: torch.Tensor  # [rows] int32
+    block_tables: torch.Tensor  # [rows, max_blocks_per_seq] int32
+    num_rows: int = 0  # rows holding real sequences now
+    padded_rows: int = 0  # rows the next decode step computes (a captured graph's size)
+
+    def meta(self, rows: int) -> AttentionMetadata:
+        return AttentionMetadata(self.slot_mapping[:rows], 0, None,
+                                 DecodeMetadata(self.seq_lens[:rows], self.block_tables[:rows]))
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, kernels: Kernels,
                     scale: float) -> torch.Tensor:

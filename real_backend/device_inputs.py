@@ -15,48 +15,19 @@ import numpy as np
 import torch
 
 from common.step_sizes import PREFILL_GRAPH_SEQS, PREFILL_GRAPH_TOKENS
-from real_backend.attention import AttentionMetadata, DecodeMetadata, PrefillMetadata
+from real_backend.attention import (
+    AttentionMetadata,
+    DecodeBuffers,
+    DecodeMetadata,
+    PrefillMetadata,
+    RowBuffers,
+)
 from real_backend.ops import PAD_SLOT_ID
 from real_backend.sampling import PenaltyState, RowSampling, StepPenalties, TokenMap
 from real_backend.window_inputs import DecodeInputs, FlatInputs, HostPlan, SamplingRows
 
 if TYPE_CHECKING:
     from real_backend.speculative import SpecPlan
-
-
-@dataclass(slots=True)
-class DecodeBuffers:
-    """Static device inputs of decode steps: CUDA graphs read them, advance_step rewrites them."""
-
-    input_ids: torch.Tensor  # [rows] int64
-    positions: torch.Tensor  # [rows] int64
-    slot_mapping: torch.Tensor  # [rows] int64
-    seq_lens: torch.Tensor  # [rows] int32
-    block_tables: torch.Tensor  # [rows, max_blocks_per_seq] int32
-    num_rows: int = 0  # rows holding real sequences now
-    padded_rows: int = 0  # rows the next decode step computes (a captured graph's size)
-
-    def meta(self, rows: int) -> AttentionMetadata:
-        return AttentionMetadata(self.slot_mapping[:rows], 0, None,
-                                 DecodeMetadata(self.seq_lens[:rows], self.block_tables[:rows]))
-
-
-@dataclass(slots=True)
-class PrefillBuffers:
-    """Static device inputs of the prefill graphs: up to 8 prompts' tokens, padded."""
-
-    input_ids: torch.Tensor  # [tokens] int64
-    positions: torch.Tensor  # [tokens] int64
-    slot_mapping: torch.Tensor  # [tokens] int64, -1 on padding tokens
-    query_start_loc: torch.Tensor  # [seqs + 1] int32; padding sequences start and end at the end
-    seq_lens: torch.Tensor  # [seqs] int32, 0 on padding sequences
-    block_tables: torch.Tensor  # [seqs, max_blocks_per_seq] int32
-    logits_indices: torch.Tensor  # [seqs] int64, 0 on padding rows
-
-    def meta(self, tokens: int, seqs: int) -> AttentionMetadata:
-        return AttentionMetadata(self.slot_mapping[:tokens], tokens, PrefillMetadata(
-            self.query_start_loc[:seqs + 1], self.seq_lens[:seqs], self.block_tables[:seqs],
-            tokens), None)
 
 
 @dataclass(slots=True)
@@ -138,7 +109,7 @@ class DeviceInputs:
                                     buf(rows, dtype=torch.int32),
                                     buf(rows, width, dtype=torch.int32))
         tokens, seqs = PREFILL_GRAPH_TOKENS[-1], PREFILL_GRAPH_SEQS[-1]
-        self.prefill = PrefillBuffers(
+        self.prefill = RowBuffers(
             buf(tokens), buf(tokens), buf(tokens).fill_(PAD_SLOT_ID),
             buf(seqs + 1, dtype=torch.int32), buf(seqs, dtype=torch.int32),
             buf(seqs, width, dtype=torch.int32), buf(seqs))

@@ -16,6 +16,7 @@ from policies.batch import Batch, ScheduledSeq
 from policies.request import Request
 from policies.sampling_params import Logprob
 from real_backend.async_output import StepOutputs
+from real_backend.attention import DecodeBuffers, RowBuffers
 from real_backend.config import BackendConfig
 from real_backend.cuda_graphs import (
     DecodeGraphs,
@@ -25,7 +26,7 @@ from real_backend.cuda_graphs import (
     capture_piecewise_graphs,
     capture_prefill_graphs,
 )
-from real_backend.device_inputs import DecodeBuffers, DeviceInputs, PrefillBuffers, WindowPlan
+from real_backend.device_inputs import DeviceInputs, WindowPlan
 from real_backend.kernels import select_kernels
 from real_backend.kv_cache import KVCache, allocate_kv_cache
 from real_backend.model import (
@@ -119,7 +120,7 @@ class ModelRunner:
         return self.inputs.decode
 
     @property
-    def prefill_buffers(self) -> PrefillBuffers:
+    def prefill_buffers(self) -> RowBuffers:
         """The prefill graphs' static inputs."""
         return self.inputs.prefill
 

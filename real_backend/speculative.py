@@ -35,7 +35,7 @@ from common.step_sizes import decode_graph_sizes
 from policies.base import check_int, check_settings
 from policies.batch import Batch, ScheduledSeq
 from policies.speculation import SpecDecodeStats
-from real_backend.attention import AttentionMetadata, DecodeMetadata, PrefillMetadata
+from real_backend.attention import AttentionMetadata, DecodeBuffers, PrefillMetadata, RowBuffers
 from real_backend.cuda_graphs import capture_graph
 from real_backend.kernels import Kernels
 from real_backend.kv_cache import KVCache, allocate_kv_cache
@@ -275,40 +275,6 @@ def ngram_propose(hist: torch.Tensor, lens: torch.Tensor, k: int, n_min: int,
 
 
 # ------------------------------------------------------------------ static buffers and graphs
-@dataclass(slots=True)
-class VerifyBuffers:
-    """The static inputs of a verify forward (a flat batch of rows of several tokens): CUDA
-    graphs read them, and the eager path runs over the same tensors."""
-
-    input_ids: torch.Tensor  # [tokens] int64
-    positions: torch.Tensor  # [tokens] int64
-    slot_mapping: torch.Tensor  # [tokens] int64
-    query_start_loc: torch.Tensor  # [rows + 1] int32
-    seq_lens: torch.Tensor  # [rows] int32
-    block_tables: torch.Tensor  # [rows, width] int32
-    logits_indices: torch.Tensor  # [tokens] int64
-
-    def meta(self, tokens: int, rows: int, max_query_len: int) -> AttentionMetadata:
-        return AttentionMetadata(self.slot_mapping[:tokens], tokens, PrefillMetadata(
-            self.query_start_loc[:rows + 1], self.seq_lens[:rows], self.block_tables[:rows],
-            max_query_len), None)
-
-
-@dataclass(slots=True)
-class DraftBuffers:
-    """The static inputs of a draft model's one-token step (its CUDA graphs read them)."""
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    slot_mapping: torch.Tensor
-    seq_lens: torch.Tensor  # int32
-    block_tables: torch.Tensor  # int32
-
-    def meta(self, rows: int) -> AttentionMetadata:
-        return AttentionMetadata(self.slot_mapping[:rows], 0, None,
-                                 DecodeMetadata(self.seq_lens[:rows], self.block_tables[:rows]))
-
-
 def _slots(tables: torch.Tensor, pos: torch.Tensor, block_size: int) -> torch.Tensor:
     """Each row's slot of ``pos`` through its block table (a position past the table reads its
     last entry: the caller masks it)."""
@@ -341,15 +307,14 @@ class Speculator:
             return torch.zeros(shape, dtype=dtype, device=dev)
 
         tokens = max(max_tokens, max_rows * self.width)
-        self.verify = VerifyBuffers(buf(tokens), buf(tokens), buf(tokens).fill_(PAD_SLOT_ID),
-                                    buf(max_rows + 1, dtype=torch.int32),
-                                    buf(max_rows, dtype=torch.int32),
-                                    buf(max_rows, table_width, dtype=torch.int32),
-                                    buf(tokens))
+        self.verify = RowBuffers(buf(tokens), buf(tokens), buf(tokens).fill_(PAD_SLOT_ID),
+                                 buf(max_rows + 1, dtype=torch.int32),
+                                 buf(max_rows, dtype=torch.int32),
+                                 buf(max_rows, table_width, dtype=torch.int32), buf(tokens))
         self._arange = torch.arange(tokens, device=dev)
-        self.drafts = DraftBuffers(buf(max_rows), buf(max_rows), buf(max_rows).fill_(PAD_SLOT_ID),
-                                   buf(max_rows, dtype=torch.int32),
-                                   buf(max_rows, table_width, dtype=torch.int32))
+        self.drafts = DecodeBuffers(buf(max_rows), buf(max_rows), buf(max_rows).fill_(PAD_SLOT_ID),
+                                    buf(max_rows, dtype=torch.int32),
+                                    buf(max_rows, table_width, dtype=torch.int32))
         self.max_tokens = max_tokens  # the most tokens of one catch-up forward
         # The verify graphs' one output (``graphs``: they will be captured), allocated before
         # the memory profile sizes the KV cache around it: an output per padded row count
